@@ -1,0 +1,65 @@
+"""EngineConfig: every engine setting in one dataclass, validated in __post_init__."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "dummy")
+QUANTIZATIONS = (None, "int8")
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings; names follow vLLM's flags (``--max-num-seqs`` is ``max_num_seqs``)."""
+
+    model: str | None = None  # None: the bundled demo model
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None  # None: the model's own limit
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # None: max(max_model_len, 2048) on CPU, 8192 on CUDA
+    memory_utilization: float = 0.9
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
+    num_kv_blocks: int | None = None  # explicit pool size; overrides the memory budget
+    kv_cache_memory_gib: float | None = None  # CPU: explicit KV cache size; default a share of free RAM
+    seed: int = 0
+    load_format: str = "auto"
+    quantization: str | None = None
+    enforce_eager: bool = False  # no CUDA graphs / torch.compile
+    tensor_parallel_size: int = 1
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be one of {DEVICES}, got {self.device!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"--load-format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"--quantization must be one of {QUANTIZATIONS[1:]} or unset, got {self.quantization!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"--max-num-batched-tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if not 0.0 < self.memory_utilization <= 1.0:
+            raise ValueError(f"--memory-utilization must be in (0, 1], got {self.memory_utilization}")
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            raise ValueError(f"--block-size must be a power of two from 1 to 256, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"--num-kv-blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
+            raise ValueError(f"--kv-cache-memory-gib must be > 0, got {self.kv_cache_memory_gib}")
+        if self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"--tensor-parallel-size must be 1 (tensor parallelism is not built yet), got {self.tensor_parallel_size}"
+            )

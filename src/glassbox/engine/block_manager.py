@@ -1,0 +1,197 @@
+"""Paged KV blocks: allocate, free, ref-count and hash (prefix caching). Bookkeeping only, no policy."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from glassbox.engine.sequence import Sequence
+
+
+def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    """Key of a full block: its tokens and everything before them (through the parent's hash)."""
+    return hash((parent, token_ids))
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None  # set once the block is full and registered in the prefix cache
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # prompt tokens served from the cache
+
+
+@dataclass
+class BlockManager:
+    """A pool of ``num_blocks`` KV blocks of ``block_size`` tokens.
+
+    Invariants (``check_integrity``): a block is either referenced (ref_count > 0, in no free list) or
+    free (ref_count == 0, in ``free``); a free block with a hash is still findable in ``cached`` until
+    it is reused (LRU: ``free`` is ordered oldest-freed first).
+    """
+
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool = True
+    blocks: list[Block] = field(init=False)
+    free: OrderedDict[int, None] = field(init=False)
+    cached: dict[int, int] = field(init=False)  # hash -> block_id
+    stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+
+    def __post_init__(self) -> None:
+        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        self.free = OrderedDict((i, None) for i in range(self.num_blocks))
+        self.cached = {}
+
+    # -- queries -----------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def usage(self) -> float:
+        """Share of blocks held by live sequences (cached-free blocks count as free)."""
+        return 1.0 - len(self.free) / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return (num_tokens + self.block_size - 1) // self.block_size
+
+    def _prefix_hits(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        """Cached block ids and hashes for the leading full blocks of ``seq``.
+
+        Only blocks that end before the last token are eligible: at least one token must be computed
+        so that the model produces logits for it.
+        """
+        if not self.enable_prefix_caching:
+            return [], []
+        ids: list[int] = []
+        hashes: list[int] = []
+        parent: int | None = None
+        max_blocks = (len(seq) - 1) // self.block_size
+        for i in range(max_blocks):
+            h = block_hash(parent, tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size]))
+            bid = self.cached.get(h)
+            if bid is None:
+                break
+            ids.append(bid)
+            hashes.append(h)
+            parent = h
+        return ids, hashes
+
+    def prefix_hit_tokens(self, seq: Sequence) -> int:
+        return len(self._prefix_hits(seq)[0]) * self.block_size
+
+    # -- allocation (paired: can_* then the act) ----------------------------
+    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """Whether a new (blockless) ``seq`` can get blocks for its first ``num_tokens`` uncached tokens."""
+        hit_ids, _ = self._prefix_hits(seq)
+        cached_tokens = len(hit_ids) * self.block_size
+        # Hits on free cached blocks take them out of the free pool too.
+        free_hits = sum(1 for b in hit_ids if self.blocks[b].ref_count == 0)
+        need = self.blocks_needed(cached_tokens + num_tokens) - len(hit_ids)
+        return need + free_hits <= len(self.free)
+
+    def allocate(self, seq: Sequence) -> int:
+        """Give a blockless ``seq`` its prefix-cache hits; returns the number of cached tokens."""
+        assert not seq.block_table, "allocate() is for sequences without blocks"
+        hit_ids, hashes = self._prefix_hits(seq)
+        for bid in hit_ids:
+            self._ref(bid)
+        seq.block_table = list(hit_ids)
+        seq.block_hashes = list(hashes)
+        seq.num_hashed_blocks = len(hit_ids)
+        cached = len(hit_ids) * self.block_size
+        seq.num_computed_tokens = cached
+        self.stats.queries += len(seq)
+        self.stats.hits += cached
+        return cached
+
+    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Whether ``seq`` can hold ``num_tokens`` tokens in all (blocks beyond its table come from free)."""
+        return self.blocks_needed(num_tokens) - len(seq.block_table) <= len(self.free)
+
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Extend ``seq``'s block table to hold ``num_tokens`` tokens."""
+        need = self.blocks_needed(num_tokens) - len(seq.block_table)
+        assert need <= len(self.free), "grow() without can_grow()"
+        for _ in range(need):
+            seq.block_table.append(self._take_free())
+
+    def free_seq(self, seq: Sequence) -> None:
+        """Release all of ``seq``'s blocks (newest first, so the oldest prefix stays cached longest)."""
+        for bid in reversed(seq.block_table):
+            self._unref(bid)
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_hashed_blocks = 0
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the blocks that ``seq`` has completely computed in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        bs = self.block_size
+        while seq.num_hashed_blocks < full:
+            i = seq.num_hashed_blocks
+            parent = seq.block_hashes[i - 1] if i > 0 else None
+            h = block_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
+            bid = seq.block_table[i]
+            block = self.blocks[bid]
+            if block.hash is None and h not in self.cached:
+                block.hash = h
+                self.cached[h] = bid
+            seq.block_hashes.append(h)
+            seq.num_hashed_blocks += 1
+
+    def reset_prefix_cache(self) -> None:
+        for h, bid in list(self.cached.items()):
+            if self.blocks[bid].ref_count == 0:
+                self.blocks[bid].hash = None
+                del self.cached[h]
+
+    # -- internals -----------------------------------------------------------
+    def _take_free(self) -> int:
+        bid, _ = self.free.popitem(last=False)  # least recently freed
+        block = self.blocks[bid]
+        if block.hash is not None:
+            del self.cached[block.hash]
+            block.hash = None
+        block.ref_count = 1
+        return bid
+
+    def _ref(self, bid: int) -> None:
+        block = self.blocks[bid]
+        if block.ref_count == 0:
+            del self.free[bid]
+        block.ref_count += 1
+
+    def _unref(self, bid: int) -> None:
+        block = self.blocks[bid]
+        assert block.ref_count > 0, f"block {bid} freed twice"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free[bid] = None
+
+    def check_integrity(self, live: list[Sequence] | None = None) -> None:
+        """Assert the pool's invariants; with ``live`` also that ref counts equal the block tables' uses."""
+        assert len(self.blocks) == self.num_blocks
+        for b in self.blocks:
+            assert b.ref_count >= 0
+            assert (b.ref_count == 0) == (b.block_id in self.free), f"block {b.block_id} free-list mismatch"
+            if b.hash is not None:
+                assert self.cached.get(b.hash) == b.block_id, f"block {b.block_id} hash not indexed"
+        for h, bid in self.cached.items():
+            assert self.blocks[bid].hash == h
+        if live is not None:
+            counts = [0] * self.num_blocks
+            for seq in live:
+                assert len(set(seq.block_table)) == len(seq.block_table), "a block twice in one table"
+                for bid in seq.block_table:
+                    counts[bid] += 1
+            for b in self.blocks:
+                assert b.ref_count == counts[b.block_id], f"block {b.block_id}: ref {b.ref_count} != uses"

@@ -1,0 +1,24 @@
+"""The Executor boundary: run one scheduled batch, return the sampled token of each finishing row.
+
+Two implementations: TorchExecutor (engine/model_runner.py, a real model on CPU or CUDA) and the
+planner's SimulatedExecutor (perf/simulator.py, a roofline cost model on a virtual clock).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from glassbox.engine.scheduler import SchedulerOutput
+from glassbox.layers.sampler import SampleResult
+
+
+class Executor(Protocol):
+    num_kv_blocks: int
+    block_size: int
+
+    def execute(self, batch: SchedulerOutput) -> dict[int, SampleResult]:
+        """Compute the batch's new tokens' KV and sample for rows that reach their sequence's end.
+
+        Returns {seq_id: SampleResult} for every scheduled sequence with ``samples`` set.
+        """
+        ...

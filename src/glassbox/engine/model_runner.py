@@ -1,0 +1,205 @@
+"""TorchExecutor: builds the flat token batch, runs the model on CPU or CUDA, samples."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from glassbox.config import EngineConfig
+from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
+from glassbox.layers.attention import AttentionMetadata, PrefillSeq
+from glassbox.layers.sampler import SampleResult, sample
+from glassbox.models.loader import build_model
+from glassbox.models.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GiB = 1 << 30
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for, but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if cfg.torch_dtype == torch.float16 and device.type == "cpu":
+        return torch.bfloat16  # fp16 matmuls are slow on most CPUs; bf16 keeps the range
+    return cfg.torch_dtype
+
+
+def available_ram_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * GiB
+
+
+@dataclass
+class KVCachePlan:
+    num_blocks: int
+    block_size: int
+    bytes_per_block: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def gib(self) -> float:
+        return self.num_blocks * self.bytes_per_block / GiB
+
+
+class TorchExecutor:
+    """Runs a Hugging Face model on the paged KV cache."""
+
+    def __init__(self, config: EngineConfig, model_dir: Path | None, model_config: ModelConfig, max_model_len: int,
+                 max_num_batched_tokens: int) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, model_config, self.device)
+        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else _DTYPES[config.kv_cache_dtype]
+        self.block_size = config.block_size
+        if self.device.type == "cpu" and "GLASSBOX_NUM_THREADS" in os.environ:
+            torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
+        self.model = build_model(
+            model_config, model_dir, self.dtype, self.device, dummy=config.load_format == "dummy", seed=config.seed
+        )
+        if config.quantization == "int8":
+            from glassbox.layers.quantization import quantize_int8
+
+            quantize_int8(self.model)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.kv_plan = self._plan_kv_cache(max_model_len, max_num_batched_tokens)
+        self.num_kv_blocks = self.kv_plan.num_blocks
+        shape = (2, self.num_kv_blocks, self.block_size, model_config.num_kv_heads, model_config.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(model_config.num_layers)]
+        self.eos_ids: set[int] = set()
+
+    def _plan_kv_cache(self, max_model_len: int, max_num_batched_tokens: int) -> KVCachePlan:
+        cfg, mc = self.config, self.model_config
+        per_token = mc.kv_bytes_per_token(self.kv_dtype)
+        per_block = per_token * self.block_size
+        if cfg.num_kv_blocks is not None:
+            return KVCachePlan(cfg.num_kv_blocks, self.block_size, per_block)
+        if cfg.kv_cache_memory_gib is not None:
+            budget = int(cfg.kv_cache_memory_gib * GiB)
+        elif self.device.type == "cuda":
+            budget = self._cuda_kv_budget(max_num_batched_tokens)
+        else:
+            # CPU: a share of the RAM left after the weights, no more than the configured load can use
+            useful = per_token * max_model_len * cfg.max_num_seqs
+            budget = min(int(available_ram_bytes() * 0.25), 4 * GiB, max(useful, per_block * 64))
+        blocks = max(1, budget // per_block)
+        return KVCachePlan(int(blocks), self.block_size, per_block)
+
+    def _cuda_kv_budget(self, max_num_batched_tokens: int) -> int:
+        """Device memory x utilization, less the weights and a measured activation peak."""
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self._profile_run(max_num_batched_tokens)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        used_by_others = total - free - torch.cuda.memory_reserved(self.device)
+        budget = int(total * self.config.memory_utilization) - torch.cuda.memory_allocated(self.device) - peak
+        budget -= max(0, used_by_others)
+        if budget <= 0:
+            raise ValueError(
+                f"no memory left for the KV cache: weights {self.weight_bytes / GiB:.2f} GiB + activations "
+                f"{peak / GiB:.2f} GiB exceed --memory-utilization {self.config.memory_utilization} of "
+                f"{total / GiB:.1f} GiB"
+            )
+        return budget
+
+    def _profile_run(self, num_tokens: int) -> None:
+        mc = self.model_config
+        n = max(1, min(num_tokens, mc.max_position_embeddings))
+        cache = [torch.zeros((2, 1, 1, mc.num_kv_heads, mc.head_dim), dtype=self.kv_dtype, device=self.device)] * mc.num_layers
+        # a single long prefill with no stored context exercises the largest activations
+        meta = AttentionMetadata(slot_mapping=torch.zeros(n, dtype=torch.long, device=self.device))
+        meta.prefills = [PrefillSeq(0, n, 0, torch.zeros(1, dtype=torch.long, device=self.device))]
+        with torch.inference_mode():
+            ids = torch.zeros(n, dtype=torch.long, device=self.device)
+            hidden = self.model(ids, torch.arange(n, device=self.device), cache, meta)
+            self.model.compute_logits(hidden[-min(n, 256) :])
+        torch.cuda.synchronize()
+
+    # -- one step ------------------------------------------------------------
+    def execute(self, batch: SchedulerOutput) -> dict[int, SampleResult]:
+        decodes = [s for s in batch.scheduled if s.num_new_tokens == 1 and s.start > 0]
+        prefills = [s for s in batch.scheduled if not (s.num_new_tokens == 1 and s.start > 0)]
+        ordered = decodes + prefills
+        ids, pos, slots = self._flatten(ordered)
+        meta = self._metadata(decodes, prefills, slots)
+        sample_rows: list[int] = []
+        sample_seqs: list[ScheduledSeq] = []
+        row = 0
+        for s in ordered:
+            row += s.num_new_tokens
+            if s.samples:
+                sample_rows.append(row - 1)
+                sample_seqs.append(s)
+        with torch.inference_mode():
+            hidden = self.model(ids, pos, self.kv_caches, meta)
+            if not sample_rows:
+                return {}
+            rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, rows))
+            results = sample(logits, [s.seq for s in sample_seqs], self.eos_ids, self.config.seed)
+        return {s.seq.seq_id: r for s, r in zip(sample_seqs, results, strict=True)}
+
+    def _flatten(self, ordered: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        bs = self.block_size
+        for s in ordered:
+            end = s.start + s.num_new_tokens
+            ids.extend(s.seq.token_ids[s.start : end])
+            r = range(s.start, end)
+            pos.extend(r)
+            table = s.seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in r)
+        dev = self.device
+        return (
+            torch.tensor(ids, dtype=torch.long, device=dev),
+            torch.tensor(pos, dtype=torch.long, device=dev),
+            torch.tensor(slots, dtype=torch.long, device=dev),
+        )
+
+    def _metadata(
+        self, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq], slots: torch.Tensor
+    ) -> AttentionMetadata:
+        dev, bs = self.device, self.block_size
+        meta = AttentionMetadata(slot_mapping=slots, num_decode=len(decodes))
+        if decodes:
+            lens = [s.start + 1 for s in decodes]
+            max_blocks = (max(lens) + bs - 1) // bs
+            tables = [s.seq.block_table[:max_blocks] + [0] * (max_blocks - min(max_blocks, len(s.seq.block_table))) for s in decodes]
+            meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=dev)
+            meta.decode_context_lens = torch.tensor(lens, dtype=torch.long, device=dev)
+            meta.decode_max_len = max(lens)
+        row = len(decodes)
+        for s in prefills:
+            end = s.start + s.num_new_tokens
+            nblocks = (end + bs - 1) // bs
+            table = torch.tensor(s.seq.block_table[:nblocks], dtype=torch.long, device=dev)
+            meta.prefills.append(PrefillSeq(row, s.num_new_tokens, s.start, table))
+            row += s.num_new_tokens
+        return meta

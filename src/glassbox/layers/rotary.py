@@ -1,0 +1,80 @@
+"""Rotary position embedding (rotate-half layout) with the rope_scaling kinds Llama-family models use."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
+    """The rope settings of an HF config, whether written as rope_theta/rope_scaling or rope_parameters."""
+    params: dict[str, Any] = dict(config.get("rope_parameters") or {})
+    scaling = config.get("rope_scaling") or {}
+    for k, v in scaling.items():
+        params.setdefault(k, v)
+    params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    params["rope_type"] = kind
+    return params
+
+
+def inv_frequencies(head_dim: int, params: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies (head_dim/2,), attention scaling factor) for the given rope settings."""
+    base = float(params["rope_theta"])
+    partial = float(params.get("partial_rotary_factor", 1.0))
+    dim = int(head_dim * partial)
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    kind = params["rope_type"]
+    if kind == "default":
+        return inv, 1.0
+    if kind == "linear":
+        return inv / float(params["factor"]), 1.0
+    if kind == "llama3":
+        factor = float(params["factor"])
+        low = float(params["low_freq_factor"])
+        high = float(params["high_freq_factor"])
+        old_len = float(params["original_max_position_embeddings"])
+        low_wavelen = old_len / low
+        high_wavelen = old_len / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled), 1.0
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies rotary embedding to q and k given absolute positions; cos/sin come from a cached table."""
+
+    def __init__(self, head_dim: int, max_positions: int, params: dict[str, Any]) -> None:
+        super().__init__()
+        inv, scale = inv_frequencies(head_dim, params)
+        self.rotary_dim = inv.numel() * 2
+        self.head_dim = head_dim
+        pos = torch.arange(max_positions, dtype=torch.int64).float()
+        freqs = pos[:, None] * inv[None, :]  # (max_positions, rotary_dim/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos() * scale, persistent=False)  # (max_positions, rotary_dim)
+        self.register_buffer("sin", emb.sin() * scale, persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions (T,), q (T, Hq, D), k (T, Hk, D)
+        cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # (T, 1, rotary_dim)
+        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
+        return _rotate(q, cos, sin, self.rotary_dim), _rotate(k, cos, sin, self.rotary_dim)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rd: int) -> torch.Tensor:
+    if rd < x.shape[-1]:
+        xr, xp = x[..., :rd], x[..., rd:]
+        return torch.cat((_rotate(xr, cos, sin, rd), xp), dim=-1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

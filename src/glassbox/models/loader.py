@@ -1,0 +1,108 @@
+"""Build a model from a Hugging Face directory and load its safetensors weights by name."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from glassbox.models.llama import LlamaForCausalLM
+from glassbox.models.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+# One family file covers these; a plain dict, no registry.
+MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+}
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: the index's shards, or the single model.safetensors."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [model_dir / s for s in shards]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"weight shards missing in {model_dir}: {', '.join(missing)}")
+        return files
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(model_dir.glob("*.safetensors"))
+    if found:
+        return found
+    raise FileNotFoundError(f"no *.safetensors weights found in model directory {model_dir}")
+
+
+def build_model(
+    cfg: ModelConfig, model_dir: Path | None, dtype: torch.dtype, device: torch.device, dummy: bool, seed: int = 0
+) -> LlamaForCausalLM:
+    """The model on ``device`` in ``dtype`` with loaded (or, with ``dummy``, random) weights, fused."""
+    with torch.device("meta"):
+        model = MODEL_CLASSES[cfg.architecture](cfg)
+    model.to_empty(device=device)
+    model.to(dtype)
+    # Buffers (rotary tables) were created on meta: rebuild them for real.
+    rotary = model.model.rotary_emb
+    rebuilt = type(rotary)(cfg.head_dim, cfg.max_position_embeddings, cfg.rope).to(device)
+    rotary.cos, rotary.sin = rebuilt.cos, rebuilt.sin
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    if dummy:
+        _fill_random(model, seed)
+    else:
+        assert model_dir is not None
+        load_weights(model, model_dir)
+    model.fuse()
+    model.eval()
+    return model
+
+
+def _fill_random(model: nn.Module, seed: int) -> None:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                # filled in float32 on the CPU in slices to keep host memory bounded, then copied
+                flat = p.view(-1)
+                step = 1 << 24
+                for i in range(0, flat.numel(), step):
+                    n = min(step, flat.numel() - i)
+                    flat[i : i + n].copy_(torch.randn(n, generator=gen) * 0.02)
+
+
+def load_weights(model: nn.Module, model_dir: Path) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for path in weight_files(model_dir):
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    if name not in params:
+                        logger.debug("ignoring checkpoint tensor %s", name)
+                        continue
+                    tensor = f.get_tensor(name)
+                    target = params[name]
+                    if tuple(tensor.shape) != tuple(target.shape):
+                        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
+                    target.copy_(tensor.to(target.dtype))
+                    loaded.add(name)
+    tied = {"lm_head.weight"} if getattr(model, "config", None) and model.config.tie_word_embeddings else set()  # type: ignore[union-attr]
+    if "lm_head.weight" in tied and "lm_head.weight" not in loaded and "model.embed_tokens.weight" in loaded:
+        loaded.add("lm_head.weight")
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"weights missing from the checkpoint in {model_dir}: {', '.join(missing[:8])}")

@@ -1,0 +1,100 @@
+"""Tiny random Hugging Face models of each supported architecture, built with transformers for tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tokenizer_factory import build_tokenizer_dir
+
+ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+
+_BASE: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+)
+
+
+def _config(arch: str, vocab: int, eos: int, **overrides: Any) -> Any:
+    import transformers as tf
+
+    kw = dict(_BASE, vocab_size=vocab, eos_token_id=eos, bos_token_id=0, **overrides)
+    if arch == "llama":
+        kw.setdefault("rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 128})
+        kw.setdefault("rope_theta", 500000.0)
+        return tf.LlamaConfig(**kw)
+    if arch == "qwen2":
+        kw.setdefault("tie_word_embeddings", True)
+        return tf.Qwen2Config(**kw)
+    if arch == "qwen3":
+        kw.setdefault("head_dim", 32)
+        kw.setdefault("tie_word_embeddings", True)
+        return tf.Qwen3Config(**kw)
+    if arch == "mistral":
+        kw.setdefault("sliding_window", 48)
+        return tf.MistralConfig(**kw)
+    raise ValueError(arch)
+
+
+def build_tiny_model(arch: str, root: Path, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides: Any) -> Path:
+    """Write a random ``arch`` model with the shared test tokenizer to ``root/<arch>``; returns the dir."""
+    import transformers as tf
+
+    out = root / f"{arch}-{str(dtype).split('.')[-1]}-{seed}"
+    if (out / "config.json").is_file():
+        return out
+    tok_dir = build_tokenizer_dir(root / "tokenizer")
+    vocab = json.loads((tok_dir / "tokenizer.json").read_text())
+    vocab_size = len(vocab["model"]["vocab"]) + sum(1 for t in vocab["added_tokens"] if t["content"] not in vocab["model"]["vocab"])
+    gen_cfg = json.loads((tok_dir / "generation_config.json").read_text())
+    eos = gen_cfg["eos_token_id"]
+    torch.manual_seed(seed)
+    cfg = _config(arch, vocab_size, eos, **overrides)
+    model = tf.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    with torch.no_grad():  # larger weights than the default init so that outputs vary by token
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0.0, 0.08)
+            else:
+                p.uniform_(0.8, 1.2)
+    model.save_pretrained(out, safe_serialization=True)
+    for f in tok_dir.iterdir():
+        if f.name != "generation_config.json" or not (out / f.name).exists():
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
+    """transformers' greedy continuation of each prompt and the chosen tokens' logprobs (no EOS stop)."""
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    results = []
+    for ids in prompts:
+        seq = list(ids)
+        toks: list[int] = []
+        lps: list[float] = []
+        past = None
+        inp = torch.tensor([seq])
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                out = model(input_ids=inp, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logp = torch.log_softmax(out.logits[0, -1].float(), -1)
+                t = int(logp.argmax())
+                toks.append(t)
+                lps.append(float(logp[t]))
+                inp = torch.tensor([[t]])
+        results.append((toks, lps))
+    return results
