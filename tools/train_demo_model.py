@@ -66,7 +66,7 @@ HELDOUT_MODULUS = 50  # a file is held out when crc32(relative path) % 50 == 0: 
 class Shape:
     """The model and tokenizer shape (fixed: the demo model is one artefact, not a sweep)."""
 
-    vocab_size: int = 8192
+    vocab_size: int = 4096
     hidden_size: int = 256
     intermediate_size: int = 768
     num_hidden_layers: int = 6
@@ -99,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags; defaults produce the shipped model."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=1200, help="optimizer steps (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per step (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default: %(default)s)")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default: %(default)s)")

@@ -23,7 +23,16 @@ class LLM:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"unknown LLM argument(s): {', '.join(unknown)}")
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self._init(EngineConfig(model=model, **kwargs))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm._init(config)
+        return llm
+
+    def _init(self, config: EngineConfig) -> None:
+        self.engine = LLMEngine(config)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

@@ -23,7 +23,15 @@ from tokenizers import Tokenizer as BackendTokenizer
 logger = logging.getLogger(__name__)
 
 # The named special tokens transformers knows; a config may add its own "*_token" keys (e.g. image_token).
-NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+NAMED_SPECIAL_TOKENS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -87,10 +95,16 @@ def _strftime_now(fmt: str) -> str:
 
 
 def _tojson(
-    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
 ) -> str:
     # Unlike jinja's built-in filter, no HTML escaping: the output goes to a model, not a web page.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def compile_chat_template(source: str) -> jinja2.Template:
@@ -111,23 +125,33 @@ def _content_text(content: Any, where: str) -> str:
     if isinstance(content, list):
         texts = []
         for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
                 raise ValueError(f"{where}.content[{j}] must be a text part {{'type': 'text', 'text': str}}")
             texts.append(part["text"])
         return "\n".join(texts)
-    raise ValueError(f"{where}.content must be a string or a list of text parts, got {type(content).__name__}")
+    raise ValueError(
+        f"{where}.content must be a string or a list of text parts, got {type(content).__name__}"
+    )
 
 
 def validate_messages(messages: Any) -> None:
     """Raise ValueError (naming the bad item) unless ``messages`` is a well-formed, non-empty chat."""
     if not isinstance(messages, list):
-        raise ValueError(f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}")
+        raise ValueError(
+            f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}"
+        )
     if not messages:
         raise ValueError("messages must contain at least one message")
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
-            raise ValueError(f"{where} must be a dict with 'role' and 'content', got {type(message).__name__}")
+            raise ValueError(
+                f"{where} must be a dict with 'role' and 'content', got {type(message).__name__}"
+            )
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise ValueError(f"{where}.role must be one of {list(CHAT_ROLES)}, got {role!r}")
@@ -184,9 +208,13 @@ class Tokenizer:
         tok_eos = backend.token_to_id(self.eos_token) if self.eos_token else None
         self.bos_token_id: int | None = tok_bos if tok_bos is not None else fallback_bos_token_id
         self.eos_token_id: int | None = tok_eos
-        self.eos_token_ids: set[int] = set(extra_eos_token_ids) | ({tok_eos} if tok_eos is not None else set())
+        self.eos_token_ids: set[int] = set(extra_eos_token_ids) | (
+            {tok_eos} if tok_eos is not None else set()
+        )
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
-        self.all_special_ids: set[int] = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+        self.all_special_ids: set[int] = {
+            i for i, t in backend.get_added_tokens_decoder().items() if t.special
+        }
 
         # BOS/EOS the post-processor does not already add, but the config asks for (never added twice).
         frame = backend.encode("", add_special_tokens=True).ids  # the post-processor's special ids alone
@@ -229,7 +257,9 @@ class Tokenizer:
         else:
             chat_template = _pick_chat_template(tok_cfg.get("chat_template"))
             if chat_template is None:
-                chat_template = _pick_chat_template(_read_json(root / "chat_template.json").get("chat_template"))
+                chat_template = _pick_chat_template(
+                    _read_json(root / "chat_template.json").get("chat_template")
+                )
 
         eos_ids = _id_list(gen_cfg.get("eos_token_id")) or _id_list(model_cfg.get("eos_token_id"))
         bos_ids = _id_list(gen_cfg.get("bos_token_id")) or _id_list(model_cfg.get("bos_token_id"))

@@ -1,0 +1,185 @@
+"""Weight formats (bits per weight, scales included) and how a model's weights map onto them.
+
+A *format* is one storage type (``q4_k_m``, ``nvfp4``). A *scheme* says which format each parameter
+group of a model uses: a uniform ``--quant fp8`` keeps embeddings and ``lm_head`` at 16 bits (as FP8 /
+NVFP4 / INT4 checkpoints do), a GGUF format covers every tensor, and a model's native mix (gpt-oss:
+routed experts MXFP4, the rest BF16) is read from its ``quantization_config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Parameter groups of a model (see model_facts.ModelFacts.params).
+GROUPS = ("embed", "lm_head", "attention", "mlp", "experts", "moe_shared", "mamba", "norms")
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """One weight storage format.
+
+    ``bits_per_weight`` averages everything stored per weight (values + block scales + zero points).
+    ``compute`` is the matmul dtype an engine uses when it has a native kernel for the format
+    ("fp4" for NVFP4/MXFP4 only where the engine and chip support it; otherwise weights are widened).
+    ``decode_kernel_factor`` is the share of an engine's weight-streaming bandwidth a decode kernel keeps
+    for this format (1.0 = plain loads; k-quants spend ALU time unpacking 6-bit scales per super-block).
+    """
+
+    name: str
+    bits_per_weight: float
+    compute: str  # "bf16" | "fp16" | "fp32" | "fp8" | "int8" | "fp4" | "int4"
+    gguf: bool  # a llama.cpp (GGUF) tensor type
+    decode_kernel_factor: float
+    note: str
+
+    @property
+    def bytes_per_weight(self) -> float:
+        return self.bits_per_weight / 8.0
+
+    @property
+    def is_16bit(self) -> bool:
+        return self.bits_per_weight >= 16.0
+
+
+FORMATS: dict[str, QuantFormat] = {
+    f.name: f
+    for f in (
+        QuantFormat("fp32", 32.0, "fp32", False, 1.0, "IEEE float32"),
+        QuantFormat("bf16", 16.0, "bf16", False, 1.0, "bfloat16"),
+        QuantFormat("fp16", 16.0, "fp16", False, 1.0, "float16"),
+        QuantFormat("fp8", 8.0, "fp8", False, 1.0, "E4M3 with per-channel/block scales (<0.01 bit/weight)"),
+        QuantFormat("int8", 8.0, "int8", False, 1.0, "W8A8 int8, per-channel scales"),
+        QuantFormat("q8_0", 8.5, "int8", True, 1.0, "GGUF: 32 int8 + one fp16 scale = 34 bytes / 32 weights"),
+        QuantFormat("q4_0", 4.5, "int8", True, 1.0, "GGUF: 32 4-bit + one fp16 scale = 18 bytes / 32 weights"),
+        QuantFormat(
+            "q4_k_m",
+            4.85,
+            "int8",
+            True,
+            0.8,
+            "GGUF Q4_K (4.5 bpw) with Q6_K (6.56 bpw) for output, half of attn_v/ffn_down: ~4.85 bpw overall",
+        ),
+        QuantFormat("int4", 4.0 + (16 + 4) / 128, "int4", False, 1.0, "AWQ/GPTQ 4-bit, fp16 scale + 4-bit zero / 128"),
+        QuantFormat("nvfp4", 4.0 + 8 / 16, "fp4", False, 1.0, "E2M1 + FP8 scale per 16 values (+ tensor scale)"),
+        QuantFormat("mxfp4", 4.0 + 8 / 32, "fp4", False, 1.0, "OCP MX: E2M1 + E8M0 scale per 32 values"),
+    )
+}
+
+QUANT_CHOICES = ("native", *FORMATS)
+
+
+def get_format(name: str) -> QuantFormat:
+    """Look up a format by name; raises ValueError naming ``--quant`` and the allowed values."""
+    key = name.lower().replace("-", "_")
+    key = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "awq": "int4", "gptq": "int4"}.get(key, key)
+    if key not in FORMATS:
+        raise ValueError(f"--quant must be one of {', '.join(QUANT_CHOICES)}, got {name!r}")
+    return FORMATS[key]
+
+
+@dataclass(frozen=True)
+class NativeQuant:
+    """A checkpoint's own weight formats, read from config.json's ``quantization_config``."""
+
+    method: str
+    experts: str  # format of routed experts (== main for dense models)
+    main: str  # format of the other linear layers (attention, dense MLP, shared experts, Mamba)
+    embed: str
+    lm_head: str
+
+    def describe(self) -> str:
+        if self.experts != self.main:
+            return f"{self.method}: experts {self.experts}, rest {self.main}"
+        return f"{self.method}: linear layers {self.main}, embed/lm_head {self.lm_head}"
+
+
+def _format_from_bits(bits: int, kind: str) -> str:
+    if bits == 8:
+        return "fp8" if kind == "float" else "int8"
+    if bits == 4:
+        return "nvfp4" if kind == "float" else "int4"
+    return "bf16"
+
+
+def native_quant_from_config(cfg: dict[str, Any], dtype: str) -> NativeQuant | None:
+    """Parse ``quantization_config`` (HF, compressed-tensors, ModelOpt, AWQ/GPTQ); None when unquantized."""
+    qc = cfg.get("quantization_config")
+    if not isinstance(qc, dict):
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    if method == "mxfp4":  # gpt-oss: modules_to_not_convert = attention, router, embeddings, lm_head
+        return NativeQuant("mxfp4", "mxfp4", dtype, dtype, dtype)
+    if method in ("fp8", "fbgemm_fp8"):
+        return NativeQuant(method, "fp8", "fp8", dtype, dtype)
+    if method == "modelopt":
+        algo = str(qc.get("quant_algo", "")).upper()
+        fmt = "nvfp4" if "FP4" in algo else "fp8"
+        return NativeQuant(f"modelopt {algo}", fmt, fmt, dtype, dtype)
+    if method in ("awq", "gptq", "auto-round", "autoround"):
+        fmt = _format_from_bits(int(qc.get("bits", 4)), "int")
+        return NativeQuant(method, fmt, fmt, dtype, dtype)
+    if method == "bitsandbytes":
+        fmt = "int4" if qc.get("load_in_4bit") else "int8"
+        return NativeQuant(method, fmt, fmt, dtype, dtype)
+    if method == "compressed-tensors":
+        fmt_name = str(qc.get("format", ""))
+        if "nvfp4" in fmt_name:
+            return NativeQuant(method, "nvfp4", "nvfp4", dtype, dtype)
+        for group in (qc.get("config_groups") or {}).values():
+            weights = group.get("weights") or {}
+            fmt = _format_from_bits(int(weights.get("num_bits", 16)), str(weights.get("type", "int")))
+            return NativeQuant(method, fmt, fmt, dtype, dtype)
+    return None
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """Which format each parameter group is stored in."""
+
+    label: str
+    embed: QuantFormat
+    lm_head: QuantFormat
+    main: QuantFormat  # attention, dense MLP, shared experts, Mamba mixers, norms
+    experts: QuantFormat
+
+    def format_for(self, group: str) -> QuantFormat:
+        if group == "embed":
+            return self.embed
+        if group == "lm_head":
+            return self.lm_head
+        if group == "experts":
+            return self.experts
+        return self.main
+
+    def describe(self) -> dict[str, str]:
+        return {g: self.format_for(g).name for g in ("experts", "main", "embed", "lm_head")}
+
+
+def resolve_scheme(
+    quant: str, native: NativeQuant | None, dtype: str, gguf_engine: bool, mixed_rest_format: str | None
+) -> QuantScheme:
+    """Map ``--quant`` onto a model's parameter groups.
+
+    - ``native``: the checkpoint as published (its quantization_config, else its dtype).
+    - the native format's own name (``--quant mxfp4`` on gpt-oss): the native mix; a GGUF engine whose
+      files store the 16-bit rest differently (``mixed_rest_format``, llama.cpp: q8_0) uses that.
+    - a GGUF format: every tensor in it (its bits/weight already averages the Q6_K output layer).
+    - any other format: linear layers in it; embeddings and lm_head stay at the model dtype.
+    """
+    base = FORMATS[dtype]
+    fmt_name = "native" if quant.lower() == "native" else get_format(quant).name
+    if native is not None and fmt_name in ("native", native.experts, native.main):
+        main = FORMATS[native.main]
+        embed, lm_head = FORMATS[native.embed], FORMATS[native.lm_head]
+        label = native.describe()
+        if gguf_engine and mixed_rest_format and main.is_16bit:
+            main = embed = lm_head = FORMATS[mixed_rest_format]
+            label += f" (GGUF: rest {mixed_rest_format})"
+        return QuantScheme(label, embed, lm_head, main, FORMATS[native.experts])
+    if fmt_name == "native":
+        return QuantScheme(f"{dtype} (checkpoint dtype)", base, base, base, base)
+    fmt = FORMATS[fmt_name]
+    if fmt.gguf or fmt.is_16bit:
+        return QuantScheme(f"{fmt.name} (all tensors)", fmt, fmt, fmt, fmt)
+    return QuantScheme(f"{fmt.name} (embed/lm_head {dtype})", base, base, fmt, fmt)
