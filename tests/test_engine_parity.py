@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiny_models import ARCHS, build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
-from tiny_models import ARCHS, build_tiny_model, hf_greedy
 
 MAX_NEW = 12
 TEXTS = [
@@ -24,8 +24,18 @@ def _prompts(tok: Tokenizer) -> list[list[int]]:
     base = [tok.encode(t) for t in TEXTS]
     long_text = "".join(TEXTS) * 12
     long_ids = tok.encode(long_text)
-    prompts = [base[0][:1], base[1], base[2], base[3], long_ids[:15], long_ids[:16], long_ids[:17],
-               long_ids[:64], long_ids[:129], long_ids[:300]]
+    prompts = [
+        base[0][:1],
+        base[1],
+        base[2],
+        base[3],
+        long_ids[:15],
+        long_ids[:16],
+        long_ids[:17],
+        long_ids[:64],
+        long_ids[:129],
+        long_ids[:300],
+    ]
     assert min(map(len, prompts)) == 1 and max(map(len, prompts)) >= 290
     return prompts
 

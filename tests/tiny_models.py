@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from tokenizer_factory import build_tokenizer_dir
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
@@ -29,8 +28,16 @@ def _config(arch: str, vocab: int, eos: int, **overrides: Any) -> Any:
 
     kw = dict(_BASE, vocab_size=vocab, eos_token_id=eos, bos_token_id=0, **overrides)
     if arch == "llama":
-        kw.setdefault("rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 128})
+        kw.setdefault(
+            "rope_scaling",
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 128,
+            },
+        )
         kw.setdefault("rope_theta", 500000.0)
         return tf.LlamaConfig(**kw)
     if arch == "qwen2":
@@ -46,7 +53,9 @@ def _config(arch: str, vocab: int, eos: int, **overrides: Any) -> Any:
     raise ValueError(arch)
 
 
-def build_tiny_model(arch: str, root: Path, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides: Any) -> Path:
+def build_tiny_model(
+    arch: str, root: Path, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides: Any
+) -> Path:
     """Write a random ``arch`` model with the shared test tokenizer to ``root/<arch>``; returns the dir."""
     import transformers as tf
 
@@ -55,7 +64,9 @@ def build_tiny_model(arch: str, root: Path, dtype: torch.dtype = torch.float32, 
         return out
     tok_dir = build_tokenizer_dir(root / "tokenizer")
     vocab = json.loads((tok_dir / "tokenizer.json").read_text())
-    vocab_size = len(vocab["model"]["vocab"]) + sum(1 for t in vocab["added_tokens"] if t["content"] not in vocab["model"]["vocab"])
+    vocab_size = len(vocab["model"]["vocab"]) + sum(
+        1 for t in vocab["added_tokens"] if t["content"] not in vocab["model"]["vocab"]
+    )
     gen_cfg = json.loads((tok_dir / "generation_config.json").read_text())
     eos = gen_cfg["eos_token_id"]
     torch.manual_seed(seed)
@@ -74,7 +85,9 @@ def build_tiny_model(arch: str, root: Path, dtype: torch.dtype = torch.float32, 
     return out
 
 
-def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
+def hf_greedy(
+    model_dir: Path, prompts: list[list[int]], max_new_tokens: int
+) -> list[tuple[list[int], list[float]]]:
     """transformers' greedy continuation of each prompt and the chosen tokens' logprobs (no EOS stop)."""
     import transformers as tf
 

@@ -40,11 +40,15 @@ class EngineConfig:
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {DEVICES}, got {self.device!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"--kv-cache-dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+            raise ValueError(
+                f"--kv-cache-dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"--load-format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"--quantization must be one of {QUANTIZATIONS[1:]} or unset, got {self.quantization!r}")
+            raise ValueError(
+                f"--quantization must be one of {QUANTIZATIONS[1:]} or unset, got {self.quantization!r}"
+            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
         if self.max_num_seqs < 1:

@@ -9,23 +9,45 @@ from glassbox.config import DEVICES, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS, Engi
 
 def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) -> None:
     if positional_model:
-        p.add_argument("model", nargs="?", default=None, help="local Hugging Face model directory (default: the demo model)")
+        p.add_argument(
+            "model",
+            nargs="?",
+            default=None,
+            help="local Hugging Face model directory (default: the demo model)",
+        )
     else:
-        p.add_argument("--model", default=None, help="local Hugging Face model directory (default: the demo model)")
+        p.add_argument(
+            "--model", default=None, help="local Hugging Face model directory (default: the demo model)"
+        )
     g = p.add_argument_group("engine")
     g.add_argument("--dtype", default="auto", choices=DTYPES)
     g.add_argument("--device", default="auto", choices=DEVICES)
-    g.add_argument("--max-model-len", type=int, default=None, help="max prompt + output tokens (default: the model's)")
+    g.add_argument(
+        "--max-model-len", type=int, default=None, help="max prompt + output tokens (default: the model's)"
+    )
     g.add_argument("--max-num-seqs", type=int, default=256, help="max sequences in one batch")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step (chunked prefill)")
-    g.add_argument("--memory-utilization", "--gpu-memory-utilization", dest="memory_utilization", type=float,
-                   default=0.9, help="share of device memory for weights + activations + KV cache (CUDA)")
+    g.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="token budget of one step (chunked prefill)"
+    )
+    g.add_argument(
+        "--memory-utilization",
+        "--gpu-memory-utilization",
+        dest="memory_utilization",
+        type=float,
+        default=0.9,
+        help="share of device memory for weights + activations + KV cache (CUDA)",
+    )
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     g.add_argument("--num-kv-blocks", type=int, default=None, help="explicit KV cache size in blocks")
     g.add_argument("--kv-cache-memory-gib", type=float, default=None, help="explicit KV cache size in GiB")
-    g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS, help="dummy: random weights of the config's shape")
+    g.add_argument(
+        "--load-format",
+        default="auto",
+        choices=LOAD_FORMATS,
+        help="dummy: random weights of the config's shape",
+    )
     g.add_argument("--quantization", default=None, choices=["int8"], help="weight-only quantization")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs or torch.compile")
     g.add_argument("--tensor-parallel-size", type=int, default=1, help="only 1 is supported")

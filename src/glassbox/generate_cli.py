@@ -33,8 +33,13 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 def _params(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from glassbox.sampling_params import SamplingParams
 
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, seed=args.seed)
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -43,8 +48,17 @@ def run_generate(args: argparse.Namespace) -> int:
     llm = LLM.from_config(config_from_args(args))
     out = llm.generate([args.prompt], _params(args))[0]
     if args.json:
-        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-                          "metrics": out.metrics.as_dict() if out.metrics else None}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "text": out.text,
+                    "token_ids": out.token_ids,
+                    "finish_reason": out.finish_reason,
+                    "metrics": out.metrics.as_dict() if out.metrics else None,
+                },
+                indent=2,
+            )
+        )
     else:
         print(args.prompt + out.text)
     return 0

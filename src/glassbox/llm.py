@@ -67,8 +67,9 @@ class LLM:
     ) -> list[RequestOutput]:
         """Render each conversation with the model's chat template, then generate."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = []
+        prompts: list[list[int]] = []
         for conv in convs:
             self.tokenizer.validate_messages(conv)  # type: ignore[arg-type]
-            prompts.append(self.tokenizer.apply_chat_template(conv, add_generation_prompt=True))  # type: ignore[arg-type]
+            # the rendered template carries its own BOS: encode without adding special tokens
+            prompts.append(self.tokenizer.encode_chat(conv, add_generation_prompt=True))  # type: ignore[arg-type]
         return self.generate(prompts, sampling_params)

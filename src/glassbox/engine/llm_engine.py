@@ -31,7 +31,9 @@ def resolve_model_dir(model: str | None) -> Path:
     """The model directory: the given path, or the bundled demo model when none is given."""
     path = DEMO_MODEL_DIR if model is None else Path(model)
     if not path.is_dir():
-        raise FileNotFoundError(f"model directory not found: {path} (downloads are not supported; pass a local HF dir)")
+        raise FileNotFoundError(
+            f"model directory not found: {path} (downloads are not supported; pass a local HF dir)"
+        )
     return path
 
 
@@ -82,27 +84,41 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.model_dir = resolve_model_dir(config.model) if config.load_format != "dummy" or config.model else None
+        self.model_dir = (
+            resolve_model_dir(config.model) if config.load_format != "dummy" or config.model else None
+        )
         if self.model_dir is None:
             raise ValueError("--load-format dummy needs a MODEL directory or config.json for the shapes")
         self.model_config = ModelConfig.from_dir(self.model_dir)
-        self.model_name = config.served_model_name or (self.model_dir.name if config.model else "glassbox-demo")
+        self.model_name = config.served_model_name or (
+            self.model_dir.name if config.model else "glassbox-demo"
+        )
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         limit = self.model_config.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > limit:
-            raise ValueError(f"--max-model-len {config.max_model_len} exceeds the model's limit of {limit} positions")
+            raise ValueError(
+                f"--max-model-len {config.max_model_len} exceeds the model's limit of {limit} positions"
+            )
         self.max_model_len = config.max_model_len or limit
         default_batch = 8192 if config.device == "cuda" else 2048
         self.max_num_batched_tokens = config.max_num_batched_tokens or default_batch
         self.executor = TorchExecutor(
-            config, None if config.load_format == "dummy" else self.model_dir, self.model_config,
-            self.max_model_len, self.max_num_batched_tokens,
+            config,
+            None if config.load_format == "dummy" else self.model_dir,
+            self.model_config,
+            self.max_model_len,
+            self.max_num_batched_tokens,
         )
         self.executor.eos_ids = self.tokenizer.eos_token_ids
         plan = self.executor.kv_plan
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens, %.3f GiB (%s, %s)",
-            plan.num_blocks, plan.block_size, plan.num_tokens, plan.gib, self.executor.device, self.executor.kv_dtype,
+            plan.num_blocks,
+            plan.block_size,
+            plan.num_tokens,
+            plan.gib,
+            self.executor.device,
+            self.executor.kv_dtype,
         )
         self.block_manager = BlockManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
@@ -113,7 +129,10 @@ class LLMEngine:
 
     # -- requests ------------------------------------------------------------
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
         arrival_time: float | None = None,
     ) -> None:
         """Queue a request; raises ValueError at once if it is invalid or could never run."""
@@ -261,17 +280,31 @@ class LLMEngine:
 
     def _record(self, sched: SchedulerOutput, t0: float, t1: float) -> None:
         self.step_records.append(
-            StepRecord(t0, t1 - t0, sched.num_prefill_tokens, sched.num_decode_tokens, len(sched.scheduled),
-                       sched.phase, self.block_manager.usage)
+            StepRecord(
+                t0,
+                t1 - t0,
+                sched.num_prefill_tokens,
+                sched.num_decode_tokens,
+                len(sched.scheduled),
+                sched.phase,
+                self.block_manager.usage,
+            )
         )
 
     def _output(self, req: _Request) -> RequestOutput:
         outs = []
         for st in req.states:
             seq = st.seq
-            outs.append(CompletionOutput(seq.index, st.text, seq.output_token_ids,
-                                         list(seq.logprobs) if seq.logprobs is not None else None,
-                                         seq.finish_reason, seq.stop_reason))
+            outs.append(
+                CompletionOutput(
+                    seq.index,
+                    st.text,
+                    seq.output_token_ids,
+                    list(seq.logprobs) if seq.logprobs is not None else None,
+                    seq.finish_reason,
+                    seq.stop_reason,
+                )
+            )
         finished = req.finished
         metrics = req.states[0].seq.metrics if finished else None
         if finished and len(req.states) > 1:
@@ -304,7 +337,12 @@ def _merge_metrics(seqs: list[Sequence]):  # type: ignore[no-untyped-def]
 
     first = seqs[0].metrics
     last = max((s.metrics for s in seqs), key=lambda m: m.finished_time or 0.0)
-    m = replace(first, finished_time=last.finished_time, output_tokens=sum(s.num_output_tokens for s in seqs),
-                preemptions=sum(s.metrics.preemptions for s in seqs), token_times=list(first.token_times))
+    m = replace(
+        first,
+        finished_time=last.finished_time,
+        output_tokens=sum(s.num_output_tokens for s in seqs),
+        preemptions=sum(s.metrics.preemptions for s in seqs),
+        token_times=list(first.token_times),
+    )
     m.finalize()
     return m

@@ -67,8 +67,14 @@ class KVCachePlan:
 class TorchExecutor:
     """Runs a Hugging Face model on the paged KV cache."""
 
-    def __init__(self, config: EngineConfig, model_dir: Path | None, model_config: ModelConfig, max_model_len: int,
-                 max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_dir: Path | None,
+        model_config: ModelConfig,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+    ) -> None:
         self.config = config
         self.model_config = model_config
         self.device = resolve_device(config.device)
@@ -78,7 +84,12 @@ class TorchExecutor:
         if self.device.type == "cpu" and "GLASSBOX_NUM_THREADS" in os.environ:
             torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
         self.model = build_model(
-            model_config, model_dir, self.dtype, self.device, dummy=config.load_format == "dummy", seed=config.seed
+            model_config,
+            model_dir,
+            self.dtype,
+            self.device,
+            dummy=config.load_format == "dummy",
+            seed=config.seed,
         )
         if config.quantization == "int8":
             from glassbox.layers.quantization import quantize_int8
@@ -88,7 +99,10 @@ class TorchExecutor:
         self.kv_plan = self._plan_kv_cache(max_model_len, max_num_batched_tokens)
         self.num_kv_blocks = self.kv_plan.num_blocks
         shape = (2, self.num_kv_blocks, self.block_size, model_config.num_kv_heads, model_config.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(model_config.num_layers)]
+        self.kv_caches = [
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            for _ in range(model_config.num_layers)
+        ]
         self.eos_ids: set[int] = set()
 
     def _plan_kv_cache(self, max_model_len: int, max_num_batched_tokens: int) -> KVCachePlan:
@@ -130,7 +144,9 @@ class TorchExecutor:
     def _profile_run(self, num_tokens: int) -> None:
         mc = self.model_config
         n = max(1, min(num_tokens, mc.max_position_embeddings))
-        cache = [torch.zeros((2, 1, 1, mc.num_kv_heads, mc.head_dim), dtype=self.kv_dtype, device=self.device)] * mc.num_layers
+        cache = [
+            torch.zeros((2, 1, 1, mc.num_kv_heads, mc.head_dim), dtype=self.kv_dtype, device=self.device)
+        ] * mc.num_layers
         # a single long prefill with no stored context exercises the largest activations
         meta = AttentionMetadata(slot_mapping=torch.zeros(n, dtype=torch.long, device=self.device))
         meta.prefills = [PrefillSeq(0, n, 0, torch.zeros(1, dtype=torch.long, device=self.device))]
@@ -191,7 +207,10 @@ class TorchExecutor:
         if decodes:
             lens = [s.start + 1 for s in decodes]
             max_blocks = (max(lens) + bs - 1) // bs
-            tables = [s.seq.block_table[:max_blocks] + [0] * (max_blocks - min(max_blocks, len(s.seq.block_table))) for s in decodes]
+            tables = [
+                s.seq.block_table[:max_blocks] + [0] * (max_blocks - min(max_blocks, len(s.seq.block_table)))
+                for s in decodes
+            ]
             meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=dev)
             meta.decode_context_lens = torch.tensor(lens, dtype=torch.long, device=dev)
             meta.decode_max_len = max(lens)

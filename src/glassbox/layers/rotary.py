@@ -59,6 +59,8 @@ class RotaryEmbedding(nn.Module):
         pos = torch.arange(max_positions, dtype=torch.int64).float()
         freqs = pos[:, None] * inv[None, :]  # (max_positions, rotary_dim/2)
         emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
         self.register_buffer("cos", emb.cos() * scale, persistent=False)  # (max_positions, rotary_dim)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 

@@ -20,16 +20,22 @@ def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence], vocab: int) -> 
     for row, seq in enumerate(seqs):
         sp = seq.sampling_params
         if sp.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted({t for t in seq.token_ids if t < vocab}), dtype=torch.long, device=logits.device)
+            seen = torch.tensor(
+                sorted({t for t in seq.token_ids if t < vocab}), dtype=torch.long, device=logits.device
+            )
             vals = logits[row, seen]
-            logits[row, seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+            logits[row, seen] = torch.where(
+                vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty
+            )
         if sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0:
             out = seq.output_token_ids
             if out:
                 ids = torch.tensor(out, dtype=torch.long, device=logits.device)
                 counts = torch.zeros(vocab, dtype=logits.dtype, device=logits.device)
                 counts.scatter_add_(0, ids, torch.ones_like(ids, dtype=logits.dtype))
-                logits[row] -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(logits.dtype)
+                logits[row] -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(
+                    logits.dtype
+                )
 
 
 def _suppress_stops(logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int]) -> None:
@@ -37,7 +43,11 @@ def _suppress_stops(logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int
     for row, seq in enumerate(seqs):
         sp = seq.sampling_params
         if seq.num_output_tokens < sp.min_tokens:
-            banned = [t for t in (set(sp.stop_token_ids) | (set() if sp.ignore_eos else eos_ids)) if t < logits.shape[1]]
+            banned = [
+                t
+                for t in (set(sp.stop_token_ids) | (set() if sp.ignore_eos else eos_ids))
+                if t < logits.shape[1]
+            ]
             if banned:
                 logits[row, banned] = float("-inf")
 
@@ -80,12 +90,18 @@ def make_generator(seq: Sequence, engine_seed: int, device: torch.device) -> tor
     return gen
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int], engine_seed: int) -> list[SampleResult]:
+def sample(
+    logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int], engine_seed: int
+) -> list[SampleResult]:
     """Pick one token per row of ``logits`` (S, V) float32 for the sequences ``seqs`` (same order)."""
     want_logprobs = [s.sampling_params.logprobs for s in seqs]
     raw_logprobs = logits.log_softmax(dim=-1) if any(n is not None for n in want_logprobs) else None
-    if any(s.sampling_params.repetition_penalty != 1.0 or s.sampling_params.presence_penalty != 0.0
-           or s.sampling_params.frequency_penalty != 0.0 for s in seqs):
+    if any(
+        s.sampling_params.repetition_penalty != 1.0
+        or s.sampling_params.presence_penalty != 0.0
+        or s.sampling_params.frequency_penalty != 0.0
+        for s in seqs
+    ):
         logits = logits.clone()
         _apply_penalties(logits, seqs, logits.shape[1])
     if any(s.num_output_tokens < s.sampling_params.min_tokens for s in seqs):

@@ -142,7 +142,11 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], meta: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
     ) -> torch.Tensor:
         return self.model(input_ids, positions, kv_caches, meta)
 
@@ -152,5 +156,6 @@ class LlamaForCausalLM(nn.Module):
     def fuse(self) -> None:
         """Fuse q/k/v and gate/up projections (after the checkpoint is loaded by HF names)."""
         for layer in self.model.layers:
+            assert isinstance(layer, LlamaDecoderLayer)
             layer.self_attn.fuse()
             layer.mlp.fuse()

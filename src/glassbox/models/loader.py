@@ -44,7 +44,12 @@ def weight_files(model_dir: Path) -> list[Path]:
 
 
 def build_model(
-    cfg: ModelConfig, model_dir: Path | None, dtype: torch.dtype, device: torch.device, dummy: bool, seed: int = 0
+    cfg: ModelConfig,
+    model_dir: Path | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    dummy: bool,
+    seed: int = 0,
 ) -> LlamaForCausalLM:
     """The model on ``device`` in ``dtype`` with loaded (or, with ``dummy``, random) weights, fused."""
     with torch.device("meta"):
@@ -84,7 +89,7 @@ def _fill_random(model: nn.Module, seed: int) -> None:
                     flat[i : i + n].copy_(torch.randn(n, generator=gen) * 0.02)
 
 
-def load_weights(model: nn.Module, model_dir: Path) -> None:
+def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     with torch.no_grad():
@@ -97,11 +102,12 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
                     tensor = f.get_tensor(name)
                     target = params[name]
                     if tuple(tensor.shape) != tuple(target.shape):
-                        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
+                        raise ValueError(
+                            f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}"
+                        )
                     target.copy_(tensor.to(target.dtype))
                     loaded.add(name)
-    tied = {"lm_head.weight"} if getattr(model, "config", None) and model.config.tie_word_embeddings else set()  # type: ignore[union-attr]
-    if "lm_head.weight" in tied and "lm_head.weight" not in loaded and "model.embed_tokens.weight" in loaded:
+    if model.config.tie_word_embeddings and "model.embed_tokens.weight" in loaded:
         loaded.add("lm_head.weight")
     missing = sorted(set(params) - loaded)
     if missing:
