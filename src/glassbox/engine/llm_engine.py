@@ -196,6 +196,11 @@ class LLMEngine:
                 self._finish(st.seq, "abort")
         return self._output(req)
 
+    def get_sequences(self, request_id: str) -> list[Sequence]:
+        """The live sequences of a request (empty once it has finished and been reported)."""
+        req = self.requests.get(request_id)
+        return [st.seq for st in req.states] if req else []
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 

@@ -1,0 +1,94 @@
+"""`glassbox trace PROMPT`: one request's six steps with measured figures, against the roofline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from glassbox.engine_args import add_engine_args, config_from_args
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trace", help="the anatomy of one request, phase by phase, vs this machine's roofline")
+    add_engine_args(p)
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (greedy)")
+    p.add_argument("--no-roofline", action="store_true", help="skip the hardware probe and the ceilings")
+    p.add_argument("--json", action="store_true", help="print the anatomy as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from glassbox.engine.llm_engine import LLMEngine
+    from glassbox.trace import run_trace
+
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    engine = LLMEngine(config_from_args(args))
+    hw = None
+    if not args.no_roofline:
+        from glassbox.perf.hardware import probe_local
+
+        dtype = {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}.get(
+            str(engine.executor.dtype), "float32"
+        )
+        hw = probe_local(engine.executor.device.type, dtype)
+    # a warm-up request keeps one-time costs (allocator, kernels) out of the figures
+    run_trace(engine, args.prompt, 2, None)
+    result = run_trace(engine, args.prompt, args.max_tokens, hw)
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        render(result)
+    return 0
+
+
+def _ceiling(ph: dict[str, Any]) -> str:
+    if "ceiling_tok_s" not in ph:
+        return ""
+    return f"{ph['fraction'] * 100:.0f}% of the {ph['ceiling_tok_s']:,.0f} tok/s {ph['bound']} ceiling"
+
+
+def render(r: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    ph = r["phases"]
+    t = Table(title=f"glassbox trace — {r['model']} on {r['device']} ({r['dtype']})")
+    for col in ("step", "measured", "vs roofline"):
+        t.add_column(col)
+    pre, dec = ph["prefill"], ph["decode"]
+    t.add_row("1 tokenize", f"{ph['tokenize']['tokens']} tokens in {ph['tokenize']['ms']:.2f} ms", "")
+    t.add_row("  queue", f"{ph['queue']['ms']:.2f} ms", "")
+    t.add_row(
+        "2 prefill",
+        f"{pre['tokens']} tokens ({pre['cached_tokens']} cached) in {pre['ms']:.1f} ms = "
+        f"{pre['tok_s']:,.1f} tok/s",
+        _ceiling(pre),
+    )
+    t.add_row("  first token", f"TTFT {ph['first_token']['ttft_ms']:.1f} ms", "")
+    t.add_row(
+        "4 decode",
+        f"{dec['tokens']} tokens in {dec['ms']:.1f} ms = {dec['tok_s']:,.1f} tok/s; "
+        f"ITL p50 {dec['itl_ms_p50']:.1f} ms, p99 {dec['itl_ms_p99']:.1f} ms",
+        _ceiling(dec),
+    )
+    kv = r["kv_cache"]
+    grew = " -> ".join(str(g["blocks"]) for g in kv["growth"])
+    t.add_row(
+        "3/5 KV cache",
+        f"{kv['blocks']} blocks x {kv['block_size']} tokens = {kv['bytes'] / 1024:,.1f} KiB",
+        f"grew {grew} blocks",
+    )
+    t.add_row("6 detokenize", f"{ph['detokenize']['ms']:.2f} ms", "")
+    t.add_row("end to end", f"{r['e2e_ms']:.1f} ms, finish_reason={r['finish_reason']}", "")
+    console = Console()
+    console.print(t)
+    if "roofline" in r:
+        rf = r["roofline"]
+        console.print(
+            f"roofline: {rf['bandwidth_gbs']:.1f} GB/s, {rf['tflops']:.2f} TFLOP/s {rf['dtype']} "
+            f"({rf['source']}); decode reads {dec['bytes_per_token'] / 1e6:,.1f} MB per token"
+        )
+    console.print(f"[bold]output:[/bold] {r['prompt']}{r['text']}")
