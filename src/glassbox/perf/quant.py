@@ -51,7 +51,9 @@ FORMATS: dict[str, QuantFormat] = {
         QuantFormat("fp8", 8.0, "fp8", False, 1.0, "E4M3 with per-channel/block scales (<0.01 bit/weight)"),
         QuantFormat("int8", 8.0, "int8", False, 1.0, "W8A8 int8, per-channel scales"),
         QuantFormat("q8_0", 8.5, "int8", True, 1.0, "GGUF: 32 int8 + one fp16 scale = 34 bytes / 32 weights"),
-        QuantFormat("q4_0", 4.5, "int8", True, 1.0, "GGUF: 32 4-bit + one fp16 scale = 18 bytes / 32 weights"),
+        QuantFormat(
+            "q4_0", 4.5, "int8", True, 1.0, "GGUF: 32 4-bit + one fp16 scale = 18 bytes / 32 weights"
+        ),
         QuantFormat(
             "q4_k_m",
             4.85,
@@ -60,8 +62,12 @@ FORMATS: dict[str, QuantFormat] = {
             0.8,
             "GGUF Q4_K (4.5 bpw) with Q6_K (6.56 bpw) for output, half of attn_v/ffn_down: ~4.85 bpw overall",
         ),
-        QuantFormat("int4", 4.0 + (16 + 4) / 128, "int4", False, 1.0, "AWQ/GPTQ 4-bit, fp16 scale + 4-bit zero / 128"),
-        QuantFormat("nvfp4", 4.0 + 8 / 16, "fp4", False, 1.0, "E2M1 + FP8 scale per 16 values (+ tensor scale)"),
+        QuantFormat(
+            "int4", 4.0 + (16 + 4) / 128, "int4", False, 1.0, "AWQ/GPTQ 4-bit, fp16 scale + 4-bit zero / 128"
+        ),
+        QuantFormat(
+            "nvfp4", 4.0 + 8 / 16, "fp4", False, 1.0, "E2M1 + FP8 scale per 16 values (+ tensor scale)"
+        ),
         QuantFormat("mxfp4", 4.0 + 8 / 32, "fp4", False, 1.0, "OCP MX: E2M1 + E8M0 scale per 32 values"),
     )
 }
@@ -72,7 +78,9 @@ QUANT_CHOICES = ("native", *FORMATS)
 def get_format(name: str) -> QuantFormat:
     """Look up a format by name; raises ValueError naming ``--quant`` and the allowed values."""
     key = name.lower().replace("-", "_")
-    key = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "awq": "int4", "gptq": "int4"}.get(key, key)
+    key = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "awq": "int4", "gptq": "int4"}.get(
+        key, key
+    )
     if key not in FORMATS:
         raise ValueError(f"--quant must be one of {', '.join(QUANT_CHOICES)}, got {name!r}")
     return FORMATS[key]
@@ -169,7 +177,7 @@ def resolve_scheme(
     """
     base = FORMATS[dtype]
     fmt_name = "native" if quant.lower() == "native" else get_format(quant).name
-    if native is not None and fmt_name in ("native", native.experts, native.main):
+    if native is not None and fmt_name in ("native", native.experts):
         main = FORMATS[native.main]
         embed, lm_head = FORMATS[native.embed], FORMATS[native.lm_head]
         label = native.describe()

@@ -1,0 +1,199 @@
+"""Roofline cost of one engine step: time = max(bytes / (bandwidth x eta_bw), FLOPs / (peak x eta_flops))
++ the engine's fixed per-step overhead.
+
+A step is a batch of sequences, each contributing (num_new_tokens, context_len_before): a decode step is
+(1, ctx) per running sequence, a prefill chunk is (chunk, tokens_already_cached). Bytes are the weights
+streamed once per step (MoE: only the experts the batch's tokens route to, in expectation), the KV cache
+read and written, and recurrent (Mamba) state; FLOPs are 2 x active weights per token, plus attention
+(quadratic in a prefill, linear in context per decoded token). The simulator (SimulatedExecutor) calls
+``step_time`` once per scheduled step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from glassbox.perf.engine_profiles import EngineProfile
+from glassbox.perf.hardware import HardwareSpec
+from glassbox.perf.model_facts import ModelFacts
+from glassbox.perf.quant import QuantFormat, QuantScheme
+
+_DENSE_GROUPS = ("attention", "mlp", "moe_shared", "mamba", "norms")
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Time of one step and what bounds it (seconds, bytes, FLOPs)."""
+
+    seconds: float
+    memory_s: float
+    compute_s: float
+    overhead_s: float
+    bytes_moved: float
+    flops: float
+    num_tokens: int
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.memory_s >= self.compute_s else "compute"
+
+
+def compute_dtype(fmt: QuantFormat, hw: HardwareSpec, engine: EngineProfile) -> str:
+    """Dtype of the matmuls for weights stored in ``fmt`` (widened when no native path exists)."""
+    if fmt.is_16bit:
+        return fmt.compute
+    if engine.gguf:
+        return "int8"  # ggml MMQ: activations quantized to 8 bits, int8 dot products
+    if fmt.compute == "fp4":
+        native = engine.native_fp4 and hw.fp4_engine_support and hw.has("fp4")
+        return "fp4" if native else "bf16"
+    if fmt.compute in ("fp8", "int8"):
+        return fmt.compute if hw.has(fmt.compute) else "bf16"
+    return "bf16"  # int4 (AWQ/GPTQ): dequantized to bf16 inside the GEMM
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, num_tokens: int) -> float:
+    """E[# experts hit] when each of ``num_tokens`` tokens picks ``top_k`` of ``num_experts`` uniformly."""
+    if num_experts == 0 or num_tokens == 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** num_tokens)
+
+
+def _pairs(batch: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    pairs = [(int(n), int(c)) for n, c in batch]
+    if any(n < 0 or c < 0 for n, c in pairs):
+        raise ValueError(f"batch entries must be (num_new_tokens >= 0, context_len_before >= 0), got {pairs}")
+    return pairs
+
+
+def step_cost(
+    facts: ModelFacts,
+    quant: QuantScheme,
+    hw: HardwareSpec,
+    engine: EngineProfile,
+    batch: Sequence[tuple[int, int]],
+    kv_bytes_per_element: float = 2.0,
+) -> StepCost:
+    """Cost of one engine step over ``batch`` = [(num_new_tokens, context_len_before), ...]."""
+    work = [(n, c) for n, c in _pairs(batch) if n > 0]
+    if not work:
+        return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
+    tokens, seqs = sum(n for n, _ in work), len(work)
+    bw = hw.bandwidth_bytes_s * engine.eta_bw
+
+    # Bytes: weights once per step, each group at its format's kernel efficiency.
+    weight_s, weight_bytes = 0.0, 0.0
+    groups = {g: float(facts.params[g]) for g in (*_DENSE_GROUPS, "lm_head")}
+    groups["embed"] = float(min(tokens, facts.vocab_size) * facts.hidden_size)  # gathered rows only
+    distinct = expected_distinct_experts(facts.num_experts, facts.experts_per_token, tokens)
+    groups["experts"] = facts.moe_layers * distinct * facts.params_per_expert
+    for group, count in groups.items():
+        fmt = quant.format_for(group)
+        nbytes = count * fmt.bytes_per_weight
+        weight_bytes += nbytes
+        weight_s += nbytes / (bw * (fmt.decode_kernel_factor if engine.kernel_factors else 1.0))
+    kv_read = sum(facts.kv_bytes(c, kv_bytes_per_element) for _, c in work)
+    kv_write = sum(facts.kv_bytes(c + n, kv_bytes_per_element) for n, c in work) - kv_read
+    state = 2.0 * seqs * facts.state_bytes_per_seq  # recurrent state read and written back
+    other_bytes = kv_read + max(kv_write, 0.0) + state
+    memory_s = weight_s + other_bytes / bw
+
+    # FLOPs: linear layers at their compute dtype, attention and scans at bf16.
+    def rate(fmt: QuantFormat) -> float:
+        return hw.peak_flops(compute_dtype(fmt, hw, engine)) * engine.eta_flops
+
+    dense_flops = 2.0 * tokens * sum(facts.params[g] for g in _DENSE_GROUPS)
+    expert_flops = 2.0 * tokens * facts.experts_per_token * facts.moe_layers * facts.params_per_expert
+    head_flops = 2.0 * seqs * facts.params["lm_head"]  # logits for one position per sequence
+    mixer_flops = sum(facts.attention_flops(n, c) for n, c in work) + tokens * facts.mixer_flops_per_token
+    bf16_rate = hw.peak_flops("bf16") * engine.eta_flops
+    compute_s = (
+        dense_flops / rate(quant.main)
+        + expert_flops / (rate(quant.experts) * engine.moe_flops_factor)
+        + head_flops / rate(quant.lm_head)
+        + mixer_flops / bf16_rate
+    )
+    flops = dense_flops + expert_flops + head_flops + mixer_flops
+    seconds = max(memory_s, compute_s) + engine.step_overhead_s
+    return StepCost(
+        seconds, memory_s, compute_s, engine.step_overhead_s, weight_bytes + other_bytes, flops, tokens
+    )
+
+
+def step_time(
+    facts: ModelFacts,
+    quant: QuantScheme,
+    hw: HardwareSpec,
+    engine: EngineProfile,
+    batch: Sequence[tuple[int, int]],
+    kv_bytes_per_element: float = 2.0,
+) -> float:
+    """Seconds for one engine step (the simulator's clock advance)."""
+    return step_cost(facts, quant, hw, engine, batch, kv_bytes_per_element).seconds
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    """A multi-step phase (a chunked prefill, or a run of decode steps)."""
+
+    seconds: float
+    steps: int
+    memory_s: float
+    compute_s: float
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.memory_s >= self.compute_s else "compute"
+
+
+def prefill_cost(
+    facts: ModelFacts,
+    quant: QuantScheme,
+    hw: HardwareSpec,
+    engine: EngineProfile,
+    prompt_tokens: int,
+    context_tokens: int = 0,
+    kv_bytes_per_element: float = 2.0,
+) -> PhaseCost:
+    """One request's prefill of ``prompt_tokens`` after ``context_tokens`` cached, in engine-sized chunks."""
+    chunk = engine.max_batched_tokens or prompt_tokens
+    done, seconds, mem, comp, steps = 0, 0.0, 0.0, 0.0, 0
+    while done < prompt_tokens:
+        n = min(chunk, prompt_tokens - done)
+        cost = step_cost(facts, quant, hw, engine, [(n, context_tokens + done)], kv_bytes_per_element)
+        seconds, mem, comp, steps = (
+            seconds + cost.seconds,
+            mem + cost.memory_s,
+            comp + cost.compute_s,
+            steps + 1,
+        )
+        done += n
+    return PhaseCost(seconds, steps, mem, comp)
+
+
+def decode_cost(
+    facts: ModelFacts,
+    quant: QuantScheme,
+    hw: HardwareSpec,
+    engine: EngineProfile,
+    batch_size: int,
+    start_context: int,
+    output_tokens: int,
+    kv_bytes_per_element: float = 2.0,
+) -> PhaseCost:
+    """``output_tokens`` decode steps of ``batch_size`` sequences whose context starts at ``start_context``.
+
+    Step time is (piecewise) linear in context, so four evenly spaced sample steps integrate it closely.
+    """
+    if output_tokens <= 0:
+        return PhaseCost(0.0, 0, 0.0, 0.0)
+    samples = [start_context + (output_tokens - 1) * (i + 0.5) / 4 for i in range(4)]
+    costs = [
+        step_cost(facts, quant, hw, engine, [(1, round(c))] * batch_size, kv_bytes_per_element)
+        for c in samples
+    ]
+    mean = sum(c.seconds for c in costs) / len(costs)
+    mem = sum(c.memory_s for c in costs) / len(costs)
+    comp = sum(c.compute_s for c in costs) / len(costs)
+    return PhaseCost(mean * output_tokens, output_tokens, mem * output_tokens, comp * output_tokens)

@@ -1,0 +1,153 @@
+"""Engine profiles: the efficiencies and fixed costs that separate a real engine from the roofline.
+
+Each real profile is fitted on BRIEF.md's DGX Spark measurements (tests/test_perf_calibration.py
+redoes the fit and checks these constants against it); ``ideal`` is the ceiling (every efficiency 1,
+no overheads). ``glassbox`` has no published measurement yet: its values are engineering guesses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """How well an engine's kernels and scheduler use the hardware.
+
+    eta_bw: share of peak bandwidth reached streaming weights/KV (decode, small-batch prefill).
+    eta_flops: share of the dense tensor peak reached by large prefill GEMMs (incl. attention).
+    moe_flops_factor: routed-expert (grouped) GEMMs relative to dense GEMMs (few tokens per expert).
+    step_overhead_s: fixed per engine step (kernel launches, scheduling, sampling) in seconds.
+    request_overhead_s: fixed per request before its first token (HTTP, tokenize, admission) in seconds.
+    max_batched_tokens: prefill chunk (vLLM max_num_batched_tokens, llama.cpp ubatch); 0 = whole prompt.
+    max_num_seqs: sequences decoded together at most (server default).
+    runtime_gib: memory beyond weights/KV/activations: CUDA context, workspaces, graphs.
+    gguf: loads GGUF files; quantized matmuls run on the int8 (MMQ) path.
+    native_fp4: uses FP4 tensor cores for NVFP4/MXFP4 where the chip and kernels allow.
+    mixed_rest_format: how its files store the 16-bit part of a mixed checkpoint (llama.cpp: q8_0).
+    kernel_factors: apply each format's decode_kernel_factor (dequantization cost); off for ceilings.
+    """
+
+    name: str
+    eta_bw: float
+    eta_flops: float
+    moe_flops_factor: float
+    step_overhead_s: float
+    request_overhead_s: float
+    max_batched_tokens: int
+    max_num_seqs: int
+    runtime_gib: float
+    gguf: bool = False
+    native_fp4: bool = False
+    mixed_rest_format: str | None = None
+    kernel_factors: bool = True  # apply formats' decode_kernel_factor (off for ceilings)
+    fitted_on: str = ""
+
+    def ceiling(self) -> EngineProfile:
+        """The same kernels' data path (dtypes, chunking) at 100% efficiency with no fixed costs."""
+        return replace(
+            self,
+            name=f"{self.name} ceiling",
+            eta_bw=1.0,
+            eta_flops=1.0,
+            moe_flops_factor=1.0,
+            step_overhead_s=0.0,
+            request_overhead_s=0.0,
+            kernel_factors=False,
+        )
+
+
+PROFILES: dict[str, EngineProfile] = {
+    p.name: p
+    for p in (
+        EngineProfile(
+            "glassbox",
+            eta_bw=0.70,
+            eta_flops=0.40,
+            moe_flops_factor=0.5,
+            step_overhead_s=0.004,
+            request_overhead_s=0.010,
+            max_batched_tokens=8192,
+            max_num_seqs=256,
+            runtime_gib=1.0,
+            fitted_on="not fitted: engineering guess until `glassbox trace` on a GPU calibrates it",
+        ),
+        EngineProfile(
+            "vllm",
+            eta_bw=0.70,
+            eta_flops=0.48,
+            moe_flops_factor=0.58,
+            step_overhead_s=0.001,
+            request_overhead_s=0.084,
+            max_batched_tokens=8192,
+            max_num_seqs=256,
+            runtime_gib=2.0,
+            native_fp4=True,
+            fitted_on="BRIEF: Nemotron 3 Super NVFP4 decode 22.7-23.7, TTFT 0.42 s (58 tok) / 3.85 s (7,234 tok)",
+        ),
+        EngineProfile(
+            "sglang",
+            eta_bw=0.63,
+            eta_flops=0.48,
+            moe_flops_factor=0.58,
+            step_overhead_s=0.001,
+            request_overhead_s=0.030,
+            max_batched_tokens=8192,
+            max_num_seqs=256,
+            runtime_gib=2.0,
+            native_fp4=True,
+            fitted_on="BRIEF: Llama 3.1 8B FP8 prefill 7,991, decode 20.5 (batch 1) / 368 (batch 32)",
+        ),
+        EngineProfile(
+            "llama.cpp",
+            eta_bw=0.82,
+            eta_flops=0.126,
+            moe_flops_factor=0.72,
+            step_overhead_s=0.0005,
+            request_overhead_s=0.010,
+            max_batched_tokens=2048,
+            max_num_seqs=4,
+            runtime_gib=0.8,
+            gguf=True,
+            mixed_rest_format="q8_0",
+            fitted_on="BRIEF: GPT-OSS 20B MXFP4 pp2048 3,783 / tg32 84.1; Qwen2.5-Coder 7B Q8_0 2,276 / 29.3",
+        ),
+        EngineProfile(
+            "ollama",
+            eta_bw=0.81,
+            eta_flops=0.46,
+            moe_flops_factor=0.15,
+            step_overhead_s=0.0005,
+            request_overhead_s=0.050,
+            max_batched_tokens=512,
+            max_num_seqs=1,
+            runtime_gib=0.8,
+            gguf=True,
+            fitted_on="BRIEF: Llama 3.1 8B Q4_K_M 7,614 / 38; GPT-OSS 20B MXFP4 3,224 / 58",
+        ),
+        EngineProfile(
+            "ideal",
+            eta_bw=1.0,
+            eta_flops=1.0,
+            moe_flops_factor=1.0,
+            step_overhead_s=0.0,
+            request_overhead_s=0.0,
+            max_batched_tokens=0,
+            max_num_seqs=1 << 20,
+            runtime_gib=0.0,
+            native_fp4=True,
+            kernel_factors=False,
+            fitted_on="the roofline: datasheet bandwidth and FLOP/s, no overheads",
+        ),
+    )
+}
+
+ENGINE_CHOICES = tuple(PROFILES)
+
+
+def get_engine(name: str) -> EngineProfile:
+    """A profile by name; raises ValueError naming ``--engine`` and the allowed values."""
+    key = name.lower()
+    if key not in PROFILES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINE_CHOICES)}, got {name!r}")
+    return PROFILES[key]

@@ -1,0 +1,154 @@
+"""Memory plan: weights + KV cache (every live sequence) + recurrent state + activations + runtime
+<= memory x utilization. Sizes in bytes internally; reported in GiB (2^30).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from glassbox.perf.engine_profiles import EngineProfile
+from glassbox.perf.hardware import GIB, HardwareSpec
+from glassbox.perf.model_facts import ModelFacts
+from glassbox.perf.quant import GROUPS, QuantScheme
+
+# Bytes per KV element for --kv-cache-dtype ("auto": the model's dtype).
+KV_DTYPES = {"auto": 0.0, "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "q8_0": 8.5 / 8}
+_MODEL_DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
+
+
+def kv_bytes_per_element(kv_cache_dtype: str, model_dtype: str) -> float:
+    """Bytes per cached K/V element; raises ValueError naming ``--kv-cache-dtype``."""
+    key = kv_cache_dtype.lower()
+    if key not in KV_DTYPES:
+        raise ValueError(f"--kv-cache-dtype must be one of {', '.join(KV_DTYPES)}, got {kv_cache_dtype!r}")
+    return KV_DTYPES[key] or _MODEL_DTYPE_BYTES.get(model_dtype, 2.0)
+
+
+def weight_bytes(facts: ModelFacts, scheme: QuantScheme) -> float:
+    """Resident weight bytes (a tied lm_head shares the embedding table)."""
+    total = 0.0
+    for group in GROUPS:
+        if group == "lm_head" and facts.tie_word_embeddings:
+            continue
+        total += facts.params[group] * scheme.format_for(group).bytes_per_weight
+    return total
+
+
+def activation_bytes(facts: ModelFacts, engine: EngineProfile, prompt_tokens: int, num_seqs: int) -> float:
+    """Peak activation workspace of one forward pass (bf16), plus fp32 logits for the sampled rows.
+
+    A prefill chunk of T tokens holds about T x (4 x hidden + 2 x FFN width) values at once
+    (residual, normed input, attention output, gate and up projections).
+    """
+    chunk = min(engine.max_batched_tokens or prompt_tokens, max(prompt_tokens, 1))
+    per_token = 4 * facts.hidden_size + 2 * facts.ffn_width
+    return chunk * per_token * 2.0 + num_seqs * facts.vocab_size * 4.0
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Where the memory goes for ``concurrency`` sequences of ``seq_len`` tokens each (bytes)."""
+
+    weights: float
+    kv_bytes_per_token: float
+    kv_cache: float
+    state: float
+    activations: float
+    runtime: float
+    budget: float
+    seq_len: int
+    concurrency: int
+    max_context_tokens: int  # longest sequence that fits at ``concurrency`` (capped at the model's limit)
+    max_concurrency: int  # sequences of ``seq_len`` tokens that fit
+    model_max_context: int
+
+    @property
+    def overhead(self) -> float:
+        return self.state + self.activations + self.runtime
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.kv_cache + self.overhead
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.budget
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "weights_gib": round(self.weights / GIB, 3),
+            "kv_bytes_per_token": round(self.kv_bytes_per_token),
+            "kv_cache_gib": round(self.kv_cache / GIB, 3),
+            "state_gib": round(self.state / GIB, 3),
+            "activations_gib": round(self.activations / GIB, 3),
+            "runtime_gib": round(self.runtime / GIB, 3),
+            "overhead_gib": round(self.overhead / GIB, 3),
+            "total_gib": round(self.total / GIB, 3),
+            "budget_gib": round(self.budget / GIB, 3),
+            "fits": self.fits,
+            "seq_len_tokens": self.seq_len,
+            "concurrency": self.concurrency,
+            "max_context_tokens": self.max_context_tokens,
+            "max_concurrency": self.max_concurrency,
+            "model_max_context": self.model_max_context,
+        }
+
+
+def plan_memory(
+    facts: ModelFacts,
+    scheme: QuantScheme,
+    hw: HardwareSpec,
+    engine: EngineProfile,
+    seq_len: int,
+    concurrency: int,
+    prompt_tokens: int,
+    memory_utilization: float,
+    kv_element_bytes: float,
+) -> MemoryPlan:
+    """Plan memory for ``concurrency`` live sequences of ``seq_len`` tokens (context + prompt + output)."""
+    weights = weight_bytes(facts, scheme)
+    activations = activation_bytes(facts, engine, prompt_tokens, concurrency)
+    runtime = engine.runtime_gib * GIB
+    budget = hw.memory_bytes * memory_utilization
+    free = budget - weights - activations - runtime  # what KV and recurrent state may use
+    model_max = facts.max_context or 1 << 30
+
+    def per_seq(n_tokens: int) -> float:
+        return facts.kv_bytes(n_tokens, kv_element_bytes) + facts.state_bytes_per_seq
+
+    max_conc = 0
+    if free > 0:
+        max_conc = int(free // per_seq(seq_len)) if per_seq(seq_len) > 0 else engine.max_num_seqs
+    max_ctx = _max_tokens(lambda n: concurrency * per_seq(n) <= free, model_max) if free > 0 else 0
+    return MemoryPlan(
+        weights=weights,
+        kv_bytes_per_token=facts.kv_bytes_per_token(kv_element_bytes),
+        kv_cache=concurrency * facts.kv_bytes(seq_len, kv_element_bytes),
+        state=concurrency * facts.state_bytes_per_seq,
+        activations=activations,
+        runtime=runtime,
+        budget=budget,
+        seq_len=seq_len,
+        concurrency=concurrency,
+        max_context_tokens=max_ctx,
+        max_concurrency=max_conc,
+        model_max_context=facts.max_context,
+    )
+
+
+def _max_tokens(ok: Callable[[int], bool], limit: int) -> int:
+    """Largest n in [0, limit] with ok(n) (ok is monotone: true then false)."""
+    if ok(limit):
+        return limit
+    lo, hi = 0, limit  # ok(lo) holds or lo == 0; ok(hi) fails
+    if not ok(0):
+        return 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

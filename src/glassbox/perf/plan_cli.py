@@ -1,0 +1,183 @@
+"""``glassbox plan MODEL --hardware H --quant Q``: will it fit, and how will it feel (rich tables or --json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from glassbox.perf.engine_profiles import ENGINE_CHOICES
+from glassbox.perf.hardware import HARDWARE_CHOICES
+from glassbox.perf.memory_plan import KV_DTYPES
+from glassbox.perf.model_presets import PRESETS as MODEL_PRESETS
+from glassbox.perf.planner import PlanRequest, plan
+from glassbox.perf.quant import QUANT_CHOICES
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the ``plan`` subcommand."""
+    p = subparsers.add_parser(
+        "plan",
+        help="predict memory fit, prefill, decode, TTFT and concurrency on any hardware",
+        description="Predict memory fit, prefill, decode, TTFT and concurrency for MODEL on hardware you may "
+        "not have, from bytes moved and FLOPs (roofline) and fitted engine efficiencies.",
+    )
+    p.add_argument(
+        "model", metavar="MODEL", help=f"preset ({', '.join(MODEL_PRESETS)}) or path to config.json/dir"
+    )
+    p.add_argument("--hardware", required=True, help=f"one of {', '.join(HARDWARE_CHOICES)}")
+    p.add_argument(
+        "--quant", default="native", help=f"weight format: {', '.join(QUANT_CHOICES)} (default native)"
+    )
+    p.add_argument("--engine", default="glassbox", help=f"efficiency profile: {', '.join(ENGINE_CHOICES)}")
+    p.add_argument(
+        "--prompt-tokens", type=int, default=1024, help="new prompt tokens per request (default 1024)"
+    )
+    p.add_argument(
+        "--output-tokens", type=int, default=256, help="generated tokens per request (default 256)"
+    )
+    p.add_argument("--context", type=int, default=0, help="tokens already in the KV cache before the request")
+    p.add_argument("--concurrency", default="1,4,16", help="comma list of concurrent users (default 1,4,16)")
+    p.add_argument("--rate", default="", help="comma list of Poisson arrival rates in requests/s")
+    p.add_argument("--memory-utilization", type=float, default=0.9, help="share of memory the engine may use")
+    p.add_argument("--kv-cache-dtype", default="auto", help=f"one of {', '.join(KV_DTYPES)}")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=run)
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag} must be a comma list of integers, got {text!r}") from None
+
+
+def _float_list(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag} must be a comma list of numbers, got {text!r}") from None
+
+
+def request_from_args(args: argparse.Namespace) -> PlanRequest:
+    return PlanRequest(
+        model=args.model,
+        hardware=args.hardware,
+        quant=args.quant,
+        engine=args.engine,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        context_tokens=args.context,
+        concurrency=_int_list(args.concurrency, "--concurrency"),
+        rates=_float_list(args.rate, "--rate"),
+        memory_utilization=args.memory_utilization,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``glassbox plan``; returns the exit status."""
+    try:
+        result = plan(request_from_args(args))
+    except ValueError as exc:
+        sys.stderr.write(f"glassbox plan: error: {exc}\n")
+        return 2
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        render(result)
+    return 0
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def render(result: dict[str, Any]) -> None:
+    """Rich tables for people: memory, speed with its bound, concurrency and rate rows."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    m, hw, q, eng, wl = (
+        result["model"],
+        result["hardware"],
+        result["quant"],
+        result["engine"],
+        result["workload"],
+    )
+    console.print(
+        f"[bold]{m['name']}[/] ({m['model_type']}, {m['total_params'] / 1e9:.2f}B total, "
+        f"{m['active_params'] / 1e9:.2f}B active; {m['attention']})\n"
+        f"on [bold]{hw['name']}[/] ({hw['memory_gib']} GiB, {hw['bandwidth_gbs']:,.0f} GB/s), weights {q['scheme']}, "
+        f"engine [bold]{eng['name']}[/] (eta_bw {eng['eta_bw']}, eta_flops {eng['eta_flops']})\n"
+        f"request: {wl['context_tokens']} cached + {wl['prompt_tokens']} prompt + {wl['output_tokens']} output tokens"
+    )
+    mem = result["memory"]
+    t = Table(title=f"Memory (GiB) for {mem['concurrency']} x {mem['seq_len_tokens']:,} tokens")
+    t.add_column("item")
+    t.add_column("GiB", justify="right")
+    for key in ("weights", "kv_cache", "state", "activations", "runtime", "total"):
+        t.add_row(key.replace("_", " "), _fmt(mem[f"{key}_gib"]))
+    verdict = "[green]fits[/]" if mem["fits"] else "[red]does not fit[/]"
+    t.add_row(f"budget ({wl['memory_utilization']:.0%} of memory)", _fmt(mem["budget_gib"]), end_section=True)
+    t.add_row("verdict", verdict)
+    t.add_row("KV bytes / token", _fmt(mem["kv_bytes_per_token"]))
+    t.add_row(f"max context at {mem['concurrency']} sequences", _fmt(mem["max_context_tokens"]))
+    t.add_row(f"max sequences at {mem['seq_len_tokens']:,} tokens", _fmt(mem["max_concurrency"]))
+    console.print(t)
+
+    s = Table(title="Speed, one request")
+    for col in ("phase", "predicted", "ceiling", "of ceiling", "bound"):
+        s.add_column(col, justify="left" if col in ("phase", "bound") else "right")
+    for phase in ("prefill", "decode"):
+        d = result[phase]
+        s.add_row(
+            f"{phase} tok/s",
+            _fmt(d["tok_s"], 1),
+            _fmt(d["ceiling_tok_s"], 1),
+            f"{d['tok_s'] / d['ceiling_tok_s']:.0%}",
+            d["bound"],
+        )
+    s.add_row("TTFT s", _fmt(result["ttft_s"], 3), "", "", "prefill + request overhead")
+    console.print(s)
+
+    if result["concurrency"]:
+        c = Table(title="Concurrency (closed loop; analytical until the simulator lands)")
+        for col in ("users", "aggregate tok/s", "per request tok/s", "TTFT p50 s", "TTFT p99 s", "fits"):
+            c.add_column(col, justify="right")
+        for row in result["concurrency"]:
+            c.add_row(
+                _fmt(row["concurrency"]),
+                _fmt(row["aggregate_tok_s"], 1),
+                _fmt(row["per_request_tok_s"], 1),
+                _fmt(row["ttft_s_p50"], 3),
+                _fmt(row["ttft_s_p99"], 3),
+                "yes" if row["fits"] else ("queues" if row["running"] else "no"),
+            )
+        console.print(c)
+    if result["rate"]:
+        r = Table(title="Arrival rate (Poisson, open loop)")
+        for col in ("req/s", "aggregate tok/s", "per request tok/s", "TTFT p50 s", "TTFT p99 s", "state"):
+            r.add_column(col, justify="right")
+        for row in result["rate"]:
+            state = "overloaded" if row.get("overloaded") else f"{row.get('load', 0):.0%} load"
+            r.add_row(
+                _fmt(row["rate_rps"], 3),
+                _fmt(row.get("aggregate_tok_s"), 1),
+                _fmt(row.get("per_request_tok_s"), 1),
+                _fmt(row.get("ttft_s_p50"), 3),
+                _fmt(row.get("ttft_s_p99"), 3),
+                state,
+            )
+        console.print(r)
+    for warning in result["warnings"]:
+        console.print(f"[yellow]warning: {warning}[/]")
+    for note in m["notes"]:
+        console.print(f"[dim]note: {note}[/]")
+    console.print(f"[dim]engine profile: {eng['fitted_on']}[/]")

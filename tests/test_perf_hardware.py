@@ -1,0 +1,96 @@
+"""Hardware presets (BRIEF's table) and the cached local probe."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from glassbox.perf import hardware, hardware_cli
+from glassbox.perf.hardware import PRESETS, get_hardware, probe_local
+
+# BRIEF.md's hardware table: bandwidth GB/s and dense BF16 TFLOP/s.
+BRIEF = {
+    "dgx-spark": (273, None),
+    "h100-sxm": (3350, 989),
+    "h200": (4800, 989),
+    "b200": (8000, 2250),
+    "a100-80g": (2039, 312),
+    "rtx-4090": (1008, 165),
+    "rtx-5090": (1792, 210),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BRIEF))
+def test_presets_match_brief(name: str) -> None:
+    bw, bf16 = BRIEF[name]
+    spec = PRESETS[name]
+    assert spec.bandwidth_gbs == bw
+    if bf16 is not None:
+        assert spec.tflops["bf16"] == pytest.approx(bf16, rel=0.01)
+    assert spec.source
+
+
+def test_spark_semantics() -> None:
+    spark = PRESETS["dgx-spark"]
+    assert spark.unified_memory and not spark.fp4_engine_support
+    assert spark.tflops["fp4"] * 2 == 1000  # BRIEF: ~1 PFLOP FP4 *sparse*
+    assert PRESETS["h100-sxm"].tflops["fp8"] == pytest.approx(1979)
+    assert {"m4-max", "strix-halo", "h100-pcie"} <= set(PRESETS)
+
+
+def test_unknown_hardware_names_the_flag() -> None:
+    with pytest.raises(ValueError, match="--hardware must be one of"):
+        get_hardware("abacus")
+    with pytest.raises(ValueError, match="--dtype"):
+        probe_local("cpu", "int3")
+
+
+def test_probe_caches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def bandwidth(device: str) -> float:
+        calls.append("bw")
+        return 50.0
+
+    def matmul(device: str, dtype: str) -> float:
+        calls.append(dtype)
+        return 1.5
+
+    monkeypatch.setenv("GLASSBOX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(hardware, "measure_bandwidth", bandwidth)
+    monkeypatch.setattr(hardware, "measure_matmul", matmul)
+    spec = probe_local("cpu", "bfloat16")
+    assert calls == ["bw", "bfloat16"] and spec.measured and spec.name == "local"
+    assert spec.bandwidth_gbs == 50.0 and spec.tflops == {"bf16": 1.5}
+    assert json.loads((tmp_path / "probe-cpu.json").read_text())["bandwidth_gbs"] == 50.0
+    probe_local("cpu", "bfloat16")
+    assert calls == ["bw", "bfloat16"]  # cached: nothing re-measured
+    spec = probe_local("cpu", "float32")
+    assert calls[-1] == "float32" and set(spec.tflops) == {"bf16", "fp32"}
+    probe_local("cpu", "bfloat16", force=True)
+    assert calls[-2:] == ["bw", "bfloat16"]
+    assert get_hardware("local").peak_flops("fp8") == 1.5e12  # local falls back to the measured bf16
+
+
+def test_hardware_cli_probe_json(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GLASSBOX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(hardware, "measure_bandwidth", lambda device: 40.0)
+    monkeypatch.setattr(hardware, "measure_matmul", lambda device, dtype: 2.0 if dtype == "float32" else 1.0)
+    parser = argparse.ArgumentParser()
+    hardware_cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["hardware", "--probe", "--device", "cpu", "--json"])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tflops"] == {"bf16": 1.0, "fp32": 2.0} and out["bandwidth_gbs"] == 40.0
+
+
+def test_real_measurements_are_plausible() -> None:
+    bw = hardware.measure_bandwidth("cpu", budget_s=0.05)
+    tflops = hardware.measure_matmul("cpu", "float32", budget_s=0.05)
+    assert 0.1 < bw < 5000  # GB/s: any CPU memory system
+    assert 1e-4 < tflops < 1000
