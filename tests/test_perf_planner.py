@@ -98,8 +98,9 @@ def test_concurrency_rows_behave() -> None:
     agg = [r["aggregate_tok_s"] for r in rows]
     per = [r["per_request_tok_s"] for r in rows]
     assert agg == sorted(agg) and per == sorted(per, reverse=True)  # more users: more total, less each
-    assert rows[0]["per_request_tok_s"] == pytest.approx(out["decode"]["tok_s"], rel=1e-3)
-    assert rows[0]["ttft_s_p50"] == pytest.approx(out["ttft_s"], rel=1e-3)
+    # one user: the simulated engine agrees with the single-request phase costs
+    assert rows[0]["per_request_tok_s"] == pytest.approx(out["decode"]["tok_s"], rel=0.02)
+    assert rows[0]["ttft_s_p50"] == pytest.approx(out["ttft_s"], rel=0.02)
     assert rows[-1]["ttft_s_p99"] > rows[-1]["ttft_s_p50"] > rows[0]["ttft_s_p50"]
 
 
@@ -119,10 +120,11 @@ def test_rate_rows_saturate_into_overload() -> None:
     low, mid, high = out["rate"]
     assert not low["overloaded"] and high["overloaded"]
     assert low["ttft_s_p99"] >= low["ttft_s_p50"] >= out["ttft_s"]
-    assert low["aggregate_tok_s"] == pytest.approx(0.05 * 300)
-    assert high["ttft_s_p50"] is None and high["aggregate_tok_s"] == pytest.approx(
-        high["max_rate_rps"] * 300, rel=1e-2
-    )
+    assert low["aggregate_tok_s"] == pytest.approx(low["served_rps"] * 300, rel=1e-2)
+    assert low["served_rps"] == pytest.approx(0.05, rel=0.35)  # 64 Poisson arrivals: the realized rate varies
+    # overload: every request still completes, the wait goes to the tail
+    assert high["requests"] == 64 and high["served_rps"] < 5
+    assert high["ttft_s_p50"] > 10 * low["ttft_s_p50"]
     if not mid["overloaded"]:
         assert mid["per_request_tok_s"] <= low["per_request_tok_s"]
 

@@ -148,7 +148,7 @@ def render(result: dict[str, Any]) -> None:
     console.print(s)
 
     if result["concurrency"]:
-        c = Table(title="Concurrency (closed loop; analytical until the simulator lands)")
+        c = Table(title="Concurrency (closed loop, simulated with the engine scheduler)")
         for col in ("users", "aggregate tok/s", "per request tok/s", "TTFT p50 s", "TTFT p99 s", "fits"):
             c.add_column(col, justify="right")
         for row in result["concurrency"]:

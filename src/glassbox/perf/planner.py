@@ -1,13 +1,11 @@
 """``glassbox plan``: assemble memory fit, prefill, decode, TTFT, concurrency and rate rows into one dict.
 
-The concurrency and rate rows are closed-form queueing estimates built on ``cost_model``; the
-SimulatedExecutor (the engine's real Scheduler on a virtual clock) will replace ``_concurrency_rows`` and
-``_rate_rows`` with a step-by-step simulation that calls ``cost_model.step_time``.
+The concurrency and rate rows come from perf/load_rows.py: the engine's real Scheduler and BlockManager
+on a virtual clock, each step timed by ``cost_model.step_time``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -16,7 +14,8 @@ from typing import Any
 from glassbox.perf.cost_model import PhaseCost, decode_cost, prefill_cost, step_cost, step_time
 from glassbox.perf.engine_profiles import EngineProfile, get_engine
 from glassbox.perf.hardware import HardwareSpec, get_hardware
-from glassbox.perf.memory_plan import MemoryPlan, kv_bytes_per_element, plan_memory
+from glassbox.perf.load_rows import concurrency_rows, rate_rows
+from glassbox.perf.memory_plan import kv_bytes_per_element, plan_memory
 from glassbox.perf.model_facts import ModelFacts, load_model_facts
 from glassbox.perf.quant import QuantScheme, resolve_scheme
 
@@ -164,8 +163,8 @@ def plan(req: PlanRequest) -> dict[str, Any]:
         },
         "ttft_s": round(ttft, 4),
         "e2e_s": round(ttft + decode_s, 4),
-        "concurrency": _concurrency_rows(req, s, memory),
-        "rate": _rate_rows(req, s, memory),
+        "concurrency": concurrency_rows(req, s, memory),
+        "rate": rate_rows(req, s, memory),
     }
 
 
@@ -186,126 +185,3 @@ def _model_dict(f: ModelFacts) -> dict[str, Any]:
         "native_quant": f.native_quant.describe() if f.native_quant else None,
         "notes": list(f.notes),
     }
-
-
-def _slots(s: Setup, memory: MemoryPlan) -> int:
-    """Sequences the engine runs at once: its max_num_seqs, or fewer if KV memory runs out."""
-    return max(0, min(s.engine.max_num_seqs, memory.max_concurrency))
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-def _concurrency_rows(req: PlanRequest, s: Setup, memory: MemoryPlan) -> list[dict[str, Any]]:
-    """Closed loop: c users each send a request as soon as the previous one finishes.
-
-    Throughput is the steady state: per cycle every running user is prefilled once (prefills are
-    compute bound and serialize) and the running batch decodes together. TTFT is the opening burst:
-    c requests arrive at once, prefills run first come first served, extra users wait for a slot.
-    (Replaced by the SimulatedExecutor.)
-    """
-    t_p = s.prefill(req).seconds
-    mid = req.context_tokens + req.prompt_tokens + req.output_tokens // 2
-    decode_steps = max(req.output_tokens - 1, 0)
-    slots = _slots(s, memory)
-    rows = []
-    for c in req.concurrency:
-        if slots == 0:
-            rows.append(
-                {
-                    "concurrency": c,
-                    "aggregate_tok_s": 0.0,
-                    "per_request_tok_s": 0.0,
-                    "ttft_s_p50": None,
-                    "ttft_s_p99": None,
-                    "running": 0,
-                    "fits": False,
-                }
-            )
-            continue
-        running = min(c, slots)
-        t_d = s.decode_step(running, mid)
-        cycle = running * t_p + decode_steps * t_d
-        ttfts = [
-            s.engine.request_overhead_s + (i // running) * cycle + (i % running + 1) * t_p for i in range(c)
-        ]
-        per_request = decode_steps / (decode_steps * t_d + (running - 1) * t_p) if decode_steps else 0.0
-        rows.append(
-            {
-                "concurrency": c,
-                "aggregate_tok_s": round(running * req.output_tokens / cycle, 2),
-                "per_request_tok_s": round(per_request, 2),
-                "ttft_s_p50": round(_quantile(ttfts, 0.5), 4),
-                "ttft_s_p99": round(_quantile(ttfts, 0.99), 4),
-                "running": running,
-                "decode_step_s": round(t_d, 5),
-                "decode_only_aggregate_tok_s": round(running / t_d, 2),
-                "fits": c <= memory.max_concurrency,
-            }
-        )
-    return rows
-
-
-def _wait_quantile(rho: float, wait_mean: float, q: float) -> float:
-    """q-quantile of a queue wait with P(W > t) = rho exp(-t rho / wait_mean) (mean wait_mean)."""
-    if rho <= 1 - q or wait_mean == 0:
-        return 0.0
-    return (wait_mean / rho) * math.log(rho / (1 - q))
-
-
-def _rate_rows(req: PlanRequest, s: Setup, memory: MemoryPlan) -> list[dict[str, Any]]:
-    """Open loop, Poisson arrivals at ``rate`` req/s.
-
-    Prefill takes a share rho = rate x t_prefill of the engine; the running batch n solves Little's law
-    n = rate x decode_steps x t_decode(n) / (1 - rho). TTFT waits as in an M/D/1 queue of prefills
-    (mean rho t_p / (2 (1 - rho))) with an exponential tail. Past the sustainable rate (all slots busy)
-    the queue grows without bound: the row reports the saturated throughput and ``overloaded``.
-    (Replaced by the SimulatedExecutor.)
-    """
-    rows: list[dict[str, Any]] = []
-    slots = _slots(s, memory)
-    if slots == 0:
-        return [{"rate_rps": r, "overloaded": True, "fits": False} for r in req.rates]
-    t_p = s.prefill(req).seconds
-    mid = req.context_tokens + req.prompt_tokens + req.output_tokens // 2
-    steps = max(req.output_tokens - 1, 0)
-    t_full = s.decode_step(slots, mid)
-    max_rate = slots / (steps * t_full + slots * t_p)
-    for rate in req.rates:
-        row: dict[str, Any] = {"rate_rps": rate, "max_rate_rps": round(max_rate, 4)}
-        if rate >= max_rate:
-            rho = max_rate * t_p
-            row.update(
-                overloaded=True,
-                running=slots,
-                aggregate_tok_s=round(max_rate * req.output_tokens, 2),
-                per_request_tok_s=round((1 - rho) / t_full, 2),
-                ttft_s_p50=None,
-                ttft_s_p99=None,
-            )
-            rows.append(row)
-            continue
-        rho = rate * t_p
-        n = 1.0
-        for _ in range(100):  # fixed point of Little's law; monotone, converges fast
-            n_next = max(1.0, rate * steps * s.decode_step(max(1, round(n)), mid) / (1 - rho))
-            if abs(n_next - n) < 1e-3:
-                break
-            n = n_next
-        t_d = s.decode_step(max(1, round(n)), mid)
-        wait_mean = rho * t_p / (2 * (1 - rho))
-        base = s.engine.request_overhead_s + t_p + t_d / 2
-
-        row.update(
-            overloaded=False,
-            running=round(n, 2),
-            load=round(rate / max_rate, 3),  # share of the sustainable rate
-            aggregate_tok_s=round(rate * req.output_tokens, 2),
-            per_request_tok_s=round((1 - rho) / t_d, 2),
-            ttft_s_p50=round(base + _wait_quantile(rho, wait_mean, 0.5), 4),
-            ttft_s_p99=round(base + _wait_quantile(rho, wait_mean, 0.99), 4),
-        )
-        rows.append(row)
-    return rows
