@@ -1,0 +1,204 @@
+"""CPU speed, side by side on the same machine and the same random Qwen3-0.6B-shaped bf16 weights.
+
+glassbox vs Hugging Face transformers (and llama.cpp through llama-cpp-python when it is installed):
+batch-1 prefill (128- and 1024-token prompts) and decode, and aggregate throughput at batch 16 and 64,
+each also as a fraction of this machine's roofline from `glassbox hardware --probe`.
+
+    .venv/bin/python benchmarks/cpu_compare.py            # writes benchmarks/results/cpu-<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_models import qwen3_0_6b_random  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, 150000, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def bench_glassbox(model_dir: Path, batches: list[int], decode_tokens: int, **engine: Any) -> dict[str, Any]:
+    from glassbox import LLM, SamplingParams
+
+    llm = LLM(
+        str(model_dir), dtype="bfloat16", max_num_seqs=max(batches), enable_prefix_caching=False, **engine
+    )
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    llm.generate(_prompts(1, 32, 99), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    out: dict[str, Any] = {}
+    for length in (128, 1024):
+        m = llm.generate(_prompts(1, length, length), one)[0].metrics
+        assert m is not None
+        out[f"prefill_{length}_tok_s"] = m.prefill_tok_s
+    m = llm.generate(
+        _prompts(1, 128, 1), SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
+    )[0].metrics
+    assert m is not None
+    out["decode_b1_tok_s"] = m.decode_tok_s
+    for b in batches:
+        prompts = _prompts(b, 128, 1000 + b)
+        t0 = time.perf_counter()
+        res = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True))
+        dt = time.perf_counter() - t0
+        out[f"batch{b}_tok_s"] = sum(len(r.token_ids) for r in res) / dt
+    return out
+
+
+def bench_hf(model_dir: Path, batches: list[int], decode_tokens: int) -> dict[str, Any]:
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    model.eval()
+    out: dict[str, Any] = {}
+
+    def gen(prompts: list[list[int]], n: int) -> float:
+        ids = torch.tensor(prompts)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return time.perf_counter() - t0
+
+    gen(_prompts(1, 32, 99), 4)  # warm-up
+    for length in (128, 1024):
+        out[f"prefill_{length}_tok_s"] = length / gen(_prompts(1, length, length), 1)
+    p = _prompts(1, 128, 1)
+    t_first = gen(p, 1)
+    t_all = gen(p, decode_tokens)
+    out["decode_b1_tok_s"] = (decode_tokens - 1) / (t_all - t_first)
+    for b in batches:
+        dt = gen(_prompts(b, 128, 1000 + b), decode_tokens)
+        out[f"batch{b}_tok_s"] = b * decode_tokens / dt
+    return out
+
+
+def bench_llamacpp(model_dir: Path, decode_tokens: int, threads: int) -> dict[str, Any] | None:
+    try:
+        from gguf_export import export_gguf
+        from llamacpp_peer import measure_llamacpp, measure_llamacpp_prefill
+    except ImportError as e:
+        return {"error": f"llama.cpp peer unavailable: {e}"}
+    gguf = model_dir / "model-bf16.gguf"
+    if not gguf.is_file():
+        export_gguf(model_dir, gguf)
+    out: dict[str, Any] = {}
+    for length in (128, 1024):
+        out[f"prefill_{length}_tok_s"] = measure_llamacpp_prefill(gguf, length, threads)
+    r = measure_llamacpp(gguf, _prompts(1, 128, 1)[0], decode_tokens, threads)
+    out["decode_b1_tok_s"] = r["decode_tok_s"]
+    out["version"] = r.get("version")
+    return out
+
+
+def roofline(model_dir: Path) -> dict[str, Any]:
+    from glassbox.models.model_config import ModelConfig
+    from glassbox.perf.hardware import probe_local
+
+    hw = probe_local("cpu", "bfloat16")
+    mc = ModelConfig.from_dir(model_dir)
+    weight_bytes = mc.num_params * 2  # bf16, tied embedding read once (as the LM head)
+    kv = mc.kv_bytes_per_token(torch.bfloat16) * (128 + 32)
+    return {
+        "bandwidth_gbs": hw.bandwidth_gbs,
+        "bf16_tflops": hw.peak_flops("bf16") / 1e12,
+        "decode_bytes_per_token": weight_bytes + kv,
+        "decode_ceiling_tok_s": hw.bandwidth_bytes_s / (weight_bytes + kv),
+        "prefill_ceiling_tok_s": hw.peak_flops("bf16") / (2 * mc.num_params),
+        "probe": hw.source,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    ap.add_argument("--batches", default="16,64")
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--skip", default="", help="comma list of peers to skip: hf,llamacpp")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batches.split(",") if b]
+    skip = set(args.skip.split(","))
+    model_dir = qwen3_0_6b_random()
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {
+            "cpu": _cpu_name(),
+            "cores": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "capability": torch.backends.cpu.get_cpu_capability(),
+        },
+        "model": "Qwen3-0.6B-shaped, random weights, bfloat16",
+        "workload": {"decode_prompt_tokens": 128, "decode_tokens": args.decode_tokens, "batches": batches},
+        "roofline": roofline(model_dir),
+    }
+    result["glassbox"] = bench_glassbox(model_dir, batches, args.decode_tokens)
+    if "hf" not in skip:
+        result["transformers"] = bench_hf(model_dir, batches, args.decode_tokens)
+    if "llamacpp" not in skip:
+        result["llama.cpp"] = bench_llamacpp(model_dir, args.decode_tokens, args.threads)
+    rf = result["roofline"]
+    for peer in ("glassbox", "transformers", "llama.cpp"):
+        r = result.get(peer)
+        if r and "decode_b1_tok_s" in r:
+            r["decode_b1_roofline_fraction"] = r["decode_b1_tok_s"] / rf["decode_ceiling_tok_s"]
+            r["prefill_1024_roofline_fraction"] = r["prefill_1024_tok_s"] / rf["prefill_ceiling_tok_s"]
+    out = args.out or RESULTS / f"cpu-{result['date']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print_table(result)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def print_table(result: dict[str, Any]) -> None:
+    keys = ["prefill_128_tok_s", "prefill_1024_tok_s", "decode_b1_tok_s"] + [
+        f"batch{b}_tok_s" for b in result["workload"]["batches"]
+    ]
+    peers = [p for p in ("glassbox", "transformers", "llama.cpp") if isinstance(result.get(p), dict)]
+    print(f"{'figure':22s}" + "".join(f"{p:>14s}" for p in peers))
+    for k in keys:
+        row = []
+        for p in peers:
+            v = result[p].get(k)
+            row.append(f"{v:14.1f}" if isinstance(v, (int, float)) else f"{'-':>14s}")
+        print(f"{k:22s}" + "".join(row))
+    rf = result["roofline"]
+    print(
+        f"roofline: decode {rf['decode_ceiling_tok_s']:.1f} tok/s ({rf['bandwidth_gbs']:.1f} GB/s), "
+        f"prefill {rf['prefill_ceiling_tok_s']:.0f} tok/s ({rf['bf16_tflops']:.2f} TFLOP/s bf16)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
