@@ -180,8 +180,11 @@ def calibrate(counter: TokenCounter, seed: int = 0, samples: int = 3) -> PromptB
         text = builder.prompt(n + builder.overhead, rng)
         got = counter.count(text)
         if got != n + builder.overhead:
-            logger.warning("prompt lengths are approximate: counts do not add up (%d built, %d counted)",
-                           n + builder.overhead, got)
+            logger.warning(
+                "prompt lengths are approximate: counts do not add up (%d built, %d counted)",
+                n + builder.overhead,
+                got,
+            )
             builder.exact = False
             break
     return builder

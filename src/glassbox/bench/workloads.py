@@ -48,11 +48,14 @@ class Workload:
         if self.output_tokens < 1:
             raise ValueError(f"--output-tokens must be at least 1, got {self.output_tokens}")
         if not 0 <= self.shared_prefix_tokens <= self.prompt_tokens and not self.dataset:
-            raise ValueError(f"--shared-prefix-tokens must be in [0, {self.prompt_tokens}] "
-                             f"(the prompt length), got {self.shared_prefix_tokens}")
+            raise ValueError(
+                f"--shared-prefix-tokens must be in [0, {self.prompt_tokens}] "
+                f"(the prompt length), got {self.shared_prefix_tokens}"
+            )
 
-    def requests(self, builder: PromptBuilder, seed: int) -> Iterator[RequestSpec]:
-        """An endless stream of requests for one run; ``seed`` makes each run's prompts its own."""
+    def requests(self, builder: PromptBuilder, seed: int, prefix_seed: int = 0) -> Iterator[RequestSpec]:
+        """An endless stream of requests for one run; ``seed`` makes each run's prompts its own, while
+        ``prefix_seed`` (the benchmark's seed) picks the prefix every run of a shared-prefix workload shares."""
         if self.dataset:
             start = seed % len(self.dataset)
             i = 0
@@ -63,7 +66,9 @@ class Workload:
         prefix, prefix_body = "", 0
         if self.shared_prefix_tokens:
             # the prefix is shared by every request of every run of this workload
-            prefix = builder.prefix(self.shared_prefix_tokens, random.Random(f"{self.name}/prefix"))
+            prefix = builder.prefix(
+                self.shared_prefix_tokens, random.Random(f"{self.name}/prefix/{prefix_seed}")
+            )
             prefix_body = builder.prefix_body_tokens(self.shared_prefix_tokens)
         while True:
             text = builder.prompt(self.prompt_tokens, rng, prefix, prefix_body)
@@ -90,8 +95,10 @@ def shared_prefix_pair(prompt_tokens: int, output_tokens: int, prefix_tokens: in
     Side by side they show prefix caching: the shared run's TTFT and prefill time drop by the cached part.
     """
     prefix = prefix_tokens if prefix_tokens else (3 * prompt_tokens) // 4
-    return [Workload("unique-prefix", prompt_tokens, output_tokens),
-            Workload("shared-prefix", prompt_tokens, output_tokens, shared_prefix_tokens=prefix)]
+    return [
+        Workload("unique-prefix", prompt_tokens, output_tokens),
+        Workload("shared-prefix", prompt_tokens, output_tokens, shared_prefix_tokens=prefix),
+    ]
 
 
 def workload_names() -> list[str]:
@@ -99,8 +106,9 @@ def workload_names() -> list[str]:
     return ["grid", "shared-prefix"] + [f"{p}-{o}" for p in SIZES for o in SIZES]
 
 
-def named_workloads(name: str, context: int | None, prompt_tokens: int, output_tokens: int,
-                    prefix_tokens: int | None) -> list[Workload]:
+def named_workloads(
+    name: str, context: int | None, prompt_tokens: int, output_tokens: int, prefix_tokens: int | None
+) -> list[Workload]:
     """The workloads --workload NAME stands for."""
     if name == "grid":
         return default_grid(context)
@@ -140,7 +148,9 @@ def load_dataset(path: str | Path, default_output_tokens: int, name: str | None 
 
 def count_dataset(workload: Workload, counter: TokenCounter) -> None:
     """Fill in missing prompt lengths of a dataset workload with ``counter``; set its mean prompt length."""
-    specs = [s if s.prompt_tokens is not None else RequestSpec(s.prompt, s.max_tokens, counter.count(s.prompt))
-             for s in workload.dataset]
+    specs = [
+        s if s.prompt_tokens is not None else RequestSpec(s.prompt, s.max_tokens, counter.count(s.prompt))
+        for s in workload.dataset
+    ]
     workload.dataset = specs
     workload.prompt_tokens = round(sum(s.prompt_tokens or 0 for s in specs) / len(specs))

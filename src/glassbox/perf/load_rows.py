@@ -27,10 +27,10 @@ def _settings(req: PlanRequest, s: Setup, memory: MemoryPlan) -> tuple[SimSettin
         return None
     blocks = int(free // per_block) if per_block > 0 else 1 << 30
     blocks -= slots * math.ceil(req.context_tokens / BLOCK_SIZE)  # each live sequence's prior context
-    blocks = min(blocks, 1 << 22)  # beyond this the cache never limits the simulated load
     need = math.ceil((req.prompt_tokens + req.output_tokens) / BLOCK_SIZE)
     if blocks < need:
         return None
+    blocks = min(blocks, slots * need)  # more than every running sequence can use never changes the run
     chunk = s.engine.max_batched_tokens or (req.prompt_tokens + req.context_tokens)
     settings = SimSettings(
         num_kv_blocks=blocks,
