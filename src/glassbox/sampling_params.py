@@ -39,9 +39,9 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
+        if not 0 <= self.temperature <= 100:  # also rejects NaN
+            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:  # also rejects NaN
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is None:
             self.top_k = -1
@@ -49,8 +49,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 (off), 0 (off) or >= 1, got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0.01 <= self.repetition_penalty <= 100:
+            raise ValueError(f"repetition_penalty must be in [0.01, 100], got {self.repetition_penalty}")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         if not -2.0 <= self.frequency_penalty <= 2.0:

@@ -194,6 +194,7 @@ class LLMEngine:
         for st in req.states:
             if not st.seq.is_finished:
                 self._finish(st.seq, "abort")
+        del self.requests[request_id]
         return self._output(req)
 
     def get_sequences(self, request_id: str) -> list[Sequence]:

@@ -1,25 +1,48 @@
-"""TorchExecutor: builds the flat token batch, runs the model on CPU or CUDA, samples."""
+"""TorchExecutor: builds the flat token batch, runs the model on CPU or CUDA, samples.
+
+CUDA: attention runs the triton kernels over the block tables, decode-only steps replay CUDA graphs
+(engine/cuda_graph.py) unless ``enforce_eager``, and host inputs travel in one pinned copy per step.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from glassbox.config import EngineConfig
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
-from glassbox.layers.attention import AttentionMetadata, PrefillSeq
+from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
 from glassbox.layers.sampler import SampleResult, sample
 from glassbox.models.loader import build_model
 from glassbox.models.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from glassbox.engine.cuda_graph import DecodeGraphs
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GiB = 1 << 30
+MAX_GRAPH_BATCH = 512
+GRAPH_RESERVE_BYTES = 256 << 20  # the decode graphs' private pool and static buffers (measured < 64 MiB)
+
+
+def triton_usable(device: torch.device) -> bool:
+    """Whether the triton attention kernels can run on ``device`` (CUDA with triton installed)."""
+    if device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        logger.warning("triton is not installed: CUDA attention falls back to the torch SDPA reference")
+        return False
+    return True
 
 
 def resolve_device(name: str) -> torch.device:
@@ -81,6 +104,8 @@ class TorchExecutor:
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
         self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else _DTYPES[config.kv_cache_dtype]
         self.block_size = config.block_size
+        self.attn_backend = "triton" if triton_usable(self.device) else "torch"
+        self.use_graphs = self.attn_backend == "triton" and not config.enforce_eager
         if self.device.type == "cpu" and "GLASSBOX_NUM_THREADS" in os.environ:
             torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
         self.model = build_model(
@@ -96,14 +121,52 @@ class TorchExecutor:
 
             quantize_int8(self.model)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.compiled = False
+        if self.use_graphs:  # before the memory profile, so that it runs the fused kernels
+            from glassbox.engine.cuda_graph import compile_elementwise
+
+            t0 = time.perf_counter()
+            self.compiled = compile_elementwise(self.model)
+            logger.info(
+                "torch.compile of the elementwise modules: %s in %.1f s",
+                self.compiled,
+                time.perf_counter() - t0,
+            )
         self.kv_plan = self._plan_kv_cache(max_model_len, max_num_batched_tokens)
         self.num_kv_blocks = self.kv_plan.num_blocks
-        shape = (2, self.num_kv_blocks, self.block_size, model_config.num_kv_heads, model_config.head_dim)
+        # CUDA: one block more than the BlockManager gets, the scratch block that padded graph rows write
+        blocks = self.num_kv_blocks + (1 if self.device.type == "cuda" else 0)
+        shape = (2, blocks, self.block_size, model_config.num_kv_heads, model_config.head_dim)
         self.kv_caches = [
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
             for _ in range(model_config.num_layers)
         ]
         self.eos_ids: set[int] = set()
+        self.graphs: DecodeGraphs | None = None
+        if self.use_graphs:
+            self._capture_graphs(max_model_len)
+
+    def _capture_graphs(self, max_model_len: int) -> None:
+        from glassbox.engine.cuda_graph import DecodeGraphs
+
+        t0 = time.perf_counter()
+        before = torch.cuda.memory_reserved(self.device)
+        self.graphs = DecodeGraphs(
+            self.model,
+            self.kv_caches,
+            min(self.config.max_num_seqs, MAX_GRAPH_BATCH),
+            -(-max_model_len // self.block_size),
+            self.num_kv_blocks * self.block_size,
+            self.device,
+        )
+        self.graphs.capture()
+        logger.info(
+            "captured %d decode CUDA graphs (batch 1..%d) in %.1f s, %.0f MiB",
+            len(self.graphs.sizes),
+            self.graphs.max_batch,
+            time.perf_counter() - t0,
+            (torch.cuda.memory_reserved(self.device) - before) / (1 << 20),
+        )
 
     def _plan_kv_cache(self, max_model_len: int, max_num_batched_tokens: int) -> KVCachePlan:
         cfg, mc = self.config, self.model_config
@@ -126,13 +189,15 @@ class TorchExecutor:
         """Device memory x utilization, less the weights and a measured activation peak."""
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info(self.device)
+        used_by_others = total - free - torch.cuda.memory_reserved(self.device)  # other processes, context
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         self._profile_run(max_num_batched_tokens)
         peak = torch.cuda.max_memory_allocated(self.device) - before
-        used_by_others = total - free - torch.cuda.memory_reserved(self.device)
         budget = int(total * self.config.memory_utilization) - torch.cuda.memory_allocated(self.device) - peak
         budget -= max(0, used_by_others)
+        if self.use_graphs:
+            budget -= GRAPH_RESERVE_BYTES
         if budget <= 0:
             raise ValueError(
                 f"no memory left for the KV cache: weights {self.weight_bytes / GiB:.2f} GiB + activations "
@@ -144,12 +209,23 @@ class TorchExecutor:
     def _profile_run(self, num_tokens: int) -> None:
         mc = self.model_config
         n = max(1, min(num_tokens, mc.max_position_embeddings))
-        cache = [
-            torch.zeros((2, 1, 1, mc.num_kv_heads, mc.head_dim), dtype=self.kv_dtype, device=self.device)
-        ] * mc.num_layers
+        dev = self.device
         # a single long prefill with no stored context exercises the largest activations
-        meta = AttentionMetadata(slot_mapping=torch.zeros(n, dtype=torch.long, device=self.device))
-        meta.prefills = [PrefillSeq(0, n, 0, torch.zeros(1, dtype=torch.long, device=self.device))]
+        if self.attn_backend == "triton":  # the kernels read n tokens back: one real cache, shared
+            nb = (n + self.block_size - 1) // self.block_size
+            shape = (2, nb, self.block_size, mc.num_kv_heads, mc.head_dim)
+            cache = [torch.zeros(shape, dtype=self.kv_dtype, device=dev)] * mc.num_layers
+            meta = AttentionMetadata(slot_mapping=torch.arange(n, device=dev), backend="triton")
+            from glassbox.layers.triton_attention import prefill_block_m
+
+            meta.paged_prefill = build_paged_prefill(
+                [(0, n, list(range(nb)))], prefill_block_m(mc.head_dim), dev
+            )
+        else:
+            cache = [torch.zeros((2, 1, 1, mc.num_kv_heads, mc.head_dim), dtype=self.kv_dtype, device=dev)]
+            cache = cache * mc.num_layers
+            meta = AttentionMetadata(slot_mapping=torch.zeros(n, dtype=torch.long, device=dev))
+            meta.prefills = [PrefillSeq(0, n, 0, torch.zeros(1, dtype=torch.long, device=dev))]
         with torch.inference_mode():
             ids = torch.zeros(n, dtype=torch.long, device=self.device)
             hidden = self.model(ids, torch.arange(n, device=self.device), cache, meta)
@@ -160,6 +236,8 @@ class TorchExecutor:
     def execute(self, batch: SchedulerOutput) -> dict[int, SampleResult]:
         decodes = [s for s in batch.scheduled if s.num_new_tokens == 1 and s.start > 0]
         prefills = [s for s in batch.scheduled if not (s.num_new_tokens == 1 and s.start > 0)]
+        if self.graphs is not None and not prefills and len(decodes) <= self.graphs.max_batch:
+            return self._execute_graph(decodes)
         ordered = decodes + prefills
         ids, pos, slots = self._flatten(ordered)
         meta = self._metadata(decodes, prefills, slots)
@@ -180,6 +258,30 @@ class TorchExecutor:
             results = sample(logits, [s.seq for s in sample_seqs], self.eos_ids, self.config.seed)
         return {s.seq.seq_id: r for s, r in zip(sample_seqs, results, strict=True)}
 
+    def _execute_graph(self, decodes: list[ScheduledSeq]) -> dict[int, SampleResult]:
+        """A decode-only step on the captured graphs (CUDA)."""
+        assert self.graphs is not None
+        bs = self.block_size
+        ids, pos, slots, lens, tables = [], [], [], [], []
+        for s in decodes:
+            p, table = s.start, s.seq.block_table
+            ids.append(s.seq.token_ids[p])
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            lens.append(p + 1)
+            tables.append(table)
+        with torch.inference_mode():
+            hidden = self.graphs.run(ids, pos, slots, lens, tables)  # (n, hidden)
+            sampled = [i for i, s in enumerate(decodes) if s.samples]
+            if not sampled:
+                return {}
+            if len(sampled) < len(decodes):
+                hidden = hidden.index_select(0, torch.tensor(sampled, device=self.device))
+            seqs = [decodes[i] for i in sampled]
+            logits = self.model.compute_logits(hidden)
+            results = sample(logits, [s.seq for s in seqs], self.eos_ids, self.config.seed)
+        return {s.seq.seq_id: r for s, r in zip(seqs, results, strict=True)}
+
     def _flatten(self, ordered: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ids: list[int] = []
         pos: list[int] = []
@@ -193,6 +295,10 @@ class TorchExecutor:
             table = s.seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in r)
         dev = self.device
+        if dev.type == "cuda":  # one pinned host->device copy instead of three synchronous ones
+            flat = torch.tensor(ids + pos + slots, dtype=torch.long).pin_memory().to(dev, non_blocking=True)
+            n = len(ids)
+            return flat[:n], flat[n : 2 * n], flat[2 * n :]
         return (
             torch.tensor(ids, dtype=torch.long, device=dev),
             torch.tensor(pos, dtype=torch.long, device=dev),
@@ -203,7 +309,7 @@ class TorchExecutor:
         self, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq], slots: torch.Tensor
     ) -> AttentionMetadata:
         dev, bs = self.device, self.block_size
-        meta = AttentionMetadata(slot_mapping=slots, num_decode=len(decodes))
+        meta = AttentionMetadata(slot_mapping=slots, num_decode=len(decodes), backend=self.attn_backend)
         if decodes:
             lens = [s.start + 1 for s in decodes]
             max_blocks = (max(lens) + bs - 1) // bs
@@ -214,6 +320,17 @@ class TorchExecutor:
             meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=dev)
             meta.decode_context_lens = torch.tensor(lens, dtype=torch.long, device=dev)
             meta.decode_max_len = max(lens)
+        if self.attn_backend == "triton":
+            if prefills:
+                from glassbox.layers.triton_attention import prefill_block_m
+
+                seqs = []
+                for s in prefills:
+                    end = s.start + s.num_new_tokens
+                    seqs.append((s.start, s.num_new_tokens, s.seq.block_table[: (end + bs - 1) // bs]))
+                block_m = prefill_block_m(self.model_config.head_dim)
+                meta.paged_prefill = build_paged_prefill(seqs, block_m, dev)
+            return meta
         row = len(decodes)
         for s in prefills:
             end = s.start + s.num_new_tokens

@@ -1,0 +1,191 @@
+"""The FastAPI app: OpenAI-compatible routes, health, Prometheus metrics, (de)tokenize.
+
+``build_app(async_engine, settings, metrics)`` returns an app whose lifespan starts and stops the engine
+thread. A pure-ASGI gate in front answers 503 while shutting down and 401 without the API key.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from glassbox.engine.async_engine import AsyncEngine
+from glassbox.server.chat import create_chat_completion, render_chat
+from glassbox.server.completions import create_completion
+from glassbox.server.errors import bad_request, error_response, install_error_handlers
+from glassbox.server.metrics import ServerMetrics
+from glassbox.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    HealthResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from glassbox.server.state import ServerSettings, ServerState
+
+# paths that need the API key when one is set (health, metrics and the schema stay open)
+_GUARDED = ("/v1/", "/tokenize", "/detokenize")
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorResponse} for code in codes}
+
+
+_SSE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "JSON, or server-sent events when stream"}
+}
+
+
+class _Gate:
+    """503 for everything but /metrics while draining; 401 on guarded paths without the API key."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if self.state.draining and path != "/metrics":
+            response = error_response(503, "the server is shutting down", headers={"Retry-After": "5"})
+            await response(scope, receive, send)
+            return
+        key = self.state.settings.api_key
+        if key and path.startswith(_GUARDED) and not _authorized(scope, key):
+            response = error_response(
+                401,
+                "missing or wrong API key (send 'Authorization: Bearer <key>')",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _authorized(scope: Scope, key: str) -> bool:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), key.encode())
+    return False
+
+
+def build_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetrics) -> FastAPI:
+    """The server app around a (not yet started) AsyncEngine whose observer is ``metrics``."""
+    state = ServerState(engine, settings, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            state.draining = True
+            engine.abort_all()
+            await engine.shutdown(timeout_s=3.0)
+
+    app = FastAPI(
+        title="glassbox",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="An OpenAI-compatible LLM server whose every request is a glass box.",
+    )
+    app.state.glassbox = state
+    install_error_handlers(app)
+    app.add_middleware(_Gate, state=state)
+
+    @app.get("/health", response_model=HealthResponse, responses=_errors(503))
+    async def health() -> JSONResponse:
+        s = engine.stats
+        ok = engine.is_running and not state.draining
+        body = {
+            "status": "ok" if ok else "unavailable",
+            "num_requests_running": s.num_running,
+            "num_requests_waiting": s.num_waiting,
+            "kv_cache_free_blocks": s.num_free_blocks,
+            "kv_cache_total_blocks": s.num_blocks,
+            "kv_cache_usage": s.kv_usage,
+        }
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", response_model=ModelList, responses=_errors(401))
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [_card(state)]}
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=_errors(401, 404))
+    async def get_model(model_id: str) -> dict[str, Any]:
+        state.check_model(model_id)
+        return _card(state)
+
+    @app.post(
+        "/v1/completions",
+        response_model=CompletionResponse,
+        responses={**_SSE, **_errors(400, 401, 404, 429, 503)},
+    )
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await create_completion(state, body, request)
+
+    @app.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletionResponse,
+        responses={**_SSE, **_errors(400, 401, 404, 429, 503)},
+    )
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await create_chat_completion(state, body, request)
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=_errors(400, 401, 404))
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        state.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise bad_request("give exactly one of prompt or messages", "prompt")
+        if body.messages is not None:
+            if not body.messages:
+                raise bad_request("messages must contain at least one message", "messages")
+            text = render_chat(state.tokenizer, body.messages, body.add_generation_prompt)
+            ids = state.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            ids = state.tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+        return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=_errors(400, 401, 404))
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        state.check_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < state.vocab_size]
+        if bad:
+            raise bad_request(
+                f"tokens holds ids outside the vocabulary [0, {state.vocab_size}): {bad[:5]}", "tokens"
+            )
+        return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+    return app
+
+
+def _card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "glassbox",
+        "max_model_len": state.max_model_len,
+    }

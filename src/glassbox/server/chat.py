@@ -1,0 +1,144 @@
+"""POST /v1/chat/completions: messages rendered with the model's chat template, an assistant reply out."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response
+
+from glassbox.outputs import RequestOutput
+from glassbox.server.errors import bad_request
+from glassbox.server.generation import (
+    anatomy,
+    collect,
+    prepare,
+    sampling_params,
+    stream_events,
+    submit,
+    usage,
+)
+from glassbox.server.protocol import ChatCompletionRequest, ChatMessage
+from glassbox.server.state import ServerState
+from glassbox.tokenizer.hf_tokenizer import Tokenizer
+
+
+@dataclass
+class _Cursor:
+    text_len: int = 0
+    tokens: int = 0
+    done: bool = False
+
+
+def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
+    """The chat template's text for ``messages``; 400 for anything the tokenizer or template rejects."""
+    chat = [m.model_dump(exclude_none=True) for m in messages]
+    try:
+        return tokenizer.apply_chat_template(chat, add_generation_prompt=add_generation_prompt)
+    except ValueError as e:
+        raise bad_request(str(e), "messages") from None
+    except Exception as e:  # a template's raise_exception, undefined fields, bad types: all the user's input
+        raise bad_request(
+            f"the chat template rejected the messages: {type(e).__name__}: {e}", "messages"
+        ) from None
+
+
+async def create_chat_completion(
+    state: ServerState, req: ChatCompletionRequest, request: Request
+) -> Response:
+    state.check_model(req.model)
+    if req.tools:
+        raise bad_request("tools are not supported", "tools")
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        raise bad_request('response_format must be {"type": "text"}', "response_format")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
+    k = (req.top_logprobs or 0) if req.logprobs else None
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    base = sampling_params(req, max_tokens, k)
+    t0 = time.perf_counter()
+    text = render_chat(state.tokenizer, req.messages, req.add_generation_prompt)
+    ids = state.tokenizer.encode(text, add_special_tokens=False)  # the template wrote any BOS
+    tokenize_s = time.perf_counter() - t0
+    job = prepare(state, state.new_id("chatcmpl"), [ids], [tokenize_s], base, max_tokens, "messages")
+    submit(state, job)
+    head = {"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": job.model}
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        cursors = [_Cursor() for _ in range(job.n)]
+        first = [
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": j,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            for j in range(job.n)
+        ]
+
+        def chunks_for(i: int, out: RequestOutput) -> list[dict[str, Any]]:
+            chunks = []
+            for o in out.outputs:
+                c = cursors[o.index]
+                if c.done:
+                    continue
+                text = o.text[c.text_len :]
+                logprobs = None
+                if k is not None and o.logprobs is not None:
+                    logprobs = {
+                        "content": state.logprobs.chat(o.token_ids[c.tokens :], o.logprobs[c.tokens :], k)
+                    }
+                if not text and o.finish_reason is None and not (logprobs and logprobs["content"]):
+                    continue
+                c.text_len, c.tokens, c.done = len(o.text), len(o.token_ids), o.finish_reason is not None
+                chunks.append(
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "index": o.index,
+                                "delta": {"content": text} if text else {},
+                                "logprobs": logprobs,
+                                "finish_reason": o.finish_reason,
+                                "stop_reason": o.stop_reason,
+                            }
+                        ],
+                    }
+                )
+            return chunks
+
+        events = stream_events(job, request, first, chunks_for, head, include_usage)
+        return StreamingResponse(events, media_type="text/event-stream")
+
+    final = (await collect(job, request))[0]
+    choices: list[dict[str, Any]] = []
+    for o in final.outputs:
+        logprobs = None
+        if k is not None and o.logprobs is not None:
+            logprobs = {"content": state.logprobs.chat(o.token_ids, o.logprobs, k)}
+        choices.append(
+            {
+                "index": o.index,
+                "message": {"role": "assistant", "content": o.text},
+                "logprobs": logprobs,
+                "finish_reason": o.finish_reason,
+                "stop_reason": o.stop_reason,
+            }
+        )
+    choices.sort(key=lambda c: c["index"])
+    body = {
+        **head,
+        "object": "chat.completion",
+        "choices": choices,
+        "usage": usage(job, [final]),
+        "metrics": anatomy([final]),
+    }
+    return JSONResponse(body)

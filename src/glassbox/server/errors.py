@@ -1,0 +1,135 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, with the right status.
+
+User input never yields a 500: invalid parameters are 400, an unknown model 404, a missing key 401, a
+full queue 429 (with Retry-After), shutting down 503. Only our own bugs reach the 500 handler.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_server_error",
+    503: "service_unavailable_error",
+}
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape; raise it from a handler."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param)
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """The JSON body of an error (also sent as a server-sent event when a stream fails midway)."""
+    err_type = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error")
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+
+def param_of_value_error(message: str, known: set[str]) -> str | None:
+    """The parameter a ValueError message names first ("top_p must be ..." -> "top_p"), if known."""
+    word = message.split(" ", 1)[0].strip(":,")
+    return word if word in known else None
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"malformed JSON body: {first.get('msg', 'invalid JSON')}", None
+    param = _path(first.get("loc", ())) or None
+    if first.get("type") == "missing" and param is None:
+        return "a JSON request body is required", None
+    parts = []
+    for err in errors[:3]:
+        parts.append(f"{_path(err.get('loc', ())) or 'body'}: {err.get('msg', 'invalid value')}")
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    return "invalid request: " + "; ".join(parts) + more, param
+
+
+def _path(loc: Any) -> str:
+    """``("body", "messages", 0, "role")`` -> ``messages[0].role``; a union's member tags are dropped."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part != "body" and not _is_type_tag(str(part)):
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _is_type_tag(part: str) -> bool:
+    return (
+        part in ("str", "int", "float", "bool")
+        or "[" in part
+        or part.startswith(("function-", "constrained-"))
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error (ours, FastAPI's validation, Starlette's 404/405, bugs) in OpenAI's shape."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else "request failed"
+        return error_response(exc.status_code, detail, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, f"internal server error: {type(exc).__name__}")

@@ -1,0 +1,303 @@
+"""From an API request to engine requests and back: sampling params, prompt checks, submission, the
+merged output streams, client-disconnect aborts, usage and the request anatomy (``metrics``).
+
+A *job* is one HTTP request; it holds one engine request per prompt (completions accept a batch), each
+with ``n`` sequences. Choice ``index`` = prompt position * n + sequence index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+
+from glassbox.engine.async_engine import RequestError, RequestStream
+from glassbox.outputs import RequestOutput
+from glassbox.sampling_params import SamplingParams
+from glassbox.server.errors import ApiError, bad_request, error_body, param_of_value_error
+from glassbox.server.protocol import SamplingFields
+from glassbox.server.state import ServerState
+
+_PARAM_NAMES = set(SamplingFields.model_fields) | {
+    "max_tokens",
+    "logprobs",
+    "top_logprobs",
+    "prompt",
+    "messages",
+}
+
+
+def sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """SamplingParams from the request's fields; 400 naming the parameter when a value is invalid."""
+    if req.logit_bias:
+        raise bad_request("logit_bias is not supported", "logit_bias")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    kwargs: dict[str, Any] = dict(
+        n=req.n,
+        max_tokens=max_tokens,
+        min_tokens=req.min_tokens,
+        stop=stop,
+        stop_token_ids=list(req.stop_token_ids or []),
+        seed=req.seed,
+        logprobs=logprobs,
+        ignore_eos=req.ignore_eos,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+    )
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+    ):
+        value = getattr(req, name)
+        if value is not None:
+            kwargs[name] = value
+    return _build(kwargs)
+
+
+def _build(kwargs: dict[str, Any]) -> SamplingParams:
+    try:
+        return SamplingParams(**kwargs)
+    except (ValueError, TypeError) as e:
+        raise bad_request(str(e), param_of_value_error(str(e), _PARAM_NAMES)) from None
+
+
+@dataclass
+class Job:
+    """One API request: its prompts (token ids), their params and, once submitted, their streams."""
+
+    id: str
+    model: str
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    tokenize_s: list[float]
+    created: int = field(default_factory=lambda: int(time.time()))
+    streams: list[RequestStream] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return self.params[0].n
+
+    def abort_unfinished(self) -> None:
+        for stream in self.streams:
+            stream.abort()
+
+
+def prepare(
+    state: ServerState,
+    job_id: str,
+    prompts: list[list[int]],
+    tokenize_s: list[float],
+    base: SamplingParams,
+    max_tokens: int | None,
+    param: str,
+) -> Job:
+    """Check every prompt against the vocabulary and the length limits; fix each one's max_tokens."""
+    params = []
+    for i, ids in enumerate(prompts):
+        where = param if len(prompts) == 1 else f"{param}[{i}]"
+        if not ids:
+            raise bad_request(f"{where} is empty: it must hold at least one token", param)
+        bad = [t for t in ids if not 0 <= t < state.vocab_size]
+        if bad:
+            raise bad_request(
+                f"{where} holds token ids outside the vocabulary [0, {state.vocab_size}): {bad[:5]}", param
+            )
+        limit = min(state.max_model_len, state.kv_capacity_tokens)
+        what = (
+            f"the maximum model length of {state.max_model_len} tokens"
+            if limit == state.max_model_len
+            else f"the KV cache's {limit} tokens"
+        )
+        if max_tokens is None:
+            if len(ids) >= limit:
+                raise bad_request(
+                    f"{where} has {len(ids)} tokens, leaving no room for output within {what}", param
+                )
+            params.append(_build({**_fields(base), "max_tokens": limit - len(ids)}))
+        else:
+            if len(ids) + max_tokens > limit:
+                raise bad_request(
+                    f"{where} ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
+                    f"{len(ids) + max_tokens} exceeds {what}",
+                    "max_tokens",
+                )
+            params.append(base)  # built with this max_tokens
+    return Job(job_id, state.model_name, prompts, params, tokenize_s)
+
+
+def _fields(p: SamplingParams) -> dict[str, Any]:
+    return {k: getattr(p, k) for k in SamplingParams.__dataclass_fields__}
+
+
+def submit(state: ServerState, job: Job) -> None:
+    """Queue the job's prompts (429 when --max-queue-len is set and the queue is full)."""
+    limit = state.settings.max_queue_len
+    engine = state.engine
+    new_seqs = job.n * len(job.prompts)
+    if (
+        limit is not None
+        and engine.num_in_flight > 0
+        and engine.num_in_flight_seqs + new_seqs > state.max_num_seqs + limit
+    ):
+        raise ApiError(
+            429,
+            f"the server is busy: {engine.num_in_flight_seqs} sequences in flight, at most "
+            f"{state.max_num_seqs} run and {limit} wait (--max-queue-len); retry later",
+            code="queue_full",
+            headers={"Retry-After": "1"},
+        )
+    now = time.perf_counter()
+    for i, (ids, params) in enumerate(zip(job.prompts, job.params, strict=True)):
+        rid = job.id if len(job.prompts) == 1 else f"{job.id}-{i}"
+        job.streams.append(
+            engine.add_request(rid, ids, params, arrival_time=now, tokenize_s=job.tokenize_s[i])
+        )
+
+
+async def iterate(job: Job) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+    """(prompt position, newest cumulative output) as the engine produces them, until all finish."""
+    if len(job.streams) == 1:
+        async for out in job.streams[0]:
+            yield 0, out
+        return
+    inbox: asyncio.Queue[tuple[int, RequestOutput | RequestError]] = asyncio.Queue()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                inbox.put_nowait((i, out))
+        except RequestError as e:
+            inbox.put_nowait((i, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(job.streams)]
+    try:
+        left = len(tasks)
+        while left:
+            i, item = await inbox.get()
+            if isinstance(item, RequestError):
+                raise item
+            if item.finished:
+                left -= 1
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def watch_disconnect(request: Request, job: Job) -> asyncio.Task[None]:
+    """A task that aborts the job's requests as soon as the client goes away; cancel it when done."""
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                job.abort_unfinished()
+                return
+
+    return asyncio.create_task(watch())
+
+
+async def collect(job: Job, request: Request) -> list[RequestOutput]:
+    """Wait for every prompt's final output (aborting them if the client disconnects meanwhile)."""
+    finals: dict[int, RequestOutput] = {}
+    watcher = watch_disconnect(request, job)
+    try:
+        async with aclosing(iterate(job)) as outputs:
+            async for i, out in outputs:
+                if out.finished:
+                    finals[i] = out
+    except RequestError as e:
+        raise ApiError(e.status if e.status in (400, 503) else 500, e.message) from None
+    finally:
+        watcher.cancel()
+        job.abort_unfinished()
+    results = [finals[i] for i in range(len(job.streams))]
+    if any(o.finish_reason == "abort" for r in results for o in r.outputs):
+        raise ApiError(503, "the request was aborted (the server is shutting down)")
+    return results
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, allow_nan=False)}\n\n"
+
+
+async def stream_events(
+    job: Job,
+    request: Request,
+    head: list[dict[str, Any]],
+    chunks_for: Callable[[int, RequestOutput], list[dict[str, Any]]],
+    base: dict[str, Any],
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """Server-sent events: ``head`` chunks, then ``chunks_for`` each output, then the usage chunk when
+    asked (choices == []); the last chunk carries ``metrics``; then ``data: [DONE]``."""
+    watcher = watch_disconnect(request, job)
+    finals: dict[int, RequestOutput] = {}
+    try:
+        for chunk in head:
+            yield sse(chunk)
+        async with aclosing(iterate(job)) as outputs:
+            async for i, out in outputs:
+                chunks = chunks_for(i, out)
+                if out.finished:
+                    finals[i] = out
+                if len(finals) == len(job.streams):
+                    ordered = [finals[k] for k in range(len(job.streams))]
+                    if include_usage:
+                        chunks.append({**base, "choices": [], "usage": usage(job, ordered)})
+                    if not chunks:
+                        chunks.append({**base, "choices": []})
+                    chunks[-1]["metrics"] = anatomy(ordered)
+                for chunk in chunks:
+                    yield sse(chunk)
+    except RequestError as e:
+        yield sse(error_body(e.status, e.message))
+    finally:
+        watcher.cancel()
+        job.abort_unfinished()
+    yield "data: [DONE]\n\n"
+
+
+def usage(job: Job, finals: list[RequestOutput]) -> dict[str, Any]:
+    prompt = sum(len(p) for p in job.prompts)
+    completion = sum(len(o.token_ids) for r in finals for o in r.outputs)
+    cached = sum(r.metrics.cached_prompt_tokens for r in finals if r.metrics is not None)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+_COUNTS = ("prompt_tokens", "cached_prompt_tokens", "output_tokens", "preemptions")
+
+
+def anatomy(finals: list[RequestOutput]) -> dict[str, Any]:
+    """The ``metrics`` object: one request's anatomy; for a batch of prompts, counts summed and times
+    taken from the slowest prompt (rates recomputed from the sums)."""
+    dicts = [r.metrics.as_dict() for r in finals if r.metrics is not None]
+    if not dicts:
+        return {}
+    if len(dicts) == 1:
+        return dicts[0]
+    out: dict[str, Any] = {k: max(d[k] for d in dicts) for k in dicts[0] if k not in _COUNTS}
+    out.update({k: sum(d[k] for d in dicts) for k in _COUNTS})
+    computed = out["prompt_tokens"] - out["cached_prompt_tokens"]
+    out["prefill_tok_s"] = computed / out["prefill_s"] if out["prefill_s"] > 0 else 0.0
+    decoded = sum(max(0, d["output_tokens"] - 1) for d in dicts)
+    out["decode_tok_s"] = decoded / out["decode_s"] if out["decode_s"] > 0 else 0.0
+    return out

@@ -1,0 +1,115 @@
+"""Logprobs in OpenAI's two formats, from the engine's per-token ``{token_id: logprob}`` dicts.
+
+Completions: ``{tokens, token_logprobs, top_logprobs, text_offset}``.
+Chat: ``{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}``.
+The engine's dict for a token holds the top-N plus the chosen token (N + 1 entries when the chosen one is
+not among the top N), so the top N are the N largest values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from glassbox.tokenizer.hf_tokenizer import Tokenizer
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """The byte-level BPE alphabet (GPT-2's): printable bytes stand for themselves, the others are
+    shifted to code points from 256 up, in byte order. Maps each such character back to its byte."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\xa1"), ord("\xac") + 1),
+        *range(ord("\xae"), ord("\xff") + 1),
+    ]
+    chars = list(printable)
+    shift = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + shift)
+            shift += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTE_DECODER = _byte_level_decoder()
+FLOOR = -9999.0  # stands for -inf (and NaN), which JSON cannot carry
+
+
+def _finite(logprob: float | None) -> float:
+    return logprob if logprob is not None and math.isfinite(logprob) else FLOOR
+
+
+class LogprobFormatter:
+    """Formats logprobs for one tokenizer; token strings and bytes are cached by id."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._text: dict[int, str] = {}
+        self._bytes: dict[int, list[int]] = {}
+
+    def text(self, token_id: int) -> str:
+        text = self._text.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._text[token_id] = text
+        return text
+
+    def bytes(self, token_id: int) -> list[int]:
+        """The token's own bytes (a piece of a multi-byte character when its text alone is U+FFFD)."""
+        raw = self._bytes.get(token_id)
+        if raw is None:
+            text = self.text(token_id)
+            piece = self.tokenizer.id_to_token(token_id) if "\ufffd" in text else None
+            if piece and all(c in _BYTE_DECODER for c in piece):
+                raw = [_BYTE_DECODER[c] for c in piece]
+            else:
+                raw = list(text.encode("utf-8"))
+            self._bytes[token_id] = raw
+        return raw
+
+    @staticmethod
+    def _top(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
+        return sorted(entry.items(), key=lambda kv: -kv[1])[:k] if k > 0 else []
+
+    def completion(
+        self, token_ids: list[int], logprobs: list[dict[int, float]], k: int, text_offset: int = 0
+    ) -> dict[str, Any]:
+        """Completions format for ``token_ids`` (offsets start at ``text_offset``)."""
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        for tid, entry in zip(token_ids, logprobs, strict=False):
+            text = self.text(tid)
+            tokens.append(text)
+            token_logprobs.append(_finite(entry.get(tid)))
+            best: dict[str, float] = {}
+            for t, lp in self._top(entry, k):  # tokens with the same text (e.g. U+FFFD) keep the best value
+                best.setdefault(self.text(t), _finite(lp))
+            top.append(best)
+            offsets.append(text_offset)
+            text_offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }
+
+    def chat(self, token_ids: list[int], logprobs: list[dict[int, float]], k: int) -> list[dict[str, Any]]:
+        """Chat format (the ``content`` list) for ``token_ids``."""
+        content = []
+        for tid, entry in zip(token_ids, logprobs, strict=False):
+            content.append(
+                {
+                    "token": self.text(tid),
+                    "logprob": _finite(entry.get(tid)),
+                    "bytes": self.bytes(tid),
+                    "top_logprobs": [
+                        {"token": self.text(t), "logprob": _finite(lp), "bytes": self.bytes(t)}
+                        for t, lp in self._top(entry, k)
+                    ],
+                }
+            )
+        return content

@@ -1,0 +1,242 @@
+"""The OpenAI-compatible wire format: pydantic request models (validated) and response models (documented).
+
+Request fields use OpenAI's names plus vLLM's sampling extras (top_k, min_p, repetition_penalty,
+ignore_eos, min_tokens, stop_token_ids, ...). Unknown fields are ignored, as OpenAI clients send some we
+do not use; NaN and infinity are rejected. Every response also carries ``metrics``: the anatomy of the
+request (queue, prefill, decode, ...), which OpenAI clients ignore and our bench client reads.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from glassbox.sampling_params import MAX_LOGPROBS
+
+MAX_N = 128
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class SamplingFields(_Request):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = Field(None, description="the served model name (default: the one served)")
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float | None = Field(None, ge=0.0, le=100.0, description="0 is greedy (default 1)")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(None, description="not supported: must be empty")
+    user: str | None = None
+    # vLLM's extras
+    top_k: int | None = Field(None, ge=-1, description="-1 or 0: off")
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, ge=0.01, le=100.0)
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions. ``prompt``: a string, strings, token ids, or lists of token ids."""
+
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: int | None = Field(16, ge=1, description="null: up to the max model length")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = Field(False, description="not supported: must be false")
+    suffix: str | None = Field(None, description="not supported: must be null")
+    best_of: int | None = Field(None, ge=1, le=MAX_N, description="must equal n when given")
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions: the messages are rendered with the model's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, description="null: up to the max model length")
+    max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's newer name for max_tokens")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[dict[str, Any]] | None = Field(None, description="not supported: must be empty")
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = Field(None, description='only {"type": "text"}')
+    add_generation_prompt: bool = True
+
+
+class TokenizeRequest(_Request):
+    """POST /tokenize: exactly one of ``prompt`` (text) or ``messages`` (rendered with the chat template)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = Field(True, description="for a prompt: add the tokenizer's BOS/EOS")
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+# -- responses (documentation; handlers build the same shapes as dicts) ------------------------------
+
+
+class RequestAnatomy(BaseModel):
+    """The request's anatomy in seconds and tokens (our addition; OpenAI clients ignore it)."""
+
+    tokenize_s: float
+    queue_s: float
+    prefill_s: float
+    ttft_s: float
+    decode_s: float
+    detokenize_s: float
+    e2e_s: float
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    output_tokens: int
+    prefill_tok_s: float
+    decode_tok_s: float
+    preemptions: int
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    metrics: RequestAnatomy | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    metrics: RequestAnatomy | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "glassbox"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class HealthResponse(BaseModel):
+    status: str
+    num_requests_running: int
+    num_requests_waiting: int
+    kv_cache_free_blocks: int
+    kv_cache_total_blocks: int
+    kv_cache_usage: float
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

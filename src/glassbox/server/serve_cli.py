@@ -1,0 +1,163 @@
+"""`glassbox serve [MODEL]`: the OpenAI-compatible server (uvicorn), with a graceful SIGTERM.
+
+On SIGTERM or Ctrl-C the server stops accepting work (503), lets the requests in flight finish for up to
+--shutdown-timeout seconds, aborts the rest, and exits. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from glassbox.engine_args import add_engine_args, config_from_args
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from glassbox.server.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model behind an OpenAI-compatible HTTP API",
+        description="Serve a model (default: the bundled demo model) over an OpenAI-compatible "
+        "API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.",
+    )
+    add_engine_args(p, positional_model=True)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all interfaces)")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument(
+        "--served-model-name", default=None, help="the model name clients use (default: the dir name)"
+    )
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("GLASSBOX_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1 and /(de)tokenize (env GLASSBOX_API_KEY)",
+    )
+    g.add_argument(
+        "--max-queue-len",
+        type=int,
+        default=None,
+        help="at most N sequences wait beyond --max-num-seqs; more get 429 (default: no limit)",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=5.0,
+        help="seconds SIGTERM lets requests in flight finish before aborting them",
+    )
+    g.add_argument(
+        "--uvicorn-log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+    )
+    g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per request")
+    p.set_defaults(func=run)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_queue_len is not None and args.max_queue_len < 0:
+        raise ValueError(f"--max-queue-len must be >= 0, got {args.max_queue_len}")
+    if not 0 <= args.shutdown_timeout <= 3600:
+        raise ValueError(f"--shutdown-timeout must be in [0, 3600] seconds, got {args.shutdown_timeout}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model, then serve until SIGTERM/SIGINT."""
+    import uvicorn
+
+    from glassbox.engine.async_engine import AsyncEngine
+    from glassbox.engine.llm_engine import LLMEngine
+    from glassbox.server.app import build_app
+    from glassbox.server.metrics import ServerMetrics
+    from glassbox.server.state import ServerSettings
+
+    _check_flags(args)
+    config = config_from_args(args, served_model_name=args.served_model_name)
+    engine = LLMEngine(config)
+    metrics = ServerMetrics()
+    settings = ServerSettings(
+        api_key=args.api_key or None, max_queue_len=args.max_queue_len, drain_timeout_s=args.shutdown_timeout
+    )
+    app = build_app(AsyncEngine(engine, metrics), settings, metrics)
+    uv_config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.uvicorn_log_level,
+        access_log=not args.disable_uvicorn_access_log,
+        timeout_graceful_shutdown=2,
+        lifespan="on",
+    )
+    logger.info(
+        "serving %s on http://%s:%d (max model len %d)",
+        engine.model_name,
+        args.host,
+        args.port,
+        engine.max_model_len,
+    )
+    asyncio.run(_serve(uvicorn.Server(uv_config), app.state.glassbox))
+    return 0
+
+
+class _SignalsOurs:
+    """Stops uvicorn from installing its own SIGTERM/SIGINT handlers (we drain first, then exit)."""
+
+    @staticmethod
+    @contextlib.contextmanager
+    def capture_signals() -> Iterator[None]:
+        yield
+
+
+async def _serve(server: uvicorn.Server, state: ServerState) -> None:
+    server.capture_signals = _SignalsOurs.capture_signals  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    draining: list[asyncio.Task[None]] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if draining:  # second signal: stop now
+            logger.warning("%s again: exiting now", sig.name)
+            state.engine.abort_all()
+            server.force_exit = True
+            server.should_exit = True
+            return
+        draining.append(loop.create_task(_drain(server, state, sig)))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        await server.serve()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def _drain(server: uvicorn.Server, state: ServerState, sig: signal.Signals) -> None:
+    """Refuse new work (503), let requests in flight finish, abort the rest, then stop uvicorn."""
+    state.draining = True
+    engine = state.engine
+    timeout = state.settings.drain_timeout_s
+    logger.warning(
+        "%s: shutting down; %d requests in flight get up to %.1f s to finish",
+        sig.name,
+        engine.num_in_flight,
+        timeout,
+    )
+    if not await engine.wait_idle(timeout):
+        logger.warning("aborting %d requests still in flight", engine.num_in_flight)
+        engine.abort_all()
+        await engine.wait_idle(1.0)
+    await asyncio.sleep(0.05)  # let the streams write their last chunks
+    server.should_exit = True

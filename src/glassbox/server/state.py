@@ -1,0 +1,56 @@
+"""What every route handler shares: the async engine, the server's settings, its metrics and flags."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from glassbox.engine.async_engine import AsyncEngine
+from glassbox.server.errors import ApiError
+from glassbox.server.logprobs import LogprobFormatter
+from glassbox.server.metrics import ServerMetrics
+
+
+@dataclass
+class ServerSettings:
+    """Server flags: ``api_key`` guards /v1 and /(de)tokenize; ``max_queue_len`` bounds the sequences
+    waiting beyond max-num-seqs (more get 429); ``drain_timeout_s`` is how long SIGTERM lets requests in
+    flight finish before aborting them."""
+
+    api_key: str | None = None
+    max_queue_len: int | None = None
+    drain_timeout_s: float = 5.0
+
+
+class ServerState:
+    """The app's shared state (one per app; event-loop thread only, except the engine it wraps)."""
+
+    def __init__(self, engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+        llm = engine.engine
+        self.tokenizer = llm.tokenizer
+        self.model_name = llm.model_name
+        self.max_model_len = llm.max_model_len
+        self.max_num_seqs = llm.config.max_num_seqs
+        self.vocab_size = llm.model_config.vocab_size
+        self.kv_capacity_tokens = llm.block_manager_capacity_tokens
+        self.logprobs = LogprobFormatter(self.tokenizer)
+        self.created = int(time.time())
+        self.draining = False
+
+    def check_model(self, model: str | None) -> None:
+        """404 unless ``model`` is None or the served model's name."""
+        if model is not None and model != self.model_name:
+            raise ApiError(
+                404,
+                f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                "model",
+                "model_not_found",
+            )
+
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex}"
