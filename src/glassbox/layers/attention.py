@@ -1,4 +1,8 @@
-"""Attention over the paged KV cache (reference path: torch SDPA over the live blocks only)."""
+"""Attention over the paged KV cache.
+
+Two backends: "torch" (the reference, torch SDPA over the live blocks; CPU and CUDA) and "triton"
+(CUDA kernels in layers/triton_attention.py that read the block tables directly; imported lazily).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,49 @@ class PrefillSeq:
 
 
 @dataclass
+class PagedPrefill:
+    """All prefill rows of a batch as one launch of the triton prefill kernel (built by the executor)."""
+
+    block_tables: torch.Tensor  # (P, max_blocks) int32, one row per prefill sequence
+    q_start: torch.Tensor  # (P,) int32: first row of each sequence within the prefill rows
+    q_len: torch.Tensor  # (P,) int32
+    ctx: torch.Tensor  # (P,) int32: tokens already cached before this step
+    tile_seq: torch.Tensor  # (num_tiles,) int32: sequence index of each block_m-row query tile
+    tile_m: torch.Tensor  # (num_tiles,) int32: first row of the tile within its sequence
+    block_m: int
+
+
+def build_paged_prefill(
+    seqs: list[tuple[int, int, list[int]]],  # per prefill sequence: (start, q_len, block_table)
+    block_m: int,
+    device: torch.device,
+) -> PagedPrefill:
+    """The triton prefill layout; sequences' rows follow each other in this order after the decodes."""
+    width = max(len(t) for _, _, t in seqs)
+    tables = [t + [0] * (width - len(t)) for _, _, t in seqs]
+    q_start, row = [], 0
+    tiles: list[tuple[int, int, int]] = []  # (keys the tile reads, seq, first row)
+    for i, (start, n, _) in enumerate(seqs):
+        q_start.append(row)
+        row += n
+        tiles.extend((start + min(m + block_m, n), i, m) for m in range(0, n, block_m))
+    tiles.sort(reverse=True)  # the longest tiles start first
+
+    def i32(x: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.int32, device=device)
+
+    return PagedPrefill(
+        block_tables=i32(tables),
+        q_start=i32(q_start),
+        q_len=i32([n for _, n, _ in seqs]),
+        ctx=i32([s for s, _, _ in seqs]),
+        tile_seq=i32([t[1] for t in tiles]),
+        tile_m=i32([t[2] for t in tiles]),
+        block_m=block_m,
+    )
+
+
+@dataclass
 class AttentionMetadata:
     """Per-batch attention layout. Rows [0, num_decode) are decodes (one token each), then prefills."""
 
@@ -28,6 +75,8 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor | None = None  # (num_decode,) int64, tokens incl. the new one
     decode_max_len: int = 0
     prefills: list[PrefillSeq] = field(default_factory=list)
+    backend: str = "torch"  # "torch" (reference SDPA) | "triton" (CUDA kernels over the block tables)
+    paged_prefill: PagedPrefill | None = None  # triton backend: the prefill rows' layout
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
@@ -52,6 +101,8 @@ def paged_attention(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:  # (T, Hq, D)
+    if meta.backend == "triton":
+        return _triton_paged_attention(q, kv_cache, meta, scale, sliding_window)
     out = torch.empty_like(q)
     hq, hk = q.shape[1], k.shape[1]
     gqa = hq != hk
@@ -99,3 +150,31 @@ def paged_attention(
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[rows] = o[0].transpose(0, 1)
     return out
+
+
+def _triton_paged_attention(
+    q: torch.Tensor,  # (T, Hq, D)
+    kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hk, D)
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:  # (T, Hq, D)
+    from glassbox.layers import triton_attention as ta
+
+    dtype = q.dtype
+    q = q.to(kv_cache.dtype).contiguous()
+    out = torch.empty_like(q)
+    nd = meta.num_decode
+    if nd:
+        assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
+        ta.decode_attention(
+            q[:nd], kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens,
+            scale, sliding_window, out[:nd],
+        )  # fmt: skip
+    pp = meta.paged_prefill
+    if pp is not None and q.shape[0] > nd:
+        ta.prefill_attention(
+            q[nd:], kv_cache[0], kv_cache[1], pp.block_tables, pp.tile_seq, pp.tile_m, pp.q_start,
+            pp.q_len, pp.ctx, scale, sliding_window, out[nd:], pp.block_m,
+        )  # fmt: skip
+    return out.to(dtype)

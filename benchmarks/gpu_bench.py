@@ -1,0 +1,492 @@
+"""GPU benchmark: glassbox vs transformers on one CUDA device, dummy weights of real model shapes.
+
+(a) batch-1 decode, Llama-3.1-8B shape, bf16: tok/s, bytes read per token, a copy-probe bandwidth and
+    the roofline fraction, with transformers (static cache; compiled with --hf-compile) beside it;
+(b) throughput, Qwen3-0.6B shape: N requests, prompt and output lengths uniform in [100, 1024],
+    ignore_eos, glassbox vs transformers (padded batches sorted by length; continuous batching too);
+(c) TTFT of an 8K-token prompt on the 8B shape.
+Each part runs in its own process (clean GPU memory). Writes <out>/gpu-<date>.json.
+
+    PYTHONPATH=src python3 benchmarks/gpu_bench.py [--out benchmarks/results] [--hf-requests 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LLAMA_8B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": False,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "torch_dtype": "bfloat16",
+    "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
+QWEN3_06B: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
+    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 40960, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+    "attention_bias": False, "hidden_act": "silu", "torch_dtype": "bfloat16",
+    "use_sliding_window": False, "sliding_window": None, "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
+SHAPES = {"llama-3.1-8b": LLAMA_8B, "qwen3-0.6b": QWEN3_06B}
+# --smoke: the same script on the CPU with tiny shapes and lengths, to check its plumbing anywhere
+SMOKE = os.environ.get("GLASSBOX_BENCH_SMOKE") == "1"
+DEVICE = "cpu" if SMOKE else "cuda"
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=1000)  # fmt: skip
+LENGTHS = (8, 24) if SMOKE else (100, 1024)
+TTFT_TOKENS = 256 if SMOKE else 8192
+
+
+def model_dir(root: Path, name: str) -> Path:
+    """config.json of the shape plus a word-level tokenizer covering the whole vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    cfg = {**SHAPES[name], **(TINY if SMOKE else {})}
+    out = root / name
+    if (out / "tokenizer.json").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg))
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg["vocab_size"])}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # type: ignore[assignment]
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text("{}")
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": cfg["eos_token_id"]}))
+    return out
+
+
+def sync_time() -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def cuda_ms(fn: Any, iters: int) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` runs, timed with CUDA events after a warm-up."""
+    fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """``n`` (prompt ids, output length) pairs; both lengths uniform in LENGTHS ([100, 1024])."""
+    rng = random.Random(seed)
+    reqs = []
+    for _ in range(n):
+        p, o = rng.randint(*LENGTHS), rng.randint(*LENGTHS)
+        reqs.append(([rng.randrange(10, vocab) for _ in range(p)], o))
+    return reqs
+
+
+# -- parts (each runs in a fresh process) ------------------------------------------------------------
+def part_probe(args: argparse.Namespace) -> dict[str, Any]:
+    n = 1 << 30  # 2 GiB of bf16 each way
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_ms = cuda_ms(lambda: dst.copy_(src), 20)
+    read_ms = cuda_ms(lambda: src.sum(), 20)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm_ms = cuda_ms(lambda: a @ a, 10)
+    return {
+        "copy_GBps": 2 * src.nbytes / copy_ms / 1e6,  # bytes read + bytes written
+        "read_GBps": src.nbytes / read_ms / 1e6,
+        "bf16_matmul_TFLOPs": 2 * 8192**3 / mm_ms / 1e9,
+    }
+
+
+def _engine(name: str, root: Path, **kw: Any) -> Any:
+    from glassbox import LLM
+
+    return LLM(str(model_dir(root, name)), load_format="dummy", dtype="bfloat16", device=DEVICE, **kw)
+
+
+def part_gb_decode(args: argparse.Namespace) -> dict[str, Any]:
+    from glassbox import SamplingParams
+
+    root = Path(args.models)
+    t0 = time.perf_counter()
+    llm = _engine("llama-3.1-8b", root, max_model_len=16384, max_num_seqs=16, enforce_eager=args.eager)
+    load_s = time.perf_counter() - t0
+    ex = llm.engine.executor
+    rng = random.Random(1)
+    vocab = llm.engine.model_config.vocab_size
+    prompt = [rng.randrange(10, vocab) for _ in range(args.prompt_len)]
+    sp = SamplingParams(temperature=0, max_tokens=args.decode_tokens, ignore_eos=True)
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))  # warm-up
+    llm.engine.step_records.clear()
+    out = llm.generate([prompt], sp)[0]
+    m = out.metrics
+    assert m is not None
+    steps = [r.duration_s for r in llm.engine.step_records if r.phase == "decode"]
+    mc = llm.engine.model_config
+    emb = mc.vocab_size * mc.hidden_size * 2
+    weights_read = ex.weight_bytes - (0 if mc.tie_word_embeddings else emb)  # one embedding row is read
+    ctx_mean = args.prompt_len + args.decode_tokens / 2
+    bytes_per_token = weights_read + mc.kv_bytes_per_token(ex.kv_dtype) * ctx_mean
+    res: dict[str, Any] = {
+        "load_s": load_s,
+        "tok_s": m.decode_tok_s,
+        "step_ms_median": 1e3 * statistics.median(steps),
+        "bytes_per_token": bytes_per_token,
+        "weight_bytes": ex.weight_bytes,
+        "kv_cache_gib": ex.kv_plan.gib,
+        "kv_blocks": ex.kv_plan.num_blocks,
+        "graphs": None if ex.graphs is None else len(ex.graphs.sizes),
+        "compiled": ex.compiled,
+        "attention": ex.attn_backend,
+        "prompt_len": args.prompt_len,
+        "decode_tokens": args.decode_tokens,
+    }
+    if ex.graphs is not None:  # GPU time of one batch-1 decode forward alone (graph replay)
+        g = ex.graphs.graphs[1]
+        res["graph_replay_ms"] = cuda_ms(g.replay, 50)
+        hidden = ex.graphs.outputs[1]
+        res["logits_ms"] = cuda_ms(lambda: ex.model.compute_logits(hidden).argmax(-1), 50)
+    if torch.cuda.is_available():
+        res["mem_reserved_gib"] = torch.cuda.memory_reserved() / 2**30
+        res["mem_total_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    if not args.eager:
+        long_prompt = [rng.randrange(10, vocab) for _ in range(TTFT_TOKENS)]
+        one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+        llm.generate([long_prompt[: TTFT_TOKENS // 8]], one)  # warm-up of the prefill kernels
+        ttfts = []
+        for i in range(3):
+            t = sync_time()
+            llm.generate([[i + 3, *long_prompt[1:]]], one)  # a fresh first token: no prefix-cache hit
+            ttfts.append(sync_time() - t)
+        res["ttft_8k_s"] = min(ttfts)
+        res["ttft_prompt_tokens"] = TTFT_TOKENS
+        res["ttft_8k_all_s"] = ttfts
+    return res
+
+
+def _hf_model(name: str, root: Path) -> Any:
+    import transformers as tf
+
+    cfg = tf.AutoConfig.from_pretrained(model_dir(root, name))
+    with torch.device(DEVICE):
+        model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.eval()
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def part_hf_decode(args: argparse.Namespace) -> dict[str, Any]:
+    model = _hf_model("llama-3.1-8b", Path(args.models))
+    rng = random.Random(1)
+    vocab = model.config.vocab_size
+    ids = torch.tensor([[rng.randrange(10, vocab) for _ in range(args.prompt_len)]], device=DEVICE)
+    res: dict[str, Any] = {}
+    variants = [("static", True)] + ([("static_compiled", False)] if args.hf_compile else [])
+    for label, no_compile in variants:
+        kw = dict(do_sample=False, cache_implementation="static", disable_compile=no_compile)
+
+        def gen(n: int, kw: dict[str, Any] = kw) -> float:
+            t = sync_time()
+            with torch.inference_mode():
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+            return sync_time() - t
+
+        t = time.perf_counter()
+        gen(args.decode_tokens)  # warm-up (compiles, when compiling)
+        warm_s = time.perf_counter() - t
+        first = min(gen(1) for _ in range(2))
+        total = gen(args.decode_tokens)
+        res[label] = {"tok_s": (args.decode_tokens - 1) / (total - first), "warmup_s": warm_s}
+    res["tok_s"] = max(v["tok_s"] for v in res.values() if isinstance(v, dict))
+    return res
+
+
+def part_gb_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    from glassbox import SamplingParams
+
+    root = Path(args.models)
+    t0 = time.perf_counter()
+    llm = _engine("qwen3-0.6b", root, max_model_len=4096, max_num_seqs=256)
+    load_s = time.perf_counter() - t0
+    reqs = workload(args.requests, llm.engine.model_config.vocab_size)
+    llm.generate([reqs[0][0]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    eng = llm.engine
+    eng.step_records.clear()
+    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in reqs]
+    t = sync_time()
+    outs = llm.generate([p for p, _ in reqs], params)
+    wall = sync_time() - t
+    out_tokens = sum(len(o.token_ids) for o in outs)
+    recs = list(eng.step_records)
+    dec = [r for r in recs if r.phase == "decode"]
+    return {
+        "load_s": load_s,
+        "wall_s": wall,
+        "tok_s": out_tokens / wall,
+        "total_tok_s": (out_tokens + sum(len(p) for p, _ in reqs)) / wall,
+        "requests": len(reqs),
+        "output_tokens": out_tokens,
+        "prompt_tokens": sum(len(p) for p, _ in reqs),
+        "steps": len(recs),
+        "execute_s": sum(r.duration_s for r in recs),
+        "prefill_or_mixed_execute_s": sum(r.duration_s for r in recs if r.phase != "decode"),
+        "decode_execute_s": sum(r.duration_s for r in dec),
+        "decode_step_ms_median": 1e3 * statistics.median(r.duration_s for r in dec) if dec else None,
+        "mean_decode_batch": statistics.mean(r.batch_size for r in dec) if dec else None,
+        "preemptions": eng.scheduler.num_preemptions,
+        "kv_cache_gib": eng.executor.kv_plan.gib,
+        "compiled": eng.executor.compiled,
+    }
+
+
+def part_hf_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    model = _hf_model("qwen3-0.6b", Path(args.models))
+    reqs = workload(args.requests, model.config.vocab_size)
+    sub = reqs[: args.hf_requests]
+    # sorted by output length so that a batch's members stop together (least wasted decode steps)
+    order = sorted(range(len(sub)), key=lambda i: sub[i][1])
+    bsz = args.hf_batch
+    done, useful = 0, 0
+    t = sync_time()
+    for b in range(0, len(order), bsz):
+        chunk = [sub[i] for i in order[b : b + bsz]]
+        width = max(len(p) for p, _ in chunk)
+        ids = torch.zeros((len(chunk), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, (p, _) in enumerate(chunk):
+            ids[r, width - len(p) :] = torch.tensor(p)
+            mask[r, width - len(p) :] = 1
+        n = max(o for _, o in chunk)
+        with torch.inference_mode():
+            model.generate(
+                ids.to(DEVICE),
+                attention_mask=mask.to(DEVICE),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+            )
+        done += len(chunk)
+        useful += sum(o for _, o in chunk)
+    wall = sync_time() - t
+    return {
+        "method": f"generate(), left-padded batches of {bsz} sorted by output length, sdpa, dynamic cache",
+        "requests": len(sub),
+        "output_tokens": useful,
+        "wall_s": wall,
+        "tok_s": useful / wall,
+    }
+
+
+def part_hf_cb(args: argparse.Namespace) -> dict[str, Any]:
+    """transformers' continuous batching (generate_batch / paged attention), per-request lengths."""
+    from transformers import GenerationConfig
+
+    model = _hf_model("qwen3-0.6b", Path(args.models))
+    reqs = workload(args.requests, model.config.vocab_size)[: args.hf_requests]
+    gc = GenerationConfig(max_new_tokens=1024, do_sample=False, eos_token_id=None, pad_token_id=0)
+    manager = model.init_continuous_batching(generation_config=gc)
+    manager.start()
+    t = sync_time()
+    for i, (p, o) in enumerate(reqs):
+        manager.add_request(p, request_id=f"r{i}", max_new_tokens=o)
+    got: dict[str, int] = {}
+    deadline = time.perf_counter() + args.hf_cb_timeout
+    while len(got) < len(reqs) and time.perf_counter() < deadline:
+        r = manager.get_result(timeout=1)
+        if r is not None and r.is_finished():
+            got[r.request_id] = len(r.generated_tokens)
+    wall = sync_time() - t
+    manager.stop(block=True, timeout=10)
+    toks = sum(got.values())
+    return {
+        "method": "init_continuous_batching() manager, per-request max_new_tokens",
+        "requests": len(reqs),
+        "finished": len(got),
+        "output_tokens": toks,
+        "wall_s": wall,
+        "tok_s": toks / wall,
+    }
+
+
+def part_kernels(args: argparse.Namespace) -> dict[str, Any]:
+    """Triton kernels alone: decode bandwidth by batch, prefill vs SDPA flash at 8K."""
+    import torch.nn.functional as F
+
+    from glassbox.layers import triton_attention as ta
+    from glassbox.layers.attention import build_paged_prefill
+
+    res: dict[str, Any] = {}
+    hq, hk, d, bs = 32, 8, 128, 16
+
+    def decode_case(batch: int, ctx: int) -> dict[str, float]:
+        nb = batch * ctx // bs + 1
+        cache = torch.randn(2, nb, bs, hk, d, device="cuda", dtype=torch.bfloat16)
+        tables = torch.randperm(nb - 1, device="cuda")[: batch * ctx // bs].view(batch, -1).int()
+        lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+        q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty_like(q)
+        ms = cuda_ms(lambda: ta.decode_attention(q, cache[0], cache[1], tables, lens, d**-0.5, None, out), 50)
+        return {"us": 1e3 * ms, "GBps": 2 * batch * ctx * hk * d * 2 / ms / 1e6}
+
+    for batch, ctx in ((1, 1024), (1, 16384), (8, 1024), (64, 1024), (256, 1024)):
+        res[f"decode_b{batch}_ctx{ctx}"] = decode_case(batch, ctx)
+    n = 8192
+    nb = n // bs
+    cache = torch.randn(2, nb, bs, hk, d, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16)
+    flops = 4 * n * n * d * hq / 2
+    pp = build_paged_prefill([(0, n, list(range(nb)))], ta.prefill_block_m(d), q.device)
+    out = torch.empty_like(q)
+
+    def tri() -> None:
+        ta.prefill_attention(
+            q, cache[0], cache[1], pp.block_tables, pp.tile_seq, pp.tile_m, pp.q_start, pp.q_len,
+            pp.ctx, d**-0.5, None, out, pp.block_m,
+        )  # fmt: skip
+
+    ms = cuda_ms(tri, 10)
+    res["prefill_triton_8k"] = {"ms": ms, "TFLOPs": flops / ms / 1e9}
+    qs = q.transpose(0, 1)[None]
+    ks = cache[0].reshape(n, hk, d).transpose(0, 1)[None]
+    vs = cache[1].reshape(n, hk, d).transpose(0, 1)[None]
+    for label, k_, v_, gqa in (
+        ("sdpa_gqa", ks, vs, True),
+        ("sdpa_expanded", ks.repeat_interleave(4, 1), vs.repeat_interleave(4, 1), False),
+    ):
+        ms = cuda_ms(lambda k_=k_, v_=v_, gqa=gqa: F.scaled_dot_product_attention(
+            qs, k_, v_, is_causal=True, enable_gqa=gqa), 10)  # fmt: skip
+        res[f"prefill_{label}_8k"] = {"ms": ms, "TFLOPs": flops / ms / 1e9}
+    return res
+
+
+PARTS = {
+    "probe": part_probe,
+    "kernels": part_kernels,
+    "gb_decode": part_gb_decode,
+    "hf_decode": part_hf_decode,
+    "gb_throughput": part_gb_throughput,
+    "hf_throughput": part_hf_throughput,
+    "hf_cb": part_hf_cb,
+}
+
+
+def run_part(name: str, args: argparse.Namespace, extra: list[str], timeout: float) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    cmd = [sys.executable, __file__, "--part", name, "--part-out", path, "--models", args.models, *extra]
+    t = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, timeout=timeout)
+        ok = proc.returncode == 0
+    except subprocess.TimeoutExpired:
+        ok = False
+    took = time.perf_counter() - t
+    if ok:
+        res: dict[str, Any] = json.loads(Path(path).read_text())
+    else:
+        res = {"error": f"part {name} failed or timed out after {took:.0f} s"}
+    res["part_wall_s"] = took
+    print(f"== {name} ({took:.0f} s): {json.dumps(res)[:1500]}", flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--parts", default="probe,gb_decode,hf_decode,gb_throughput,hf_throughput")
+    ap.add_argument("--models", default=str(Path(tempfile.gettempdir()) / "glassbox-bench-models"))
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--decode-tokens", type=int, default=256)
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--hf-requests", type=int, default=256, help="HF runs the first N requests")
+    ap.add_argument("--hf-batch", type=int, default=64)
+    ap.add_argument("--hf-compile", action="store_true", help="also time HF's compiled static cache")
+    ap.add_argument("--hf-cb-timeout", type=float, default=240)
+    ap.add_argument("--eager", action="store_true", help="glassbox with enforce_eager (no CUDA graphs)")
+    ap.add_argument("--part", help=argparse.SUPPRESS)
+    ap.add_argument("--part-out", help=argparse.SUPPRESS)
+    ap.add_argument("--timeout", type=float, default=400, help="seconds per part")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script only")
+    args = ap.parse_args()
+    if args.smoke and not SMOKE:  # re-run with the flag in the environment (read at import, parts inherit it)
+        os.environ["GLASSBOX_BENCH_SMOKE"] = "1"
+        sys.exit(subprocess.call([sys.executable, __file__, *sys.argv[1:]]))
+    if args.part:
+        Path(args.part_out).write_text(json.dumps(PARTS[args.part](args)))
+        return
+    extra = [f"--prompt-len={args.prompt_len}", f"--decode-tokens={args.decode_tokens}",
+             f"--requests={args.requests}", f"--hf-requests={args.hf_requests}",
+             f"--hf-batch={args.hf_batch}", f"--hf-cb-timeout={args.hf_cb_timeout}"]  # fmt: skip
+    extra += ["--hf-compile"] * args.hf_compile + ["--eager"] * args.eager
+    parts = {p: run_part(p, args, extra, args.timeout) for p in args.parts.split(",")}
+    write_summary(parts, args)
+
+
+def write_summary(parts: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    def get(part: str, key: str) -> Any:
+        return parts.get(part, {}).get(key)
+
+    bw = get("probe", "copy_GBps")
+    dec = parts.get("gb_decode", {})
+    bpt, tok_s = dec.get("bytes_per_token"), dec.get("tok_s")
+    gb_tp, hf_tp = get("gb_throughput", "tok_s"), get("hf_throughput", "tok_s")
+    summary: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "command": " ".join(["benchmarks/gpu_bench.py", *sys.argv[1:]]),
+        "smoke": SMOKE,
+        "decode_b1": {
+            "model": "Llama-3.1-8B shape, dummy weights, bf16",
+            "tok_s": tok_s,
+            "bytes_per_token": bpt,
+            "bandwidth_GBps": bw,
+            "roofline_tok_s": bw * 1e9 / bpt if bw and bpt else None,
+            "roofline_fraction": tok_s * bpt / (bw * 1e9) if bw and bpt and tok_s else None,
+            "hf_tok_s": get("hf_decode", "tok_s"),
+        },
+        "throughput": {
+            "model": "Qwen3-0.6B shape, dummy weights, bf16",
+            "glassbox_tok_s": gb_tp,
+            "hf_tok_s": hf_tp,
+            "speedup": gb_tp / hf_tp if gb_tp and hf_tp else None,
+            "requests": get("gb_throughput", "requests"),
+            "output_tokens": get("gb_throughput", "output_tokens"),
+            "hf_requests": get("hf_throughput", "requests"),
+            "hf_note": "HF tok/s = its useful output tokens / its wall time on the first hf_requests requests",
+        },
+        "prefill": {"ttft_8k_s": dec.get("ttft_8k_s")},
+        "parts": parts,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"gpu-{summary['date']}.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: summary[k] for k in ("device", "decode_b1", "throughput", "prefill")}, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -1,0 +1,369 @@
+"""Triton paged attention for CUDA: decode (split over the context) and varlen prefill.
+
+Both kernels read K/V straight from the paged cache through the block tables (no gather of the live
+blocks). Imported only on the CUDA path (layers/attention.py imports it lazily), so a CPU install never
+needs triton. Invariants: q/out rows have a contiguous last dim; the cache halves are
+(num_blocks, block_size, Hk, D) with a contiguous last dim; the new tokens' K/V are already in the cache.
+Softmax runs in base 2 (scores pre-multiplied by scale * log2(e)) with float32 statistics.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+MAX_SPLITS = 16
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr: Any,
+    k_ptr: Any,
+    v_ptr: Any,
+    bt_ptr: Any,
+    lens_ptr: Any,
+    out_ptr: Any,
+    part_o_ptr: Any,
+    part_lse_ptr: Any,
+    qk_scale: Any,
+    window: Any,
+    num_q_heads: Any,
+    stride_qb: Any,
+    stride_qh: Any,
+    stride_ob: Any,
+    stride_oh: Any,
+    stride_kb: Any,
+    stride_kt: Any,
+    stride_kh: Any,
+    stride_btb: Any,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr,
+) -> None:
+    # grid (B, Hk, NUM_SPLITS): one program = the GROUP query heads of one kv head, one slice of context
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(lens_ptr + b).to(tl.int32)  # tokens incl. the new one; 0 for a padded row
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(ctx - window, 0)
+    per = tl.cdiv(tl.cdiv(ctx - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N  # tokens per split, BLOCK_N multiple
+    start = lo + split * per
+    end = tl.minimum(start + per, ctx)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + g
+    gmask = g < GROUP
+    dmask = d < HEAD_DIM
+    q = tl.load(
+        q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
+        mask=gmask[:, None] & dmask[None, :],
+        other=0.0,
+    )  # (BLOCK_G, BLOCK_D)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+    for t0 in range(start, end, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        tmask = t < end
+        blk = tl.load(bt_row + t // BLOCK_SIZE, mask=tmask, other=0).to(tl.int64)
+        off = blk * stride_kb + (t % BLOCK_SIZE) * stride_kt + kvh * stride_kh  # (BLOCK_N,)
+        kv_mask = tmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(tmask[None, :], s * qk_scale, float("-inf"))  # (BLOCK_G, BLOCK_N)
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds a valid token
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
+    else:
+        row = (b * num_q_heads + heads).to(tl.int64) * NUM_SPLITS + split  # (BLOCK_G,)
+        tl.store(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], o, mask=gmask[:, None])
+        lse = tl.where(l_i > 0, m_i + tl.math.log2(l_i), float("-inf"))
+        tl.store(part_lse_ptr + row, lse, mask=gmask)
+
+
+@triton.jit
+def _reduce_kernel(
+    part_o_ptr: Any,
+    part_lse_ptr: Any,
+    out_ptr: Any,
+    num_q_heads: Any,
+    stride_ob: Any,
+    stride_oh: Any,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+) -> None:
+    # grid (B, Hq): merge the splits' normalized partial outputs by their log-sum-exp weights
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, BLOCK_D)
+    row = (b * num_q_heads + h).to(tl.int64) * NUM_SPLITS + s  # (NUM_SPLITS,)
+    lse = tl.load(part_lse_ptr + row)
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse - m)  # 0 for empty splits
+    o = tl.load(part_o_ptr + row[:, None] * BLOCK_D + d[None, :])  # (NUM_SPLITS, BLOCK_D)
+    total = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)
+    o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + d
+    tl.store(o_ptrs, res.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+@triton.jit
+def _attend(
+    q: Any,
+    qpos: Any,
+    m_i: Any,
+    l_i: Any,
+    acc: Any,
+    k_ptr: Any,
+    v_ptr: Any,
+    bt_row: Any,
+    kv_head_off: Any,
+    t_lo: Any,
+    t_hi: Any,
+    qk_scale: Any,
+    window: Any,
+    stride_kb: Any,
+    stride_kt: Any,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr,
+) -> Any:
+    # online softmax of q (BLOCK_M, BLOCK_D) over keys [t_lo, t_hi); CAUSAL masks keys after each query
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    for t0 in range(t_lo, t_hi, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        tmask = t < t_hi
+        blk = tl.load(bt_row + t // BLOCK_SIZE, mask=tmask, other=0).to(tl.int64)
+        off = blk * stride_kb + (t % BLOCK_SIZE) * stride_kt + kv_head_off
+        kv_mask = tmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        allowed = tmask[None, :]
+        if CAUSAL:
+            allowed = allowed & (t[None, :] <= qpos[:, None])
+        if USE_WINDOW:
+            allowed = allowed & (t[None, :] > qpos[:, None] - window)
+        s = tl.where(allowed, s * qk_scale, float("-inf"))  # (BLOCK_M, BLOCK_N)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row may see no key in this tile
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr: Any,
+    k_ptr: Any,
+    v_ptr: Any,
+    out_ptr: Any,
+    bt_ptr: Any,
+    tile_seq_ptr: Any,
+    tile_m_ptr: Any,
+    q_start_ptr: Any,
+    q_len_ptr: Any,
+    ctx_ptr: Any,
+    qk_scale: Any,
+    window: Any,
+    stride_qt: Any,
+    stride_qh: Any,
+    stride_ot: Any,
+    stride_oh: Any,
+    stride_kb: Any,
+    stride_kt: Any,
+    stride_kh: Any,
+    stride_btb: Any,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr,
+) -> None:
+    # grid (num_tiles, Hq): BLOCK_M query rows of one sequence for one query head
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    seq = tl.load(tile_seq_ptr + tile)
+    m0 = tl.load(tile_m_ptr + tile)
+    q_start = tl.load(q_start_ptr + seq)
+    q_len = tl.load(q_len_ptr + seq)
+    ctx0 = tl.load(ctx_ptr + seq)  # tokens cached before this step
+    rows = m0 + tl.arange(0, BLOCK_M)
+    rmask = rows < q_len
+    qpos = ctx0 + rows  # absolute positions of the queries
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    q_rows = (q_start + rows).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + d[None, :],
+        mask=rmask[:, None] & dmask[None, :],
+        other=0.0,
+    )
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * stride_btb
+    kv_head_off = (h // GROUP) * stride_kh
+    mid = ctx0 + m0  # keys before mid precede every query of the tile: no causal mask needed
+    hi = ctx0 + tl.minimum(m0 + BLOCK_M, q_len)
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(mid - window + 1, 0) // BLOCK_N * BLOCK_N
+    m_i, l_i, acc = _attend(
+        q, qpos, m_i, l_i, acc, k_ptr, v_ptr, bt_row, kv_head_off, lo, mid, qk_scale, window,
+        stride_kb, stride_kt, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, False, USE_WINDOW, IEEE,
+    )  # fmt: skip
+    m_i, l_i, acc = _attend(
+        q, qpos, m_i, l_i, acc, k_ptr, v_ptr, bt_row, kv_head_off, mid, hi, qk_scale, window,
+        stride_kb, stride_kt, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, True, USE_WINDOW, IEEE,
+    )  # fmt: skip
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_ptrs = out_ptr + q_rows[:, None] * stride_ot + h * stride_oh + d[None, :]
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+
+
+# -- host side ----------------------------------------------------------------------------------------
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def decode_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
+    """Context splits per (row, kv head): enough programs to cover the SMs, a power of two <= 16.
+
+    Depends only on the batch shape, so a CUDA graph captured for ``batch`` keeps its launch valid.
+    """
+    if device.type != "cuda":
+        return 1
+    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return min(MAX_SPLITS, _pow2(-(-sms // max(1, batch * num_kv_heads))))
+
+
+def prefill_block_m(head_dim: int) -> int:
+    """Query rows per prefill tile (the tile layout the executor builds must use this)."""
+    return 128 if head_dim <= 128 else 64
+
+
+def decode_attention(
+    q: torch.Tensor,  # (B, Hq, D)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, Hk, D)
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (B, max_blocks) int32/int64
+    context_lens: torch.Tensor,  # (B,) tokens incl. the new one; 0 = padded row (output 0)
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor,  # (B, Hq, D) written
+    num_splits: int | None = None,
+) -> None:
+    batch, hq, d = q.shape
+    _, bs, hk, _ = k_cache.shape
+    assert q.stride(2) == 1 and out.stride(2) == 1 and k_cache.stride() == v_cache.stride()
+    splits = num_splits or decode_splits(batch, hk, q.device)
+    block_d = max(16, _pow2(d))
+    if splits > 1:
+        part_o = torch.empty((batch, hq, splits, block_d), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((batch, hq, splits), dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out  # unused
+    _decode_kernel[(batch, hk, splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_o, part_lse,
+        scale * LOG2E, sliding_window or 0, hq,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        GROUP=hq // hk, BLOCK_G=max(16, _pow2(hq // hk)), HEAD_DIM=d, BLOCK_D=block_d,
+        BLOCK_SIZE=bs, BLOCK_N=64 if block_d <= 128 else 32, NUM_SPLITS=splits,
+        USE_WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32,
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    if splits > 1:
+        _reduce_kernel[(batch, hq)](
+            part_o, part_lse, out, hq, out.stride(0), out.stride(1),
+            HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=splits, num_warps=4,
+        )  # fmt: skip
+
+
+def prefill_attention(
+    q: torch.Tensor,  # (T, Hq, D) the prefill rows
+    k_cache: torch.Tensor,  # (num_blocks, block_size, Hk, D)
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (P, max_blocks) one row per prefill sequence
+    tile_seq: torch.Tensor,  # (num_tiles,) int32: the sequence of each BLOCK_M tile
+    tile_m: torch.Tensor,  # (num_tiles,) int32: the tile's first row within its sequence
+    q_start: torch.Tensor,  # (P,) int32: first row of each sequence in q
+    q_len: torch.Tensor,  # (P,) int32
+    ctx: torch.Tensor,  # (P,) int32: tokens cached before this step
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor,  # (T, Hq, D) written
+    block_m: int,
+) -> None:
+    _, hq, d = q.shape
+    _, bs, hk, _ = k_cache.shape
+    assert q.stride(2) == 1 and out.stride(2) == 1 and k_cache.stride() == v_cache.stride()
+    block_d = max(16, _pow2(d))
+    big = block_m >= 128
+    _prefill_kernel[(tile_seq.shape[0], hq)](
+        q, k_cache, v_cache, out, block_tables, tile_seq, tile_m, q_start, q_len, ctx,
+        scale * LOG2E, sliding_window or 0,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        GROUP=hq // hk, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=bs, BLOCK_M=block_m,
+        BLOCK_N=64 if block_d <= 128 else 32, USE_WINDOW=sliding_window is not None,
+        IEEE=q.dtype == torch.float32, num_warps=8 if big else 4, num_stages=2,
+    )  # fmt: skip
