@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from tiny_models import ARCHS, build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
+from glassbox.layers.linear import packing_available
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 MAX_NEW = 12
@@ -110,3 +112,30 @@ def test_mistral_sliding_window_shorter_than_prompt(models: dict) -> None:
     assert llm.engine.model_config.sliding_window is not None
     assert llm.engine.model_config.sliding_window < max(map(len, prompts))
     _check(llm, prompts, ref)
+
+
+def _hf_logprobs(model_dir: Path, ids: list[int], n_prompt: int) -> torch.Tensor:
+    """transformers' float32 log-probabilities of each next token after the prompt (teacher-forced)."""
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits, -1)[n_prompt - 1 : len(ids) - 1]  # (n_out, vocab)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_bfloat16_path_stays_close_to_float32_reference(models: dict, arch: str) -> None:
+    """bf16 on CPU (oneDNN-packed linears, batched decode attention): each greedy pick is a top choice
+    of the float32 reference and its logprob is within bf16 rounding of the reference's."""
+    d, prompts, _ = models[arch]
+    llm = LLM(str(d), dtype="bfloat16", max_num_seqs=4)
+    assert llm.engine.executor.packed > 0 or not packing_available(torch.bfloat16)
+    outs = llm.generate(prompts[:6], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0))
+    for prompt, out in zip(prompts[:6], outs, strict=True):
+        ref = _hf_logprobs(d, prompt + out.token_ids, len(prompt))
+        assert out.logprobs is not None
+        for j, t in enumerate(out.token_ids):
+            assert ref[j, t] >= ref[j].max() - 0.15, f"token {j}: bf16 pick is not a top choice"
+            assert abs(out.logprobs[j][t] - float(ref[j, t])) < 0.15
+    llm.engine.check_integrity()

@@ -121,6 +121,12 @@ class TorchExecutor:
 
             quantize_int8(self.model)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.packed = 0
+        if self.device.type == "cpu" and self.dtype != torch.float32 and config.quantization is None:
+            from glassbox.layers.linear import pack_linears, packing_available
+
+            if packing_available(self.dtype):
+                self.packed = pack_linears(self.model)  # oneDNN layout: ~2x faster bf16 decode GEMVs
         self.compiled = False
         if self.use_graphs:  # before the memory profile, so that it runs the fused kernels
             from glassbox.engine.cuda_graph import compile_elementwise
