@@ -1,0 +1,105 @@
+"""The bundled demo model in glassbox vs transformers, the offline CLI, and `glassbox trace`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from glassbox import LLM, SamplingParams
+from glassbox.engine.llm_engine import DEMO_MODEL_DIR
+from glassbox.trace import run_trace
+
+PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:\n    def push(self, item):\n"]
+
+
+@pytest.fixture(scope="module")
+def demo() -> LLM:
+    return LLM(dtype="float32")  # no model: the bundled demo
+
+
+def test_demo_greedy_matches_transformers(demo: LLM) -> None:
+    import transformers as tf
+
+    hf = tf.AutoModelForCausalLM.from_pretrained(DEMO_MODEL_DIR, dtype=torch.float32)
+    tok = tf.AutoTokenizer.from_pretrained(DEMO_MODEL_DIR)
+    outs = demo.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        assert out.prompt_token_ids == ids[0].tolist()  # same tokenization
+        with torch.no_grad():
+            ref = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=16,
+                min_new_tokens=16,
+                do_sample=False,
+                pad_token_id=1,
+            )
+        assert out.token_ids == ref[0, ids.shape[1] :].tolist()
+        assert out.text == tok.decode(out.token_ids, skip_special_tokens=True)
+
+
+def test_generate_cli_runs_offline_with_no_model(tmp_path: Path) -> None:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GLASSBOX_CACHE_DIR=str(tmp_path))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glassbox.cli",
+            "generate",
+            "--max-tokens",
+            "8",
+            "--json",
+            "def fibonacci(n):",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out["token_ids"]) == 8 and out["finish_reason"] == "length"
+    assert out["metrics"]["output_tokens"] == 8
+
+
+def test_trace_phases_are_consistent(demo: LLM) -> None:
+    from glassbox.perf.hardware import probe_local
+
+    hw = probe_local("cpu", "float32")
+    r = run_trace(demo.engine, "def fibonacci(n):", 12, hw)
+    ph = r["phases"]
+    ms = {k: ph[k].get("ms", 0.0) for k in ("tokenize", "queue", "prefill")}
+    ttft, e2e = ph["first_token"]["ttft_ms"], r["e2e_ms"]
+    assert ms["tokenize"] + ms["queue"] + ms["prefill"] <= ttft * 1.0001 + 1e-6
+    assert ttft <= e2e
+    assert ph["decode"]["tokens"] == 11  # the first token comes out of the prefill
+    assert ph["prefill"]["tokens"] + ph["prefill"]["cached_tokens"] == ph["tokenize"]["tokens"]
+    assert ph["decode"]["ceiling_tok_s"] > 0 and ph["prefill"]["ceiling_tok_s"] > 0
+    assert 0 < ph["decode"]["fraction"] and ph["decode"]["bound"] == "memory"
+    assert ph["decode"]["itl_ms_p50"] <= ph["decode"]["itl_ms_p99"]
+    growth = r["kv_cache"]["growth"]
+    assert growth and growth == sorted(growth, key=lambda g: g["blocks"])
+    assert r["kv_cache"]["blocks"] == -(-(ph["tokenize"]["tokens"] + 11) // r["kv_cache"]["block_size"])
+
+
+def test_trace_cli_json(tmp_path: Path) -> None:
+    env = dict(os.environ, GLASSBOX_CACHE_DIR=str(tmp_path))
+    r = subprocess.run(
+        [sys.executable, "-m", "glassbox.cli", "trace", "--max-tokens", "6", "--json", "x = 1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out["phases"]) == {"tokenize", "queue", "prefill", "first_token", "decode", "detokenize"}
+    assert out["roofline"]["bandwidth_gbs"] > 0
+    assert list(tmp_path.glob("probe-*.json")), "the probe result was not cached"
