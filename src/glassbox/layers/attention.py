@@ -109,18 +109,21 @@ def _decode_attention(
     _, _, bs, hk, _ = kv_cache.shape
     mb = block_tables.shape[1]
     g = hq // hk
-    kc = kv_cache[0][block_tables].view(nd, mb * bs, hk, d)  # (nd, L, Hk, D) live blocks only
-    vc = kv_cache[1][block_tables].view(nd, mb * bs, hk, d)
-    qg = q.to(kc.dtype).view(nd, hk, g, d)
-    scores = torch.matmul(qg, kc.permute(0, 2, 3, 1)).float() * scale  # (nd, Hk, G, L)
-    pos = torch.arange(mb * bs, device=q.device)
+    L = mb * bs
+    # (nd * Hk, L, D): only the live blocks, heads split out so that plain bmm runs each (seq, head)
+    flat = block_tables.reshape(-1)  # index_select copies whole blocks: far cheaper than fancy indexing
+    kc = kv_cache[0].index_select(0, flat).view(nd, L, hk, d).transpose(1, 2).reshape(nd * hk, L, d)
+    vc = kv_cache[1].index_select(0, flat).view(nd, L, hk, d).transpose(1, 2).reshape(nd * hk, L, d)
+    qg = q.to(kc.dtype).reshape(nd * hk, g, d)
+    scores = torch.bmm(qg, kc.transpose(1, 2)).float().mul_(scale).view(nd, hk, g, L)
+    pos = torch.arange(L, device=q.device)
     lens = context_lens[:, None]
     mask = pos[None, :] < lens  # (nd, L)
     if sliding_window is not None:
         mask &= pos[None, :] >= lens - sliding_window
     scores.masked_fill_(~mask[:, None, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1).to(vc.dtype)
-    o = torch.matmul(probs, vc.permute(0, 2, 1, 3))  # (nd, Hk, G, D)
+    probs = scores.softmax(dim=-1).to(vc.dtype).view(nd * hk, g, L)
+    o = torch.bmm(probs, vc)  # (nd * Hk, G, D)
     return o.reshape(nd, hq, d).to(q.dtype)
 
 

@@ -64,12 +64,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos() * scale, persistent=False)  # (max_positions, rotary_dim)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables' rows for ``positions`` (T,), as (T, 1, rotary_dim) in ``dtype``: once per forward."""
+        return self.cos[positions].to(dtype).unsqueeze(1), self.sin[positions].to(dtype).unsqueeze(1)
+
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions (T,), q (T, Hq, D), k (T, Hk, D)
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # (T, 1, rotary_dim)
-        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
+        # q (T, Hq, D), k (T, Hk, D), cos/sin (T, 1, rotary_dim) from cos_sin()
         return _rotate(q, cos, sin, self.rotary_dim), _rotate(k, cos, sin, self.rotary_dim)
 
 
