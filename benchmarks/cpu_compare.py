@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import qwen3_0_6b_random  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPEATS = 3  # prefill figures: median of this many runs
 
 
 def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -40,9 +42,12 @@ def bench_glassbox(model_dir: Path, batches: list[int], decode_tokens: int, **en
     llm.generate(_prompts(1, 32, 99), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
     out: dict[str, Any] = {}
     for length in (128, 1024):
-        m = llm.generate(_prompts(1, length, length), one)[0].metrics
-        assert m is not None
-        out[f"prefill_{length}_tok_s"] = m.prefill_tok_s
+        rates = []
+        for rep in range(REPEATS):  # fresh prompts each time (no prefix-cache hits); median of the runs
+            m = llm.generate(_prompts(1, length, length + rep), one)[0].metrics
+            assert m is not None
+            rates.append(m.prefill_tok_s)
+        out[f"prefill_{length}_tok_s"] = statistics.median(rates)
     m = llm.generate(
         _prompts(1, 128, 1), SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
     )[0].metrics
@@ -80,7 +85,9 @@ def bench_hf(model_dir: Path, batches: list[int], decode_tokens: int) -> dict[st
 
     gen(_prompts(1, 32, 99), 4)  # warm-up
     for length in (128, 1024):
-        out[f"prefill_{length}_tok_s"] = length / gen(_prompts(1, length, length), 1)
+        out[f"prefill_{length}_tok_s"] = statistics.median(
+            length / gen(_prompts(1, length, length + rep), 1) for rep in range(REPEATS)
+        )
     p = _prompts(1, 128, 1)
     t_first = gen(p, 1)
     t_all = gen(p, decode_tokens)
@@ -102,7 +109,9 @@ def bench_llamacpp(model_dir: Path, decode_tokens: int, threads: int) -> dict[st
         export_gguf(model_dir, gguf)
     out: dict[str, Any] = {}
     for length in (128, 1024):
-        out[f"prefill_{length}_tok_s"] = measure_llamacpp_prefill(gguf, length, threads)
+        out[f"prefill_{length}_tok_s"] = statistics.median(
+            measure_llamacpp_prefill(gguf, length, threads) for _ in range(REPEATS)
+        )
     r = measure_llamacpp(gguf, _prompts(1, 128, 1)[0], decode_tokens, threads)
     out["decode_b1_tok_s"] = r["decode_tok_s"]
     out["version"] = r.get("version")

@@ -56,6 +56,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _num(v: float) -> str:
+    """Three significant figures for small rates (a CPU's 0.9 TFLOP/s), thousands separators for big."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
 def render(specs: list[HardwareSpec], probed: bool) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -70,7 +75,7 @@ def render(specs: list[HardwareSpec], probed: bool) -> None:
         t.add_column(dtype, justify="right")
     t.add_column("unified")
     for s in specs:
-        flops = [f"{s.tflops[d]:,.0f}" if d in s.tflops else "-" for d in _DTYPE_COLUMNS]
+        flops = [_num(s.tflops[d]) if d in s.tflops else "-" for d in _DTYPE_COLUMNS]
         t.add_row(
             s.name,
             f"{s.memory_gib:,.0f}",

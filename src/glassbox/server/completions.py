@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -111,7 +112,10 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
             return chunks
 
         events = stream_events(job, request, [], chunks_for, head, include_usage)
-        return StreamingResponse(events, media_type="text/event-stream")
+        # the background task also runs when the client left before the stream began
+        return StreamingResponse(
+            events, media_type="text/event-stream", background=BackgroundTask(job.abort_unfinished)
+        )
 
     finals = await collect(job, request)
     choices: list[dict[str, Any]] = []
