@@ -131,7 +131,8 @@ def roofline(model_dir: Path) -> dict[str, Any]:
         "bf16_tflops": hw.peak_flops("bf16") / 1e12,
         "decode_bytes_per_token": weight_bytes + kv,
         "decode_ceiling_tok_s": hw.bandwidth_bytes_s / (weight_bytes + kv),
-        "prefill_ceiling_tok_s": hw.peak_flops("bf16") / (2 * mc.num_params),
+        # a prompt token runs every matmul but the LM head (logits only for the last token)
+        "prefill_ceiling_tok_s": hw.peak_flops("bf16") / (2 * (mc.num_params - mc.vocab_size * mc.hidden_size)),
         "probe": hw.source,
     }
 

@@ -42,12 +42,13 @@ class StepRecord:
     """One engine step, for metrics and the planner's calibration."""
 
     start: float
-    duration_s: float
+    duration_s: float  # the whole step: schedule, execute, post-process (detokenize, stop checks)
     num_prefill_tokens: int
     num_decode_tokens: int
     batch_size: int
     phase: str  # "prefill" | "decode" | "mixed"
     kv_usage: float
+    execute_s: float = 0.0  # of duration_s, the model forward and sampling (the rest is host bookkeeping)
 
 
 @dataclass
@@ -208,21 +209,22 @@ class LLMEngine:
     # -- the loop ------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, execute and post-process one batch; outputs of the requests that moved."""
+        t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.empty:
             return []
-        t0 = time.perf_counter()
+        t_exec = time.perf_counter()
         results = self.executor.execute(sched)
         t1 = time.perf_counter()
         self.scheduler.update(sched)
         touched = self._postprocess(sched, results, t1)
-        self._record(sched, t0, t1)
         outputs = []
         for rid in touched:
             req = self.requests[rid]
             outputs.append(self._output(req))
             if req.finished:
                 del self.requests[rid]
+        self._record(sched, t0, t1 - t_exec, time.perf_counter())
         return outputs
 
     def _postprocess(self, sched: SchedulerOutput, results: dict[int, SampleResult], now: float) -> list[str]:
@@ -284,16 +286,17 @@ class LLMEngine:
         m.finalize()
         self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
 
-    def _record(self, sched: SchedulerOutput, t0: float, t1: float) -> None:
+    def _record(self, sched: SchedulerOutput, t0: float, execute_s: float, t_end: float) -> None:
         self.step_records.append(
             StepRecord(
                 t0,
-                t1 - t0,
+                t_end - t0,
                 sched.num_prefill_tokens,
                 sched.num_decode_tokens,
                 len(sched.scheduled),
                 sched.phase,
                 self.block_manager.usage,
+                execute_s,
             )
         )
 

@@ -115,10 +115,10 @@ def step_cost(
         + mixer_flops / bf16_rate
     )
     flops = dense_flops + expert_flops + head_flops + mixer_flops
-    seconds = max(memory_s, compute_s) + engine.step_overhead_s
-    return StepCost(
-        seconds, memory_s, compute_s, engine.step_overhead_s, weight_bytes + other_bytes, flops, tokens
-    )
+    overhead = engine.step_overhead_s + engine.layer_overhead_s * facts.num_layers
+    busy = max(memory_s, compute_s) if engine.overlap else memory_s + compute_s
+    seconds = busy + overhead
+    return StepCost(seconds, memory_s, compute_s, overhead, weight_bytes + other_bytes, flops, tokens)
 
 
 def step_time(

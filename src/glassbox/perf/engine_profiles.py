@@ -18,6 +18,10 @@ class EngineProfile:
     eta_flops: share of the dense tensor peak reached by large prefill GEMMs (incl. attention).
     moe_flops_factor: routed-expert (grouped) GEMMs relative to dense GEMMs (few tokens per expert).
     step_overhead_s: fixed per engine step (kernel launches, scheduling, sampling) in seconds.
+    layer_overhead_s: per layer per step: the host dispatching an eager engine's ops one by one (seconds);
+        0 where kernels are launched from graphs or the dispatch hides behind device work.
+    overlap: memory traffic and arithmetic overlap (step = max of the two, as on GPUs); False adds them
+        (a CPU core both streams the weights and does the math, so small-batch GEMMs pay for both).
     request_overhead_s: fixed per request before its first token (HTTP, tokenize, admission) in seconds.
     max_batched_tokens: prefill chunk (vLLM max_num_batched_tokens, llama.cpp ubatch); 0 = whole prompt.
     max_num_seqs: sequences decoded together at most (server default).
@@ -41,6 +45,8 @@ class EngineProfile:
     native_fp4: bool = False
     mixed_rest_format: str | None = None
     kernel_factors: bool = True  # apply formats' decode_kernel_factor (off for ceilings)
+    layer_overhead_s: float = 0.0
+    overlap: bool = True
     fitted_on: str = ""
 
     def ceiling(self) -> EngineProfile:
@@ -52,6 +58,7 @@ class EngineProfile:
             eta_flops=1.0,
             moe_flops_factor=1.0,
             step_overhead_s=0.0,
+            layer_overhead_s=0.0,
             request_overhead_s=0.0,
             kernel_factors=False,
         )
@@ -71,6 +78,21 @@ PROFILES: dict[str, EngineProfile] = {
             max_num_seqs=256,
             runtime_gib=1.0,
             fitted_on="not fitted: engineering guess until `glassbox trace` on a GPU calibrates it",
+        ),
+        EngineProfile(
+            "glassbox-cpu",
+            eta_bw=0.72,
+            eta_flops=0.80,
+            moe_flops_factor=0.5,
+            step_overhead_s=0.0,
+            layer_overhead_s=220e-6,
+            overlap=False,
+            request_overhead_s=0.002,
+            max_batched_tokens=2048,
+            max_num_seqs=256,
+            runtime_gib=0.5,
+            fitted_on="benchmarks/plan_vs_measured.py on a 2-core AVX-512 EPYC: Qwen3-0.6B-shaped bf16 decode "
+            "and prefill at batch 1 and the demo model's decode (eager PyTorch, oneDNN-packed linears)",
         ),
         EngineProfile(
             "vllm",
