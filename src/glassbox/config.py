@@ -20,7 +20,7 @@ class EngineConfig:
     device: str = "auto"
     max_model_len: int | None = None  # None: the model's own limit
     max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # None: max(max_model_len, 2048) on CPU, 8192 on CUDA
+    max_num_batched_tokens: int | None = None  # None: 2048 on CPU, 8192 on CUDA (longer prompts are chunked)
     memory_utilization: float = 0.9
     block_size: int = 16
     enable_prefix_caching: bool = True

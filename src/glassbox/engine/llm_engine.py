@@ -11,7 +11,7 @@ from pathlib import Path
 
 from glassbox.config import EngineConfig
 from glassbox.engine.block_manager import BlockManager
-from glassbox.engine.model_runner import TorchExecutor
+from glassbox.engine.model_runner import TorchExecutor, resolve_device
 from glassbox.engine.scheduler import Scheduler, SchedulerOutput
 from glassbox.engine.sequence import Sequence
 from glassbox.layers.sampler import SampleResult
@@ -101,7 +101,7 @@ class LLMEngine:
                 f"--max-model-len {config.max_model_len} exceeds the model's limit of {limit} positions"
             )
         self.max_model_len = config.max_model_len or limit
-        default_batch = 8192 if config.device == "cuda" else 2048
+        default_batch = 8192 if resolve_device(config.device).type == "cuda" else 2048
         self.max_num_batched_tokens = config.max_num_batched_tokens or default_batch
         self.executor = TorchExecutor(
             config,
