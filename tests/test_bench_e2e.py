@@ -235,6 +235,16 @@ def test_shared_prefix_is_served_from_the_prefix_cache(
     assert shared["server"]["cached_prompt_fraction"] > 0.5
 
 
+def _finished_requests(server: str) -> float:
+    """The server's count of finished requests (all reasons), from /metrics."""
+    text = httpx.get(server + "/metrics", timeout=5.0).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("glassbox:request_success_total{")
+    )
+
+
 def test_ctrl_c_still_reports_what_was_measured(server: str, tmp_path: Path) -> None:
     cmd = [
         sys.executable,
@@ -254,14 +264,13 @@ def test_ctrl_c_still_reports_what_was_measured(server: str, tmp_path: Path) -> 
         "--out",
         str(tmp_path),
     ]
+    before = _finished_requests(server)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait until measured requests are flowing
-        health = httpx.get(server + "/health", timeout=2.0).json()
-        if health.get("num_requests_running", 0) > 0:
-            break
+    # wait until measured requests have finished: past the 2 warm-up requests (other tests' requests on
+    # this shared server are all done before this one starts, so the counter only moves for ours)
+    while time.monotonic() < deadline and _finished_requests(server) < before + 2 + 4:
         time.sleep(0.1)
-    time.sleep(2.0)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err.decode()[-2000:]

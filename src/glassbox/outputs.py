@@ -8,6 +8,14 @@ from glassbox.engine.sequence import RequestMetrics
 
 
 @dataclass
+class SampleResult:
+    """What an executor returns for one sequence in a step: the next token (and its logprobs)."""
+
+    token_id: int
+    logprobs: dict[int, float] | None  # top-N plus the chosen token, or None when not asked for
+
+
+@dataclass
 class CompletionOutput:
     """One continuation; ``text``/``token_ids``/``logprobs`` are cumulative (everything so far)."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from glassbox.engine.scheduler import SchedulerOutput
-from glassbox.layers.sampler import SampleResult
+from glassbox.outputs import SampleResult
 
 
 class Executor(Protocol):

@@ -14,9 +14,8 @@ from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.model_runner import TorchExecutor, resolve_device
 from glassbox.engine.scheduler import Scheduler, SchedulerOutput
 from glassbox.engine.sequence import Sequence
-from glassbox.layers.sampler import SampleResult
 from glassbox.models.model_config import ModelConfig
-from glassbox.outputs import CompletionOutput, RequestOutput
+from glassbox.outputs import CompletionOutput, RequestOutput, SampleResult
 from glassbox.sampling_params import SamplingParams
 from glassbox.tokenizer.detokenizer import IncrementalDetokenizer
 from glassbox.tokenizer.hf_tokenizer import Tokenizer

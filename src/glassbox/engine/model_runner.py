@@ -18,9 +18,10 @@ import torch
 from glassbox.config import EngineConfig
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
-from glassbox.layers.sampler import SampleResult, sample
+from glassbox.layers.sampler import sample
 from glassbox.models.loader import build_model
 from glassbox.models.model_config import ModelConfig
+from glassbox.outputs import SampleResult
 
 if TYPE_CHECKING:
     from glassbox.engine.cuda_graph import DecodeGraphs

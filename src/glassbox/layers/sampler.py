@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from glassbox.engine.sequence import Sequence
-
-
-@dataclass
-class SampleResult:
-    token_id: int
-    logprobs: dict[int, float] | None  # top-N plus the chosen token, or None when not asked for
+from glassbox.outputs import SampleResult
 
 
 def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence], vocab: int) -> None:

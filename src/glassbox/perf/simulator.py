@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.scheduler import Scheduler, SchedulerOutput
 from glassbox.engine.sequence import Sequence as EngineSequence
-from glassbox.layers.sampler import SampleResult
+from glassbox.outputs import SampleResult
 from glassbox.sampling_params import SamplingParams
 
 StepTimeFn = Callable[[Sequence[tuple[int, int]]], float]  # [(num_new_tokens, context_before)] -> seconds
