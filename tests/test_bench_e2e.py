@@ -265,7 +265,14 @@ def test_ctrl_c_still_reports_what_was_measured(server: str, tmp_path: Path) -> 
         str(tmp_path),
     ]
     before = _finished_requests(server)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # A shell that runs this suite in the background ignores SIGINT, and children inherit that: give the
+    # bench the default disposition a terminal's Ctrl-C would meet.
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     # wait until measured requests have finished: past the 2 warm-up requests (other tests' requests on
     # this shared server are all done before this one starts, so the counter only moves for ours)
