@@ -6,19 +6,10 @@ import uuid
 from typing import Any
 
 from glassbox.engine.llm_engine import LLMEngine
+from glassbox.perf.simulator import percentile
 from glassbox.sampling_params import SamplingParams
 
 _DTYPE_KEYS = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def decode_bytes_per_token(engine: LLMEngine, context_tokens: float) -> float:
@@ -95,8 +86,8 @@ def run_trace(engine: LLMEngine, prompt: str, max_tokens: int, roofline: Any | N
                 "tokens": decode_tokens,
                 "ms": m.decode_s * 1e3,
                 "tok_s": m.decode_tok_s,
-                "itl_ms_p50": _pct(itl, 0.5) * 1e3,
-                "itl_ms_p99": _pct(itl, 0.99) * 1e3,
+                "itl_ms_p50": (percentile(itl, 0.5) if itl else 0.0) * 1e3,
+                "itl_ms_p99": (percentile(itl, 0.99) if itl else 0.0) * 1e3,
             },
             "detokenize": {"ms": m.detokenize_s * 1e3},
         },
