@@ -123,6 +123,10 @@ def _add_roofline(
     dec["fraction"] = dec["tok_s"] / dec["ceiling_tok_s"] if dec["ceiling_tok_s"] else 0.0
     dec["bound"] = "memory"
     dec["bytes_per_token"] = bpt
+    for ph in (pre, dec):
+        # far under its ceiling a phase is paying for something the roofline does not count: on a small
+        # model that is the host (Python, kernel dispatch), not bandwidth or FLOP/s
+        ph["limited_by"] = ph["bound"] if ph["fraction"] >= 0.5 else "overhead"
     result["roofline"] = {
         "bandwidth_gbs": hw.bandwidth_gbs,
         "tflops": flops / 1e12,

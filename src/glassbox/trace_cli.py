@@ -47,7 +47,10 @@ def run(args: argparse.Namespace) -> int:
 def _ceiling(ph: dict[str, Any]) -> str:
     if "ceiling_tok_s" not in ph:
         return ""
-    return f"{ph['fraction'] * 100:.0f}% of the {ph['ceiling_tok_s']:,.0f} tok/s {ph['bound']} ceiling"
+    verdict = (
+        f"{ph['bound']}-bound" if ph["limited_by"] == ph["bound"] else "overhead-bound (host, not hardware)"
+    )
+    return f"{ph['fraction'] * 100:.0f}% of the {ph['ceiling_tok_s']:,.0f} tok/s {ph['bound']} ceiling: {verdict}"
 
 
 def render(r: dict[str, Any]) -> None:
