@@ -36,7 +36,11 @@ def bench_glassbox(model_dir: Path, batches: list[int], decode_tokens: int, **en
     from glassbox import LLM, SamplingParams
 
     llm = LLM(
-        str(model_dir), dtype="bfloat16", max_num_seqs=max(batches), enable_prefix_caching=False, **engine
+        str(model_dir),
+        dtype="bfloat16",
+        max_num_seqs=max(batches, default=1),
+        enable_prefix_caching=False,
+        **engine,
     )
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     llm.generate(_prompts(1, 32, 99), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
@@ -132,7 +136,8 @@ def roofline(model_dir: Path) -> dict[str, Any]:
         "decode_bytes_per_token": weight_bytes + kv,
         "decode_ceiling_tok_s": hw.bandwidth_bytes_s / (weight_bytes + kv),
         # a prompt token runs every matmul but the LM head (logits only for the last token)
-        "prefill_ceiling_tok_s": hw.peak_flops("bf16") / (2 * (mc.num_params - mc.vocab_size * mc.hidden_size)),
+        "prefill_ceiling_tok_s": hw.peak_flops("bf16")
+        / (2 * (mc.num_params - mc.vocab_size * mc.hidden_size)),
         "probe": hw.source,
     }
 
@@ -163,12 +168,14 @@ def main() -> int:
         "roofline": roofline(model_dir),
     }
     result["glassbox"] = bench_glassbox(model_dir, batches, args.decode_tokens)
+    # weight-only int8 (--quantization int8): batch 1 only
+    result["glassbox int8"] = bench_glassbox(model_dir, [], args.decode_tokens, quantization="int8")
     if "hf" not in skip:
         result["transformers"] = bench_hf(model_dir, batches, args.decode_tokens)
     if "llamacpp" not in skip:
         result["llama.cpp"] = bench_llamacpp(model_dir, args.decode_tokens, args.threads)
     rf = result["roofline"]
-    for peer in ("glassbox", "transformers", "llama.cpp"):
+    for peer in ("glassbox", "glassbox int8", "transformers", "llama.cpp"):
         r = result.get(peer)
         if r and "decode_b1_tok_s" in r:
             r["decode_b1_roofline_fraction"] = r["decode_b1_tok_s"] / rf["decode_ceiling_tok_s"]
@@ -195,7 +202,11 @@ def print_table(result: dict[str, Any]) -> None:
     keys = ["prefill_128_tok_s", "prefill_1024_tok_s", "decode_b1_tok_s"] + [
         f"batch{b}_tok_s" for b in result["workload"]["batches"]
     ]
-    peers = [p for p in ("glassbox", "transformers", "llama.cpp") if isinstance(result.get(p), dict)]
+    peers = [
+        p
+        for p in ("glassbox", "glassbox int8", "transformers", "llama.cpp")
+        if isinstance(result.get(p), dict)
+    ]
     print(f"{'figure':22s}" + "".join(f"{p:>14s}" for p in peers))
     for k in keys:
         row = []

@@ -6,6 +6,9 @@ import torch
 from torch import nn
 
 
+FUSED_MAX_ROWS = 32  # above this many rows the fused int8 kernel is slower than widening the weights
+
+
 class Int8Linear(nn.Module):
     """y = x @ (w_int8 * scale)^T (+ bias); weights stored as int8 with one scale per output row."""
 
@@ -25,9 +28,11 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if self._fused:
+        if self._fused and x2.shape[0] <= FUSED_MAX_ROWS:
+            # few rows (decode): the fused kernel reads half the bytes of bf16
             y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scale)
         else:
+            # many rows (prefill): compute-bound, so widen the weights once and use the dense GEMM
             y = (x2 @ self.weight.to(x2.dtype).t()) * self.scale
         if self.bias is not None:
             y = y + self.bias
