@@ -6,8 +6,10 @@ CUDA: attention runs the triton kernels over the block tables, decode-only steps
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +64,25 @@ def resolve_dtype(name: str, cfg: ModelConfig, device: torch.device) -> torch.dt
     return cfg.torch_dtype
 
 
+def keep_large_allocations_in_heap() -> bool:
+    """glibc: serve large allocations from the heap and never trim it (Linux CPU only).
+
+    Decode attention allocates tens of MB of temporaries per layer; by default glibc maps each one fresh
+    from the kernel and unmaps it on free, so every step pays page faults on all of it (measured: a
+    64-sequence decode step took 970 ms instead of 280 ms). Returns whether the setting was applied.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3  # mallopt parameter ids from <malloc.h>
+        return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(
+            libc.mallopt(m_trim_threshold, (1 << 31) - 1)
+        )
+    except (OSError, AttributeError):
+        return False
+
+
 def available_ram_bytes() -> int:
     try:
         with open("/proc/meminfo") as f:
@@ -107,8 +128,10 @@ class TorchExecutor:
         self.block_size = config.block_size
         self.attn_backend = "triton" if triton_usable(self.device) else "torch"
         self.use_graphs = self.attn_backend == "triton" and not config.enforce_eager
-        if self.device.type == "cpu" and "GLASSBOX_NUM_THREADS" in os.environ:
-            torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
+        if self.device.type == "cpu":
+            if "GLASSBOX_NUM_THREADS" in os.environ:
+                torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
+            keep_large_allocations_in_heap()
         self.model = build_model(
             model_config,
             model_dir,

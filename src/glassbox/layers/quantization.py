@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
 FUSED_MAX_ROWS = 32  # above this many rows the fused int8 kernel is slower than widening the weights
 
 
