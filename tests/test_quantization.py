@@ -50,11 +50,17 @@ def test_int8_greedy_stays_close_to_full_precision(tmp_path, arch: str) -> None:
 
 def test_int8_keeps_the_demo_models_greedy_output() -> None:
     """On a trained model (the demo), int8 weights leave greedy continuations almost unchanged vs bf16."""
-    prompts = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def push(self, item):\n",
-               "    for i in range(len(items)):\n"]
+    prompts = [
+        "def fibonacci(n):",
+        "import os\nimport sys\n",
+        "class Stack:\n    def push(self, item):\n",
+        "    for i in range(len(items)):\n",
+    ]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     ref = LLM(dtype="bfloat16").generate(prompts, params)
     quant = LLM(dtype="bfloat16", quantization="int8").generate(prompts, params)
-    same = sum(a == b for r, q in zip(ref, quant, strict=True) for a, b in zip(r.token_ids, q.token_ids))
+    same = sum(
+        a == b for r, q in zip(ref, quant, strict=True) for a, b in zip(r.token_ids, q.token_ids, strict=True)
+    )
     assert all(r.token_ids[0] == q.token_ids[0] for r, q in zip(ref, quant, strict=True))
     assert same >= 0.75 * 16 * len(prompts)
