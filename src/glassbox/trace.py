@@ -6,31 +6,20 @@ import uuid
 from typing import Any
 
 from glassbox.engine.llm_engine import LLMEngine
+from glassbox.perf.cost_model import step_cost
+from glassbox.perf.engine_profiles import get_engine
+from glassbox.perf.hardware import HardwareSpec
+from glassbox.perf.model_facts import load_model_facts
+from glassbox.perf.quant import resolve_scheme
 from glassbox.perf.simulator import percentile
 from glassbox.sampling_params import SamplingParams
 
 _DTYPE_KEYS = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
 
 
-def decode_bytes_per_token(engine: LLMEngine, context_tokens: float) -> float:
-    """Bytes one decode step must read for one sequence: the weights once, plus its KV cache."""
-    ex = engine.executor
-    mc = engine.model_config
-    weights = float(ex.weight_bytes)
-    if not mc.tie_word_embeddings:  # the input embedding is looked up, not streamed
-        weights -= mc.vocab_size * mc.hidden_size * ex.dtype.itemsize
-    return weights + context_tokens * mc.kv_bytes_per_token(ex.kv_dtype)
-
-
-def flops_per_prefill_token(engine: LLMEngine, prompt_tokens: int) -> float:
-    """Matmul FLOPs per prompt token (2 x params read by matmuls) plus average causal attention."""
-    mc = engine.model_config
-    linear = 2.0 * (mc.num_params - mc.vocab_size * mc.hidden_size * (0 if mc.tie_word_embeddings else 1))
-    attn = 2.0 * 2 * mc.num_layers * mc.num_heads * mc.head_dim * (prompt_tokens + 1) / 2
-    return linear + attn
-
-
-def run_trace(engine: LLMEngine, prompt: str, max_tokens: int, roofline: Any | None) -> dict[str, Any]:
+def run_trace(
+    engine: LLMEngine, prompt: str, max_tokens: int, roofline: HardwareSpec | None
+) -> dict[str, Any]:
     """Run one request alone through ``engine`` and return its anatomy (stable JSON-ready dict).
 
     ``roofline`` is a perf.hardware.HardwareSpec (probed) or None to skip the ceilings.
@@ -100,36 +89,44 @@ def run_trace(engine: LLMEngine, prompt: str, max_tokens: int, roofline: Any | N
         "e2e_ms": m.e2e_s * 1e3,
     }
     if roofline is not None:
-        _add_roofline(result, engine, roofline, m.prompt_tokens, m.output_tokens)
+        _add_roofline(result, engine, roofline, m.prompt_tokens, m.cached_prompt_tokens, m.output_tokens)
     return result
 
 
 def _add_roofline(
-    result: dict[str, Any], engine: LLMEngine, hw: Any, prompt_tokens: int, output_tokens: int
+    result: dict[str, Any],
+    engine: LLMEngine,
+    hw: HardwareSpec,
+    prompt_tokens: int,
+    cached_tokens: int,
+    output_tokens: int,
 ) -> None:
-    bw = hw.bandwidth_bytes_s
-    dtype = result["dtype"]
-    key = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype]
-    flops = hw.peak_flops(key)
-    avg_ctx = prompt_tokens + output_tokens / 2
-    bpt = decode_bytes_per_token(engine, avg_ctx)
-    fpt = flops_per_prefill_token(engine, prompt_tokens)
+    """Ceilings from the planner's own cost model under the ``ideal`` profile, so that `trace` and
+    `plan --hardware local` hold a run against one and the same roofline."""
+    key = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[result["dtype"]]
+    assert engine.model_dir is not None
+    facts = load_model_facts(str(engine.model_dir))
+    scheme = resolve_scheme(key, None, facts.dtype, False, None)
+    ideal = get_engine("ideal")
+    kv_bytes = float(engine.executor.kv_dtype.itemsize)
+    computed = prompt_tokens - cached_tokens  # a prefix-cache hit is not prefilled
+    pre_cost = step_cost(facts, scheme, hw, ideal, [(computed, cached_tokens)], kv_bytes)
+    dec_cost = step_cost(facts, scheme, hw, ideal, [(1, prompt_tokens + output_tokens // 2)], kv_bytes)
     pre, dec = result["phases"]["prefill"], result["phases"]["decode"]
-    pre["ceiling_tok_s"] = flops / fpt
-    pre["fraction"] = pre["tok_s"] / pre["ceiling_tok_s"] if pre["ceiling_tok_s"] else 0.0
-    pre["bound"] = "compute"
-    pre["flops_per_token"] = fpt
-    dec["ceiling_tok_s"] = bw / bpt
-    dec["fraction"] = dec["tok_s"] / dec["ceiling_tok_s"] if dec["ceiling_tok_s"] else 0.0
-    dec["bound"] = "memory"
-    dec["bytes_per_token"] = bpt
+    pre["ceiling_tok_s"] = computed / pre_cost.seconds
+    pre["bound"] = pre_cost.bound
+    pre["flops_per_token"] = pre_cost.flops / computed
+    dec["ceiling_tok_s"] = 1.0 / dec_cost.seconds
+    dec["bound"] = dec_cost.bound
+    dec["bytes_per_token"] = dec_cost.bytes_moved
     for ph in (pre, dec):
+        ph["fraction"] = ph["tok_s"] / ph["ceiling_tok_s"]
         # far under its ceiling a phase is paying for something the roofline does not count: on a small
         # model that is the host (Python, kernel dispatch), not bandwidth or FLOP/s
         ph["limited_by"] = ph["bound"] if ph["fraction"] >= 0.5 else "overhead"
     result["roofline"] = {
         "bandwidth_gbs": hw.bandwidth_gbs,
-        "tflops": flops / 1e12,
+        "tflops": hw.peak_flops(key) / 1e12,
         "dtype": key,
         "source": hw.source,
     }

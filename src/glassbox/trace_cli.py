@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         hw = probe_local(engine.executor.device.type, dtype)
     # a warm-up request keeps one-time costs (allocator, kernels) out of the figures
     run_trace(engine, args.prompt, 2, None)
+    engine.block_manager.reset_prefix_cache()  # so that the measured request prefills its whole prompt
     result = run_trace(engine, args.prompt, args.max_tokens, hw)
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
