@@ -23,6 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import qwen3_0_6b_random  # noqa: E402
 
+from glassbox.perf.hardware import cpu_name  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 REPEATS = 3  # prefill figures: median of this many runs
 
@@ -157,7 +159,7 @@ def main() -> int:
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": {
-            "cpu": _cpu_name(),
+            "cpu": cpu_name(),
             "cores": torch.get_num_threads(),
             "platform": platform.platform(),
             "torch": torch.__version__,
@@ -186,16 +188,6 @@ def main() -> int:
     print_table(result)
     print(f"wrote {out}")
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def print_table(result: dict[str, Any]) -> None:

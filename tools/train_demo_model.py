@@ -44,6 +44,7 @@ import transformers
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+from glassbox.perf.hardware import cpu_name
 from glassbox.tokenizer.training import (
     BOS,
     EOS,
@@ -327,17 +328,6 @@ def save_model(
     cfg.setdefault("rope_theta", rope_theta)
     cfg.setdefault("torch_dtype", "bfloat16")
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-
-
-def cpu_name() -> str:
-    """The CPU's model name, as Linux reports it (falls back to the machine type elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def dir_size(path: Path) -> int:

@@ -283,14 +283,25 @@ def _memory_gib(device: str) -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
 
 
+def cpu_name() -> str:
+    """The CPU's model name as Linux reports it (the machine type elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def _device_name(device: str) -> str:
     import torch
 
     if device.startswith("cuda"):
         return str(torch.cuda.get_device_name(device))
-    import platform
-
-    return f"{platform.processor() or platform.machine()} CPU ({os.cpu_count()} threads)"
+    return f"{cpu_name()} CPU ({os.cpu_count()} threads)"
 
 
 def _spec_from_record(rec: dict[str, Any]) -> HardwareSpec:
