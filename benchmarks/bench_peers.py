@@ -26,8 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gguf_export import export_gguf  # noqa: E402
 
 from glassbox.engine.llm_engine import DEMO_MODEL_DIR  # noqa: E402
+from glassbox.perf.hardware import cpu_name  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def torch_version() -> str:
+    from importlib.metadata import version
+
+    return version("torch")
 
 
 def _free_port() -> int:
@@ -108,6 +115,7 @@ def main() -> int:
     ctx = args.prompt_tokens + args.output_tokens + 64
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch_version()},
         "model": str(args.model.name),
         "threads": args.threads,
         "workload": vars(args) | {"model": str(args.model)},
