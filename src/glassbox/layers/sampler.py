@@ -86,7 +86,10 @@ def make_generator(seq: Sequence, engine_seed: int, device: torch.device) -> tor
 def sample(
     logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int], engine_seed: int
 ) -> list[SampleResult]:
-    """Pick one token per row of ``logits`` (S, V) float32 for the sequences ``seqs`` (same order)."""
+    """Pick one token per row of ``logits`` (S, V) float32 for the sequences ``seqs`` (same order).
+
+    ``logits`` is the caller's fresh tensor and is adjusted in place (penalties, min_tokens); logprobs are
+    taken from it before any adjustment."""
     want_logprobs = [s.sampling_params.logprobs for s in seqs]
     raw_logprobs = logits.log_softmax(dim=-1) if any(n is not None for n in want_logprobs) else None
     if any(
@@ -95,10 +98,8 @@ def sample(
         or s.sampling_params.frequency_penalty != 0.0
         for s in seqs
     ):
-        logits = logits.clone()
         _apply_penalties(logits, seqs, logits.shape[1])
     if any(s.num_output_tokens < s.sampling_params.min_tokens for s in seqs):
-        logits = logits.clone() if raw_logprobs is None else logits
         _suppress_stops(logits, seqs, eos_ids)
     greedy_rows = [i for i, s in enumerate(seqs) if s.sampling_params.greedy]
     random_rows = [i for i, s in enumerate(seqs) if not s.sampling_params.greedy]
