@@ -7,6 +7,7 @@ import json
 import sys
 
 from glassbox.engine_args import add_engine_args, config_from_args
+from glassbox.sampling_params import SamplingParams
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,9 +31,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=-1)
 
 
-def _params(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from glassbox.sampling_params import SamplingParams
-
+def _params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,

@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 from glassbox.engine.llm_engine import LLMEngine
+from glassbox.models.model_config import dtype_name
 from glassbox.perf.cost_model import step_cost
 from glassbox.perf.engine_profiles import get_engine
 from glassbox.perf.hardware import HardwareSpec
@@ -13,8 +14,6 @@ from glassbox.perf.model_facts import load_model_facts
 from glassbox.perf.quant import resolve_scheme
 from glassbox.perf.simulator import percentile
 from glassbox.sampling_params import SamplingParams
-
-_DTYPE_KEYS = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
 
 
 def run_trace(
@@ -57,7 +56,7 @@ def run_trace(
     result: dict[str, Any] = {
         "model": engine.model_name,
         "device": str(engine.executor.device),
-        "dtype": _DTYPE_KEYS.get(str(engine.executor.dtype), str(engine.executor.dtype)),
+        "dtype": dtype_name(engine.executor.dtype),
         "prompt": prompt,
         "text": final.text,
         "finish_reason": final.finish_reason,

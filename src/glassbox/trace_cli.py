@@ -28,12 +28,10 @@ def run(args: argparse.Namespace) -> int:
     engine = LLMEngine(config_from_args(args))
     hw = None
     if not args.no_roofline:
+        from glassbox.models.model_config import dtype_name
         from glassbox.perf.hardware import probe_local
 
-        dtype = {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}.get(
-            str(engine.executor.dtype), "float32"
-        )
-        hw = probe_local(engine.executor.device.type, dtype)
+        hw = probe_local(engine.executor.device.type, dtype_name(engine.executor.dtype))
     # a warm-up request keeps one-time costs (allocator, kernels) out of the figures
     run_trace(engine, args.prompt, 2, None)
     engine.block_manager.reset_prefix_cache()  # so that the measured request prefills its whole prompt

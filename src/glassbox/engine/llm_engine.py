@@ -6,14 +6,14 @@ import itertools
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from glassbox.config import EngineConfig
 from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.model_runner import TorchExecutor, resolve_device
 from glassbox.engine.scheduler import Scheduler, SchedulerOutput
-from glassbox.engine.sequence import Sequence
+from glassbox.engine.sequence import RequestMetrics, Sequence
 from glassbox.models.model_config import ModelConfig
 from glassbox.outputs import CompletionOutput, RequestOutput, SampleResult
 from glassbox.sampling_params import SamplingParams
@@ -150,7 +150,7 @@ class LLMEngine:
         self._validate(ids, params)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(ids)
         if params.max_tokens is None:
-            params = _with_max_tokens(params, max_tokens)
+            params = replace(params, max_tokens=max_tokens)
         states = []
         for i in range(params.n):
             seq = Sequence(next(self._seq_ids), request_id, ids, params, index=i, arrival_time=arrival)
@@ -333,16 +333,8 @@ class LLMEngine:
         self.block_manager.check_integrity(live)
 
 
-def _with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
-    from dataclasses import replace
-
-    return replace(params, max_tokens=max_tokens)
-
-
-def _merge_metrics(seqs: list[Sequence]):  # type: ignore[no-untyped-def]
+def _merge_metrics(seqs: list[Sequence]) -> RequestMetrics:
     """A request with n > 1: one anatomy; timings from the first sequence, output tokens summed."""
-    from dataclasses import replace
-
     first = seqs[0].metrics
     last = max((s.metrics for s in seqs), key=lambda m: m.finished_time or 0.0)
     m = replace(

@@ -22,7 +22,7 @@ from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
 from glassbox.layers.sampler import sample
 from glassbox.models.loader import build_model
-from glassbox.models.model_config import ModelConfig
+from glassbox.models.model_config import TORCH_DTYPES, ModelConfig
 from glassbox.outputs import SampleResult
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GiB = 1 << 30
 MAX_GRAPH_BATCH = 512
 GRAPH_RESERVE_BYTES = 256 << 20  # the decode graphs' private pool and static buffers (measured < 64 MiB)
@@ -58,7 +57,7 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, cfg: ModelConfig, device: torch.device) -> torch.dtype:
     if name != "auto":
-        return _DTYPES[name]
+        return TORCH_DTYPES[name]
     if cfg.torch_dtype == torch.float16 and device.type == "cpu":
         return torch.bfloat16  # fp16 matmuls are slow on most CPUs; bf16 keeps the range
     return cfg.torch_dtype
@@ -124,7 +123,7 @@ class TorchExecutor:
         self.model_config = model_config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
-        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else _DTYPES[config.kv_cache_dtype]
+        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else TORCH_DTYPES[config.kv_cache_dtype]
         self.block_size = config.block_size
         self.attn_backend = "triton" if triton_usable(self.device) else "torch"
         self.use_graphs = self.attn_backend == "triton" and not config.enforce_eager

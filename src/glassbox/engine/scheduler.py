@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from glassbox.engine.block_manager import BlockManager
@@ -66,7 +67,7 @@ class Scheduler:
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
-    clock: object = time.perf_counter  # the simulator swaps in a virtual clock
+    clock: Callable[[], float] = time.perf_counter  # the simulator swaps in a virtual clock
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -108,7 +109,7 @@ class Scheduler:
             bm.grow(seq, seq.num_computed_tokens + n)
             self.waiting.popleft()
             if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = self.clock()  # type: ignore[operator]
+                seq.metrics.first_scheduled_time = self.clock()
                 seq.num_cached_tokens = seq.num_computed_tokens
                 seq.metrics.cached_prompt_tokens = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING

@@ -11,7 +11,12 @@ import torch
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The config-style name of a torch dtype ("bfloat16", ...)."""
+    return next(name for name, d in TORCH_DTYPES.items() if d == dtype)
 
 
 @dataclass
@@ -52,7 +57,7 @@ class ModelConfig:
         window = cfg.get("sliding_window")
         if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
             window = None
-        dtype_name = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
+        dtype_str = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
         return cls(
             architecture=arch,
             model_type=model_type,
@@ -70,7 +75,7 @@ class ModelConfig:
             qk_norm=arch == "Qwen3ForCausalLM",
             hidden_act=str(cfg.get("hidden_act", "silu")),
             sliding_window=int(window) if window else None,
-            torch_dtype=_DTYPES.get(str(dtype_name), torch.float32),
+            torch_dtype=TORCH_DTYPES.get(str(dtype_str), torch.float32),
             rope=rope_parameters(cfg),
             raw=cfg,
         )
