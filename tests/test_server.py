@@ -400,10 +400,33 @@ def _wait_for(predicate: Any, timeout: float) -> float:
     raise AssertionError(f"condition not met within {timeout} s")
 
 
-def test_disconnect_storm_frees_everything(server: ServerProcess, http: httpx.Client) -> None:
+@pytest.fixture(scope="module")
+def storm_server(
+    tiny_model: Path,  # noqa: F811
+    server_factory: list[ServerProcess],  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> ServerProcess:
+    """Room for requests long enough (~1,000 tokens) that none can finish before its client leaves."""
+    s = start_server(
+        tiny_model,
+        tmp_path_factory.mktemp("storm-logs"),
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--max-model-len",
+        "1024",
+        "--num-kv-blocks",
+        "300",
+    )
+    server_factory.append(s)
+    return s
+
+
+def test_disconnect_storm_frees_everything(storm_server: ServerProcess) -> None:
+    server = storm_server
+    http = httpx.Client(base_url=server.url, timeout=30)
     start = server.health()
     free0 = start["kv_cache_free_blocks"]
-    body = {"prompt": "Tell me a very long story", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    body = {"prompt": "Tell me a very long story", "max_tokens": 960, "ignore_eos": True, "stream": True}
     clients = [httpx.Client(base_url=server.url, timeout=60) for _ in range(16)]
     streams = []
     for i, c in enumerate(clients):
@@ -432,6 +455,7 @@ def test_disconnect_storm_frees_everything(server: ServerProcess, http: httpx.Cl
     assert metric_value(text, "glassbox:num_requests_running") == 0
     assert metric_value(text, "glassbox:kv_cache_free_blocks") == free0
     assert metric_value(text, "glassbox:request_success_total", 'finished_reason="abort"') >= 16
+    http.close()
     print(f"storm of 16 disconnects freed in {took:.3f} s")
 
 
