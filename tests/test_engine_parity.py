@@ -9,10 +9,13 @@ import torch
 from tiny_models import ARCHS, build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
+from glassbox.layers import native
 from glassbox.layers.linear import packing_available
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 MAX_NEW = 12
+# "native" needs a C compiler; where there is none the engine falls back to "torch" (and says so).
+CPU_KERNELS = ["native", "torch"] if native.compiler() else ["torch"]
 TEXTS = [
     "def fibonacci(n):",
     "你好，世界！今天天气很好。",
@@ -69,10 +72,16 @@ def _check(llm: LLM, prompts: list[list[int]], ref: list, lp_tol: float = 1e-3) 
     assert bm.num_free_blocks == bm.num_blocks, "blocks still held when idle"
 
 
+@pytest.mark.parametrize("kernels", CPU_KERNELS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_parity_batched(models: dict, arch: str) -> None:
+def test_greedy_parity_batched(
+    models: dict, arch: str, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both CPU paths: glassbox's C kernels (the default where a compiler exists) and the PyTorch ops."""
+    monkeypatch.setenv("GLASSBOX_CPU_KERNELS", kernels)
     d, prompts, ref = models[arch]
     llm = LLM(str(d), dtype="float32", max_num_seqs=3)
+    assert llm.engine.executor.attn_backend == kernels
     _check(llm, prompts, ref)
 
 
@@ -106,7 +115,11 @@ def test_parity_prefix_caching(models: dict, prefix_caching: bool) -> None:
         assert stats.hits == 0
 
 
-def test_mistral_sliding_window_shorter_than_prompt(models: dict) -> None:
+@pytest.mark.parametrize("kernels", CPU_KERNELS)
+def test_mistral_sliding_window_shorter_than_prompt(
+    models: dict, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GLASSBOX_CPU_KERNELS", kernels)
     d, prompts, ref = models["mistral"]
     llm = LLM(str(d), dtype="float32", max_num_seqs=4, max_num_batched_tokens=50)
     assert llm.engine.model_config.sliding_window is not None
@@ -124,12 +137,17 @@ def _hf_logprobs(model_dir: Path, ids: list[int], n_prompt: int) -> torch.Tensor
     return torch.log_softmax(logits, -1)[n_prompt - 1 : len(ids) - 1]  # (n_out, vocab)
 
 
+@pytest.mark.parametrize("kernels", CPU_KERNELS)
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_bfloat16_path_stays_close_to_float32_reference(models: dict, arch: str) -> None:
+def test_bfloat16_path_stays_close_to_float32_reference(
+    models: dict, arch: str, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """bf16 on CPU (oneDNN-packed linears, batched decode attention): each greedy pick is a top choice
     of the float32 reference and its logprob is within bf16 rounding of the reference's."""
+    monkeypatch.setenv("GLASSBOX_CPU_KERNELS", kernels)
     d, prompts, _ = models[arch]
     llm = LLM(str(d), dtype="bfloat16", max_num_seqs=4)
+    assert llm.engine.executor.attn_backend == kernels
     assert llm.engine.executor.packed > 0 or not packing_available(torch.bfloat16)
     outs = llm.generate(prompts[:6], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0))
     for prompt, out in zip(prompts[:6], outs, strict=True):

@@ -75,7 +75,7 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor | None = None  # (num_decode,) int64, tokens incl. the new one
     decode_max_len: int = 0
     prefills: list[PrefillSeq] = field(default_factory=list)
-    backend: str = "torch"  # "torch" (reference SDPA) | "triton" (CUDA kernels over the block tables)
+    backend: str = "torch"  # "torch" (reference SDPA) | "native" (CPU kernels) | "triton" (CUDA kernels)
     paged_prefill: PagedPrefill | None = None  # triton backend: the prefill rows' layout
 
 
@@ -139,15 +139,29 @@ def paged_attention(
     if meta.backend == "triton":
         return _triton_paged_attention(q, kv_cache, meta, scale, sliding_window)
     out = torch.empty_like(q)
-    hq, hk = q.shape[1], k.shape[1]
-    gqa = hq != hk
     nd = meta.num_decode
     if nd:
         assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
         out[:nd] = _decode_attention(
             q[:nd], kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, sliding_window
         )
-    for p in meta.prefills:
+    prefill_attention(q, k, v, kv_cache, meta.prefills, scale, sliding_window, out)
+    return out
+
+
+def prefill_attention(
+    q: torch.Tensor,  # (T, Hq, D)
+    k: torch.Tensor,  # (T, Hk, D) the new tokens' keys (already written to the cache)
+    v: torch.Tensor,  # (T, Hk, D)
+    kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hk, D)
+    prefills: list[PrefillSeq],
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor,  # (T, Hq, D): each prefill's rows written
+) -> None:
+    """Causal attention of each prefill chunk over its cached prefix and itself (PyTorch SDPA)."""
+    gqa = q.shape[1] != k.shape[1]
+    for p in prefills:
         rows = slice(p.q_start, p.q_start + p.q_len)
         qs = q[rows].transpose(0, 1).unsqueeze(0)  # (1, Hq, n, D)
         total = p.start + p.q_len
@@ -168,7 +182,6 @@ def paged_attention(
                 mask &= kpos > qpos - sliding_window
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[rows] = o[0].transpose(0, 1)
-    return out
 
 
 def _triton_paged_attention(

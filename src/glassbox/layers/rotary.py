@@ -63,6 +63,13 @@ class RotaryEmbedding(nn.Module):
         self.sin: torch.Tensor
         self.register_buffer("cos", emb.cos() * scale, persistent=False)  # (max_positions, rotary_dim)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole cos/sin tables in ``dtype`` (for the CPU kernels), converted once and kept."""
+        if self._tables is None or self._tables[0].dtype != dtype:
+            self._tables = (self.cos.to(dtype).contiguous(), self.sin.to(dtype).contiguous())
+        return self._tables
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The tables' rows for ``positions`` (T,), as (T, 1, rotary_dim) in ``dtype``: once per forward."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from glassbox.layers import native
 from glassbox.layers.activation import get_activation
-from glassbox.layers.attention import AttentionMetadata, paged_attention, write_kv
+from glassbox.layers.attention import AttentionMetadata, paged_attention, prefill_attention, write_kv
 from glassbox.layers.norm import RMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models.model_config import ModelConfig
@@ -67,6 +69,39 @@ class LlamaAttention(nn.Module):
         o = paged_attention(q, k, v, kv_cache, meta, self.scale, self.sliding_window)
         return self.o_proj(o.reshape(t, nq))
 
+    def forward_native(
+        self,
+        h: torch.Tensor,  # (T, hidden) normed input
+        positions: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor],  # rotary cos/sin tables in the model dtype
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """The same attention on glassbox's CPU kernels (needs fuse())."""
+        assert self.qkv_proj is not None
+        hq, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(h)  # (T, (hq + 2 hk) d)
+        t = qkv.shape[0]
+        qn = None if self.q_norm is None else self.q_norm.weight
+        kn = None if self.k_norm is None else self.k_norm.weight
+        eps = 0.0 if self.q_norm is None else self.q_norm.eps
+        native.qkv_rope_store(qkv, hq, hk, d, qn, kn, eps, *tables, positions, kv_cache, meta.slot_mapping)
+        o = torch.empty(t, hq * d, dtype=qkv.dtype)
+        if meta.num_decode:
+            assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
+            native.decode_attention(
+                qkv, hq, kv_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale,
+                self.sliding_window, o,
+            )  # fmt: skip
+        if meta.prefills:
+            q = qkv[:, : hq * d].unflatten(1, (hq, d))
+            k = qkv[:, hq * d : (hq + hk) * d].unflatten(1, (hk, d))
+            v = qkv[:, (hq + hk) * d :].unflatten(1, (hk, d))
+            prefill_attention(
+                q, k, v, kv_cache, meta.prefills, self.scale, self.sliding_window, o.view(t, hq, d)
+            )
+        return self.o_proj(o)
+
 
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -97,6 +132,14 @@ class LlamaMLP(nn.Module):
             gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(gate) * up)
+
+    def forward_native(self, h: torch.Tensor) -> torch.Tensor:
+        assert self.gate_up_proj is not None
+        gate_up = self.gate_up_proj(h)
+        if self.act is F.silu:
+            return self.down_proj(native.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
 
@@ -135,10 +178,33 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # (T, hidden)
         x = self.embed_tokens(input_ids)
+        if meta.backend == "native":
+            return self._forward_native(x, positions, kv_caches, meta)
         rope = self.rotary_emb.cos_sin(positions, x.dtype)  # looked up once, shared by every layer
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(rope, x, cache, meta)
         return self.norm(x)
+
+    def _forward_native(
+        self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Each residual add is fused with the next norm: x += sublayer(h); h = norm(x)."""
+        tables = self.rotary_emb.tables(x.dtype)
+        _, nb, bs = kv_caches[0].shape[:3]
+        native.check_step(
+            positions, meta.slot_mapping, tables[0].shape[0], nb * bs, meta.decode_block_tables,
+            meta.decode_context_lens, nb, bs,
+        )  # fmt: skip
+        layers = [layer for layer in self.layers if isinstance(layer, LlamaDecoderLayer)]
+        norms = [layer.input_layernorm for layer in layers[1:]] + [self.norm]
+        h = torch.empty_like(x)
+        native.add_rms_norm(x, None, layers[0].input_layernorm.weight, h, layers[0].input_layernorm.eps)
+        for layer, cache, next_norm in zip(layers, kv_caches, norms, strict=True):
+            a = layer.self_attn.forward_native(h, positions, tables, cache, meta)
+            post = layer.post_attention_layernorm
+            native.add_rms_norm(x, a, post.weight, h, post.eps)
+            native.add_rms_norm(x, layer.mlp.forward_native(h), next_norm.weight, h, next_norm.eps)
+        return h
 
 
 class LlamaForCausalLM(nn.Module):

@@ -1,0 +1,278 @@
+/* glassbox CPU kernels: the non-GEMM work of a Llama-family layer, one call each instead of a dozen
+ * PyTorch ops, and a paged decode attention that reads the KV cache through the block tables.
+ *
+ * Compiled on first use by glassbox/layers/native.py (cc -O3 -march=native -fopenmp) and called
+ * through ctypes with raw tensor pointers; the Python side checks shapes, dtypes and contiguity.
+ * Storage dtypes: dt == 0 float32, dt == 1 bfloat16. Arithmetic is float32 with the roundings of
+ * the PyTorch reference path (each op's result rounded to the storage dtype), so that float32 runs
+ * match transformers token for token and bf16 runs stay within the reference's rounding.
+ * Build with -ffp-contract=off: no fused multiply-adds that the reference does not do.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef int64_t i64;
+
+static inline float bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f2bf(float f) { /* round to nearest even, NaN kept quiet */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float rnd(float f, int dt) { return dt ? bf2f(f2bf(f)) : f; }
+
+static inline float ld(const void *p, i64 i, int dt) {
+    return dt ? bf2f(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static void load_row(const void *p, float *dst, i64 n, int dt) {
+    if (dt) {
+        const uint16_t *s = (const uint16_t *)p;
+        for (i64 i = 0; i < n; i++) dst[i] = bf2f(s[i]);
+    } else {
+        memcpy(dst, p, (size_t)n * 4);
+    }
+}
+
+static void store_row(void *p, const float *src, i64 n, int dt) {
+    if (dt) {
+        uint16_t *d = (uint16_t *)p;
+        for (i64 i = 0; i < n; i++) d[i] = f2bf(src[i]);
+    } else {
+        memcpy(p, src, (size_t)n * 4);
+    }
+}
+
+static inline void *at(void *p, i64 i, int dt) { return (char *)p + i * (dt ? 2 : 4); }
+static inline const void *cat_(const void *p, i64 i, int dt) { return (const char *)p + i * (dt ? 2 : 4); }
+
+static float dot(const float *a, const float *b, i64 n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (i64 i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* exp(x) to about 1 ulp, written so that loops of it vectorize (libm's expf does not without
+ * -ffast-math): 2^n * e^r with |r| <= ln2/2 and a degree-7 Taylor polynomial. x is clamped to
+ * [-87, 88] (NaN stays NaN): exp(-inf) gives ~1e-38 instead of 0, which no softmax or sigmoid here can tell apart. */
+static inline float exp_f(float x) {
+    x = x < -87.0f ? -87.0f : x; /* ternaries, not fminf/fmaxf: those keep gcc from vectorizing */
+    x = x > 88.0f ? 88.0f : x;
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5 * 2^23 */
+    const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+static void round_row(float *x, i64 n, int dt) {
+    if (dt)
+        for (i64 i = 0; i < n; i++) x[i] = bf2f(f2bf(x[i]));
+}
+
+/* x <- round(weight * round(x * rsqrt(mean(x^2) + eps))), as RMSNorm in the reference. */
+static void rms_norm_inplace(float *x, const float *w, i64 n, float eps, int dt) {
+    float ss = dot(x, x, n);
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (i64 i = 0; i < n; i++) x[i] *= r;
+    round_row(x, n, dt);
+    for (i64 i = 0; i < n; i++) x[i] *= w[i];
+    round_row(x, n, dt);
+}
+
+/* If res: x <- round(x + res) in place. Then out <- rms_norm(x) * w. Rows of length dim. */
+void gb_add_rms_norm(void *x, const void *res, const void *w, void *out, i64 rows, i64 dim, float eps,
+                     int dt) {
+#pragma omp parallel for schedule(static) if (rows * dim >= (1 << 15))
+    for (i64 r = 0; r < rows; r++) {
+        float buf[dim], rb[dim], wf[dim];
+        load_row(w, wf, dim, dt);
+        load_row(at(x, r * dim, dt), buf, dim, dt);
+        if (res) {
+            load_row(cat_(res, r * dim, dt), rb, dim, dt);
+            for (i64 i = 0; i < dim; i++) buf[i] += rb[i];
+            round_row(buf, dim, dt);
+            store_row(at(x, r * dim, dt), buf, dim, dt);
+        }
+        rms_norm_inplace(buf, wf, dim, eps, dt);
+        store_row(at(out, r * dim, dt), buf, dim, dt);
+    }
+}
+
+/* out[r, i] <- round(round(silu(gu[r, i])) * gu[r, inter + i]). */
+void gb_silu_mul(const void *gu, void *out, i64 rows, i64 inter, int dt) {
+#pragma omp parallel for schedule(static) if (rows * inter >= (1 << 15))
+    for (i64 r = 0; r < rows; r++) {
+        float g[inter], u[inter];
+        load_row(cat_(gu, r * 2 * inter, dt), g, inter, dt);
+        load_row(cat_(gu, r * 2 * inter + inter, dt), u, inter, dt);
+        for (i64 i = 0; i < inter; i++) g[i] = g[i] / (1.0f + exp_f(-g[i]));
+        round_row(g, inter, dt);
+        for (i64 i = 0; i < inter; i++) g[i] *= u[i];
+        round_row(g, inter, dt);
+        store_row(at(out, r * inter, dt), g, inter, dt);
+    }
+}
+
+/* One token's head in place: optional per-head RMSNorm, then rotate-half rotary on the first rd dims
+ * with the position's cos/sin rows (already in float, from tables in the storage dtype). */
+static void norm_rope_head(float *x, i64 d, const float *norm_w, float eps, const float *c, const float *s,
+                           i64 rd, int dt) {
+    if (norm_w) rms_norm_inplace(x, norm_w, d, eps, dt);
+    const i64 half = rd / 2;
+    float a[rd], b[rd];
+    for (i64 i = 0; i < half; i++) {
+        a[i] = x[i] * c[i];
+        b[i] = -x[i + half] * s[i];
+        a[i + half] = x[i + half] * c[i + half];
+        b[i + half] = x[i] * s[i + half];
+    }
+    round_row(a, rd, dt);
+    round_row(b, rd, dt);
+    for (i64 i = 0; i < rd; i++) x[i] = a[i] + b[i];
+    round_row(x, rd, dt);
+}
+
+/* qkv (T, stride) rows holding [q (hq*d) | k (hk*d) | v (hk*d)]: q and k normed and rotated in place,
+ * then k and v stored at each token's cache slot. Caches are (slots, hk, d) in the same dtype. */
+void gb_qkv_rope_store(void *qkv, i64 T, i64 stride, i64 hq, i64 hk, i64 d, const void *qn_w,
+                       const void *kn_w, float eps, const void *cos_t, const void *sin_t, i64 rd,
+                       const i64 *positions, void *k_cache, void *v_cache, const i64 *slots, int dt) {
+#pragma omp parallel for schedule(static) if (T * (hq + hk) * d >= (1 << 15))
+    for (i64 t = 0; t < T; t++) {
+        float buf[d], qn[d], kn[d], c[rd], s[rd];
+        if (qn_w) load_row(qn_w, qn, d, dt);
+        if (kn_w) load_row(kn_w, kn, d, dt);
+        load_row(cat_(cos_t, positions[t] * rd, dt), c, rd, dt);
+        load_row(cat_(sin_t, positions[t] * rd, dt), s, rd, dt);
+        for (i64 h = 0; h < hq + hk; h++) {
+            void *row = at(qkv, t * stride + h * d, dt);
+            load_row(row, buf, d, dt);
+            norm_rope_head(buf, d, h < hq ? (qn_w ? qn : 0) : (kn_w ? kn : 0), eps, c, s, rd, dt);
+            store_row(row, buf, d, dt);
+            if (h >= hq) store_row(at(k_cache, (slots[t] * hk + h - hq) * d, dt), buf, d, dt);
+        }
+        memcpy(at(v_cache, slots[t] * hk * d, dt), at(qkv, t * stride + (hq + hk) * d, dt),
+               (size_t)(hk * d * (dt ? 2 : 4)));
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define GB_AVX512BF16 1
+/* bf16 rows, n a multiple of 32: the products in float32 through vdpbf16ps. */
+static inline float dot_bf16(const uint16_t *a, const uint16_t *b, i64 n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (i64 i = 0; i < n; i += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a + i), (__m512bh)_mm512_loadu_si512(b + i));
+    return _mm512_reduce_add_ps(acc);
+}
+#else
+#define GB_AVX512BF16 0
+#endif
+
+/* q . k over d values of the storage dtype. */
+static inline float score(const void *q, const void *k, i64 d, int dt) {
+    if (!dt) return dot((const float *)q, (const float *)k, d);
+#if GB_AVX512BF16
+    if (d % 32 == 0) return dot_bf16((const uint16_t *)q, (const uint16_t *)k, d);
+#endif
+    const uint16_t *a = (const uint16_t *)q, *b = (const uint16_t *)k;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (i64 i = 0; i < d; i++) s += bf2f(a[i]) * bf2f(b[i]);
+    return s;
+}
+
+/* acc += w * v over d values of the storage dtype. */
+static inline void axpy(float *acc, float w, const void *v, i64 d, int dt) {
+    if (dt) {
+        const uint16_t *x = (const uint16_t *)v;
+        for (i64 i = 0; i < d; i++) acc[i] += w * bf2f(x[i]);
+    } else {
+        const float *x = (const float *)v;
+        for (i64 i = 0; i < d; i++) acc[i] += w * x[i];
+    }
+}
+
+/* Decode attention of sequence sq's query heads served by kv heads [h0, h1). Reads the cache a block at
+ * a time, all of the range's heads of a token together (contiguous in the cache); online softmax in
+ * float32. GQA: kv head h serves query heads h * g .. h * g + g - 1. */
+static void attend(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache, const i64 *table,
+                   i64 len, i64 sq, i64 h0, i64 h1, i64 hq, i64 hk, i64 d, i64 bs, float scale, i64 window,
+                   void *out, int dt) {
+    const i64 g = hq / hk, nh = (h1 - h0) * g; /* query heads in this task */
+    const i64 start = (window > 0 && len > window) ? len - window : 0;
+    float acc[nh][d], sc[nh][bs], m[nh], l[nh];
+    for (i64 j = 0; j < nh; j++) {
+        m[j] = -INFINITY;
+        l[j] = 0.0f;
+        memset(acc[j], 0, sizeof(float) * (size_t)d);
+    }
+    const void *q0 = cat_(qkv, sq * q_stride + h0 * g * d, dt);
+    for (i64 b = start / bs; b * bs < len; b++) {
+        const i64 blk = table[b];
+        const i64 lo = start > b * bs ? start - b * bs : 0;
+        const i64 hi = len < (b + 1) * bs ? len - b * bs : bs;
+        for (i64 p = lo; p < hi; p++)
+            for (i64 j = 0; j < nh; j++) {
+                const void *k = cat_(k_cache, ((blk * bs + p) * hk + h0 + j / g) * d, dt);
+                sc[j][p] = score(cat_(q0, j * d, dt), k, d, dt) * scale;
+            }
+        for (i64 j = 0; j < nh; j++) {
+            float mb = m[j];
+            for (i64 p = lo; p < hi; p++) mb = sc[j][p] > mb ? sc[j][p] : mb;
+            const float corr = exp_f(m[j] - mb); /* ~0 on the first block (m = -inf) */
+            l[j] *= corr;
+            for (i64 i = 0; i < d; i++) acc[j][i] *= corr;
+            for (i64 p = lo; p < hi; p++) sc[j][p] = exp_f(sc[j][p] - mb);
+            for (i64 p = lo; p < hi; p++) l[j] += sc[j][p];
+            m[j] = mb;
+        }
+        for (i64 p = lo; p < hi; p++)
+            for (i64 j = 0; j < nh; j++)
+                axpy(acc[j], sc[j][p], cat_(v_cache, ((blk * bs + p) * hk + h0 + j / g) * d, dt), d, dt);
+    }
+    for (i64 j = 0; j < nh; j++) {
+        const float inv = 1.0f / l[j];
+        for (i64 i = 0; i < d; i++) acc[j][i] *= inv;
+        store_row(at(out, sq * hq * d + (h0 * g + j) * d, dt), acc[j], d, dt);
+    }
+}
+
+/* Decode attention, one query token per sequence, reading K/V through the block tables.
+ * q rows at qkv + s * q_stride (hq * d values); caches (num_blocks * bs, hk, d); block_tables (nd,
+ * max_blocks); out (nd, hq * d). window > 0 keeps only the last `window` positions. With enough
+ * sequences each thread takes whole sequences (sequential cache reads); otherwise (sequence, kv head). */
+void gb_decode_attention(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache,
+                         const i64 *block_tables, i64 max_blocks, const i64 *context_lens, i64 nd, i64 hq,
+                         i64 hk, i64 d, i64 bs, float scale, i64 window, void *out, int dt, i64 threads) {
+    const i64 split = nd >= 2 * threads ? 1 : hk; /* tasks per sequence */
+#pragma omp parallel for schedule(dynamic, 1) if (nd * split > 1)
+    for (i64 task = 0; task < nd * split; task++) {
+        const i64 sq = task / split, part = task % split;
+        const i64 h0 = part * (hk / split), h1 = h0 + hk / split;
+        attend(qkv, q_stride, k_cache, v_cache, block_tables + sq * max_blocks, context_lens[sq], sq, h0, h1,
+               hq, hk, d, bs, scale, window, out, dt);
+    }
+}
