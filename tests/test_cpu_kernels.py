@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from glassbox.layers import native
+from glassbox.layers import cpu_ops, native
 from glassbox.layers.attention import _decode_attention, write_kv
 from glassbox.layers.norm import RMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
@@ -40,11 +40,14 @@ def test_add_rms_norm_matches_residual_add_then_rmsnorm(dtype: torch.dtype, rows
     ref_x = x + res
     ref_h = norm(ref_x)
     out = torch.empty_like(x)
-    native.add_rms_norm(x, res, norm.weight.detach(), out, 1e-6)
+    op = cpu_ops.AddRMSNorm(norm.weight.detach(), 1e-6)
+    op(x, res, out)
     assert torch.equal(x, ref_x)  # the residual add is exact in both paths
     _close(out, ref_h, dtype)
-    native.add_rms_norm(x, None, norm.weight.detach(), out, 1e-6)
+    op(x, None, out)
     _close(out, ref_h, dtype)
+    with pytest.raises(ValueError, match="contiguous"):
+        op(torch.zeros(rows, 2048, dtype=dtype)[:, ::2], None, out)  # strided rows of the right width
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -54,7 +57,7 @@ def test_silu_mul_matches_torch(dtype: torch.dtype, rows: int) -> None:
     gate_up = (torch.randn(rows, 2 * 3072, generator=g) * 6).to(dtype)
     gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])  # exp's clamp at both ends
     gate, up = gate_up.split(3072, dim=-1)
-    _close(native.silu_mul(gate_up), F.silu(gate) * up, dtype)
+    _close(cpu_ops.SiluMul(3072, dtype)(gate_up), F.silu(gate) * up, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -86,7 +89,8 @@ def test_qkv_rope_store_matches_norm_rotary_and_cache_write(
     cache = torch.zeros_like(ref_cache)
     got = qkv.clone()
     weights = (qn.weight.detach(), kn.weight.detach()) if qk_norm else (None, None)
-    native.qkv_rope_store(got, hq, hk, d, *weights, 1e-6, *rot.tables(dtype), positions, cache, slots)
+    ops = cpu_ops.PagedAttention(hq, cache, rot.tables(dtype), *weights, 1e-6, 1.0, None)
+    ops.rope_store(got, positions, slots)
     _close(got[:, : hq * d].reshape(t, hq, d), q, dtype)
     _close(got[:, hq * d : (hq + hk) * d].reshape(t, hk, d), k, dtype)
     assert torch.equal(got[:, (hq + hk) * d :], qkv[:, (hq + hk) * d :])  # v untouched
@@ -112,7 +116,17 @@ def test_decode_attention_matches_gathered_reference(
     scale = d**-0.5
     ref = _decode_attention(q.float(), cache.float(), tables, lens, scale, window)
     out = torch.empty(nd, hq * d, dtype=dtype)
-    native.decode_attention(qkv, hq, cache, tables, lens, scale, window, out)
+    ops = cpu_ops.PagedAttention(
+        hq,
+        cache,
+        RotaryEmbedding(d, 8, {"rope_theta": 1e4, "rope_type": "default"}).tables(dtype),
+        None,
+        None,
+        0.0,
+        scale,
+        window,
+    )
+    ops.decode(qkv, tables, lens, out)
     torch.testing.assert_close(
         out.float().reshape(nd, hq, d),
         ref,
@@ -124,12 +138,14 @@ def test_decode_attention_matches_gathered_reference(
 def test_check_step_rejects_out_of_range_indices() -> None:
     pos, slots = torch.tensor([0, 5]), torch.tensor([3, 4])
     tables, lens = torch.tensor([[0, 1]]), torch.tensor([20])
-    native.check_step(pos, slots, 10, 64, tables, lens, 4, 16)
+    cpu_ops.check_step(pos, slots, 10, 64, tables, lens, 4, 16)
     with pytest.raises(ValueError, match="rotary"):
-        native.check_step(torch.tensor([0, 10]), slots, 10, 64, tables, lens, 4, 16)
+        cpu_ops.check_step(torch.tensor([0, 10]), slots, 10, 64, tables, lens, 4, 16)
     with pytest.raises(ValueError, match="slots"):
-        native.check_step(pos, torch.tensor([3, 64]), 10, 64, tables, lens, 4, 16)
+        cpu_ops.check_step(pos, torch.tensor([3, 64]), 10, 64, tables, lens, 4, 16)
     with pytest.raises(ValueError, match="block table"):
-        native.check_step(pos, slots, 10, 64, torch.tensor([[0, 4]]), lens, 4, 16)
+        cpu_ops.check_step(pos, slots, 10, 64, torch.tensor([[0, 4]]), lens, 4, 16)
     with pytest.raises(ValueError, match="context"):
-        native.check_step(pos, slots, 10, 64, tables, torch.tensor([33]), 4, 16)
+        cpu_ops.check_step(pos, slots, 10, 64, tables, torch.tensor([33]), 4, 16)
+    with pytest.raises(ValueError, match="int64"):
+        cpu_ops.check_step(pos.int(), slots, 10, 64, tables, lens, 4, 16)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glassbox.layers import native
+from glassbox.layers import cpu_ops
 from glassbox.layers.activation import get_activation
 from glassbox.layers.attention import AttentionMetadata, paged_attention, prefill_attention, write_kv
 from glassbox.layers.norm import RMSNorm
@@ -70,37 +72,36 @@ class LlamaAttention(nn.Module):
         return self.o_proj(o.reshape(t, nq))
 
     def forward_native(
-        self,
-        h: torch.Tensor,  # (T, hidden) normed input
-        positions: torch.Tensor,
-        tables: tuple[torch.Tensor, torch.Tensor],  # rotary cos/sin tables in the model dtype
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        self, h: torch.Tensor, positions: torch.Tensor, ops: cpu_ops.PagedAttention, meta: AttentionMetadata
     ) -> torch.Tensor:
-        """The same attention on glassbox's CPU kernels (needs fuse())."""
+        """The same attention on glassbox's CPU kernels (needs fuse()); ``ops`` bound to this layer."""
         assert self.qkv_proj is not None
         hq, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(h)  # (T, (hq + 2 hk) d)
         t = qkv.shape[0]
-        qn = None if self.q_norm is None else self.q_norm.weight
-        kn = None if self.k_norm is None else self.k_norm.weight
-        eps = 0.0 if self.q_norm is None else self.q_norm.eps
-        native.qkv_rope_store(qkv, hq, hk, d, qn, kn, eps, *tables, positions, kv_cache, meta.slot_mapping)
+        ops.rope_store(qkv, positions, meta.slot_mapping)
         o = torch.empty(t, hq * d, dtype=qkv.dtype)
         if meta.num_decode:
             assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
-            native.decode_attention(
-                qkv, hq, kv_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale,
-                self.sliding_window, o,
-            )  # fmt: skip
+            ops.decode(qkv, meta.decode_block_tables, meta.decode_context_lens, o)
         if meta.prefills:
             q = qkv[:, : hq * d].unflatten(1, (hq, d))
             k = qkv[:, hq * d : (hq + hk) * d].unflatten(1, (hk, d))
             v = qkv[:, (hq + hk) * d :].unflatten(1, (hk, d))
             prefill_attention(
-                q, k, v, kv_cache, meta.prefills, self.scale, self.sliding_window, o.view(t, hq, d)
+                q, k, v, ops.kv_cache, meta.prefills, self.scale, self.sliding_window, o.view(t, hq, d)
             )
         return self.o_proj(o)
+
+    def bind(
+        self, kv_cache: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]
+    ) -> cpu_ops.PagedAttention:
+        qn = None if self.q_norm is None else self.q_norm.weight.detach()
+        kn = None if self.k_norm is None else self.k_norm.weight.detach()
+        eps = 0.0 if self.q_norm is None else self.q_norm.eps
+        return cpu_ops.PagedAttention(
+            self.num_heads, kv_cache, tables, qn, kn, eps, self.scale, self.sliding_window
+        )
 
 
 class LlamaMLP(nn.Module):
@@ -134,11 +135,11 @@ class LlamaMLP(nn.Module):
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(self.act(gate) * up)
 
-    def forward_native(self, h: torch.Tensor) -> torch.Tensor:
+    def forward_native(self, h: torch.Tensor, silu_mul: cpu_ops.SiluMul | None) -> torch.Tensor:
         assert self.gate_up_proj is not None
         gate_up = self.gate_up_proj(h)
-        if self.act is F.silu:
-            return self.down_proj(native.silu_mul(gate_up))
+        if silu_mul is not None:
+            return self.down_proj(silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
@@ -169,6 +170,7 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, self.rotary_emb) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self._native: NativeOps | None = None  # the CPU kernels, bound on first use
 
     def forward(
         self,
@@ -189,22 +191,51 @@ class LlamaModel(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], meta: AttentionMetadata
     ) -> torch.Tensor:
         """Each residual add is fused with the next norm: x += sublayer(h); h = norm(x)."""
-        tables = self.rotary_emb.tables(x.dtype)
-        _, nb, bs = kv_caches[0].shape[:3]
-        native.check_step(
-            positions, meta.slot_mapping, tables[0].shape[0], nb * bs, meta.decode_block_tables,
-            meta.decode_context_lens, nb, bs,
+        ops = self._native_ops(kv_caches, x.dtype)
+        attn0 = ops.layers[0][1]
+        cpu_ops.check_step(
+            positions, meta.slot_mapping, attn0.max_positions, attn0.num_blocks * attn0.bs,
+            meta.decode_block_tables, meta.decode_context_lens, attn0.num_blocks, attn0.bs,
         )  # fmt: skip
-        layers = [layer for layer in self.layers if isinstance(layer, LlamaDecoderLayer)]
-        norms = [layer.input_layernorm for layer in layers[1:]] + [self.norm]
         h = torch.empty_like(x)
-        native.add_rms_norm(x, None, layers[0].input_layernorm.weight, h, layers[0].input_layernorm.eps)
-        for layer, cache, next_norm in zip(layers, kv_caches, norms, strict=True):
-            a = layer.self_attn.forward_native(h, positions, tables, cache, meta)
-            post = layer.post_attention_layernorm
-            native.add_rms_norm(x, a, post.weight, h, post.eps)
-            native.add_rms_norm(x, layer.mlp.forward_native(h), next_norm.weight, h, next_norm.eps)
+        ops.layers[0][0](x, None, h)
+        nexts = [lo[0] for lo in ops.layers[1:]] + [ops.final_norm]
+        for layer, (_, attn, post, silu_mul), next_norm in zip(self.layers, ops.layers, nexts, strict=True):
+            assert isinstance(layer, LlamaDecoderLayer)
+            post(x, layer.self_attn.forward_native(h, positions, attn, meta), h)
+            next_norm(x, layer.mlp.forward_native(h, silu_mul), h)
         return h
+
+    def _native_ops(self, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> NativeOps:
+        """The layers' kernels bound to their weights and caches: built on first use, kept while they last."""
+        key = (dtype, *(c.data_ptr() for c in kv_caches))
+        if self._native is None or self._native.key != key:
+            tables = self.rotary_emb.tables(dtype)
+            layers = []
+            for layer, cache in zip(self.layers, kv_caches, strict=True):
+                assert isinstance(layer, LlamaDecoderLayer)
+                inorm, post = layer.input_layernorm, layer.post_attention_layernorm
+                mlp = layer.mlp
+                layers.append(
+                    (
+                        cpu_ops.AddRMSNorm(inorm.weight.detach(), inorm.eps),
+                        layer.self_attn.bind(cache, tables),
+                        cpu_ops.AddRMSNorm(post.weight.detach(), post.eps),
+                        cpu_ops.SiluMul(mlp.intermediate, dtype) if mlp.act is F.silu else None,
+                    )
+                )
+            final = cpu_ops.AddRMSNorm(self.norm.weight.detach(), self.norm.eps)
+            self._native = NativeOps(key, layers, final)
+        return self._native
+
+
+@dataclass
+class NativeOps:
+    key: tuple[object, ...]
+    layers: list[
+        tuple[cpu_ops.AddRMSNorm, cpu_ops.PagedAttention, cpu_ops.AddRMSNorm, cpu_ops.SiluMul | None]
+    ]
+    final_norm: cpu_ops.AddRMSNorm
 
 
 class LlamaForCausalLM(nn.Module):
