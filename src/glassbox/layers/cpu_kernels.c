@@ -215,6 +215,19 @@ static inline void axpy(float *acc, float w, const void *v, i64 d, int dt) {
     }
 }
 
+/* Ask the memory system for one block's K and V rows of kv heads [h0, h0 + rows) ahead of use. */
+static void prefetch_block(const void *k_cache, const void *v_cache, i64 blk, i64 bs, i64 hk, i64 h0, i64 d,
+                           i64 row_bytes, int dt) {
+    for (i64 p = 0; p < bs; p++) {
+        const char *k = (const char *)cat_(k_cache, ((blk * bs + p) * hk + h0) * d, dt);
+        const char *v = (const char *)cat_(v_cache, ((blk * bs + p) * hk + h0) * d, dt);
+        for (i64 o = 0; o < row_bytes; o += 64) {
+            __builtin_prefetch(k + o);
+            __builtin_prefetch(v + o);
+        }
+    }
+}
+
 /* Decode attention of sequence sq's query heads served by kv heads [h0, h1). Reads the cache a block at
  * a time, all of the range's heads of a token together (contiguous in the cache); online softmax in
  * float32. GQA: kv head h serves query heads h * g .. h * g + g - 1. */
@@ -230,8 +243,12 @@ static void attend(const void *qkv, i64 q_stride, const void *k_cache, const voi
         memset(acc[j], 0, sizeof(float) * (size_t)d);
     }
     const void *q0 = cat_(qkv, sq * q_stride + h0 * g * d, dt);
-    for (i64 b = start / bs; b * bs < len; b++) {
+    const i64 row_bytes = (h1 - h0) * d * (dt ? 2 : 4), first = start / bs;
+    prefetch_block(k_cache, v_cache, table[first], bs, hk, h0, d, row_bytes, dt);
+    for (i64 b = first; b * bs < len; b++) {
         const i64 blk = table[b];
+        if ((b + 1) * bs < len) /* the next block's rows are scattered: ask for them while this one runs */
+            prefetch_block(k_cache, v_cache, table[b + 1], bs, hk, h0, d, row_bytes, dt);
         const i64 lo = start > b * bs ? start - b * bs : 0;
         const i64 hi = len < (b + 1) * bs ? len - b * bs : bs;
         for (i64 p = lo; p < hi; p++)
