@@ -2,7 +2,9 @@
 
 glassbox vs Hugging Face transformers (and llama.cpp through llama-cpp-python when it is installed):
 batch-1 prefill (128- and 1024-token prompts) and decode, and aggregate throughput at batch 16 and 64,
-each also as a fraction of this machine's roofline from `glassbox hardware --probe`.
+each also as a fraction of this machine's roofline from `glassbox hardware --probe`. glassbox runs three
+ways: as shipped (its C kernels around oneDNN GEMMs), with `--quantization int8`, and with the PyTorch ops in
+place of its C kernels (GLASSBOX_CPU_KERNELS=torch), so one run shows what the kernels buy.
 
     .venv/bin/python benchmarks/cpu_compare.py            # writes benchmarks/results/cpu-<date>.json
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -27,6 +30,7 @@ from glassbox.perf.hardware import cpu_name  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPEATS = 3  # prefill figures: median of this many runs
+PEERS = ("glassbox", "glassbox int8", "glassbox torch-ops", "transformers", "llama.cpp")
 
 
 def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -34,9 +38,12 @@ def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return [torch.randint(2, 150000, (length,), generator=g).tolist() for _ in range(n)]
 
 
-def bench_glassbox(model_dir: Path, batches: list[int], decode_tokens: int, **engine: Any) -> dict[str, Any]:
+def bench_glassbox(
+    model_dir: Path, batches: list[int], decode_tokens: int, kernels: str = "native", **engine: Any
+) -> dict[str, Any]:
     from glassbox import LLM, SamplingParams
 
+    os.environ["GLASSBOX_CPU_KERNELS"] = kernels  # "torch": the PyTorch-ops reference path, for contrast
     llm = LLM(
         str(model_dir),
         dtype="bfloat16",
@@ -44,9 +51,10 @@ def bench_glassbox(model_dir: Path, batches: list[int], decode_tokens: int, **en
         enable_prefix_caching=False,
         **engine,
     )
+    os.environ.pop("GLASSBOX_CPU_KERNELS")
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     llm.generate(_prompts(1, 32, 99), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"cpu_kernels": llm.engine.executor.attn_backend}
     for length in (128, 1024):
         rates = []
         for rep in range(REPEATS):  # fresh prompts each time (no prefix-cache hits); median of the runs
@@ -172,12 +180,14 @@ def main() -> int:
     result["glassbox"] = bench_glassbox(model_dir, batches, args.decode_tokens)
     # weight-only int8 (--quantization int8): batch 1 only
     result["glassbox int8"] = bench_glassbox(model_dir, [], args.decode_tokens, quantization="int8")
+    # the same engine with the PyTorch ops in place of glassbox's C kernels: what the kernels buy
+    result["glassbox torch-ops"] = bench_glassbox(model_dir, batches, args.decode_tokens, kernels="torch")
     if "hf" not in skip:
         result["transformers"] = bench_hf(model_dir, batches, args.decode_tokens)
     if "llamacpp" not in skip:
         result["llama.cpp"] = bench_llamacpp(model_dir, args.decode_tokens, args.threads)
     rf = result["roofline"]
-    for peer in ("glassbox", "glassbox int8", "transformers", "llama.cpp"):
+    for peer in PEERS:
         r = result.get(peer)
         if r and "decode_b1_tok_s" in r:
             r["decode_b1_roofline_fraction"] = r["decode_b1_tok_s"] / rf["decode_ceiling_tok_s"]
@@ -194,17 +204,13 @@ def print_table(result: dict[str, Any]) -> None:
     keys = ["prefill_128_tok_s", "prefill_1024_tok_s", "decode_b1_tok_s"] + [
         f"batch{b}_tok_s" for b in result["workload"]["batches"]
     ]
-    peers = [
-        p
-        for p in ("glassbox", "glassbox int8", "transformers", "llama.cpp")
-        if isinstance(result.get(p), dict)
-    ]
-    print(f"{'figure':22s}" + "".join(f"{p:>14s}" for p in peers))
+    peers = [p for p in PEERS if isinstance(result.get(p), dict)]
+    print(f"{'figure':22s}" + "".join(f"{p:>19s}" for p in peers))
     for k in keys:
         row = []
         for p in peers:
             v = result[p].get(k)
-            row.append(f"{v:14.1f}" if isinstance(v, (int, float)) else f"{'-':>14s}")
+            row.append(f"{v:19.1f}" if isinstance(v, (int, float)) else f"{'-':>19s}")
         print(f"{k:22s}" + "".join(row))
     rf = result["roofline"]
     print(

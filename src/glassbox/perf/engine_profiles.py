@@ -81,18 +81,18 @@ PROFILES: dict[str, EngineProfile] = {
         ),
         EngineProfile(
             "glassbox-cpu",
-            eta_bw=0.80,
-            eta_flops=0.80,
+            eta_bw=0.82,
+            eta_flops=0.84,
             moe_flops_factor=0.5,
             step_overhead_s=0.0,
-            layer_overhead_s=260e-6,
+            layer_overhead_s=60e-6,
             overlap=False,
             request_overhead_s=0.002,
             max_batched_tokens=2048,
             max_num_seqs=256,
             runtime_gib=0.5,
             fitted_on="benchmarks/plan_vs_measured.py on a 2-core AVX-512 EPYC: Qwen3-0.6B-shaped bf16 decode "
-            "and prefill at batch 1 and the demo model's decode (eager PyTorch, oneDNN-packed linears)",
+            "and prefill at batch 1 and the demo model's decode (glassbox's C kernels around oneDNN-packed linears)",
         ),
         EngineProfile(
             "vllm",
