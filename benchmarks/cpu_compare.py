@@ -4,7 +4,8 @@ glassbox vs Hugging Face transformers (and llama.cpp through llama-cpp-python wh
 batch-1 prefill (128- and 1024-token prompts) and decode, and aggregate throughput at batch 16 and 64,
 each also as a fraction of this machine's roofline from `glassbox hardware --probe`. glassbox runs three
 ways: as shipped (its C kernels around oneDNN GEMMs), with `--quantization int8`, and with the PyTorch ops in
-place of its C kernels (GLASSBOX_CPU_KERNELS=torch), so one run shows what the kernels buy.
+place of its C kernels (GLASSBOX_CPU_KERNELS=torch), so one run shows what the kernels buy. Last, batch-1
+decode of glassbox and llama.cpp in turns, five pairs, for a ratio that the machine's drift does not bend.
 
     .venv/bin/python benchmarks/cpu_compare.py            # writes benchmarks/results/cpu-<date>.json
 """
@@ -144,6 +145,36 @@ def bench_llamacpp(model_dir: Path, decode_tokens: int, threads: int) -> dict[st
     return out
 
 
+def paired_decode_b1(model_dir: Path, decode_tokens: int, threads: int, pairs: int = 5) -> dict[str, Any]:
+    """glassbox and llama.cpp batch-1 decode in turns (A B A B ...), the ratio taken pair by pair: on a
+    shared machine whose speed drifts, a ratio of neighbours holds where separate medians do not."""
+    from gguf_export import export_gguf
+    from llamacpp_peer import measure_llamacpp
+
+    from glassbox import LLM, SamplingParams
+
+    gguf = model_dir / "model-bf16.gguf"
+    if not gguf.is_file():
+        export_gguf(model_dir, gguf)
+    llm = LLM(str(model_dir), dtype="bfloat16", max_num_seqs=1, enable_prefix_caching=False)
+    params = SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
+    llm.generate(_prompts(1, 32, 99), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    ours, theirs = [], []
+    for i in range(pairs):
+        prompt = _prompts(1, 128, 500 + i)
+        m = llm.generate(prompt, params)[0].metrics
+        assert m is not None
+        ours.append(m.decode_tok_s)
+        theirs.append(measure_llamacpp(gguf, prompt[0], decode_tokens, threads)["decode_tok_s"])
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+    return {
+        "glassbox_tok_s": [round(x, 2) for x in ours],
+        "llamacpp_tok_s": [round(x, 2) for x in theirs],
+        "ratio_per_pair": [round(x, 3) for x in ratios],
+        "median_ratio": statistics.median(ratios),
+    }
+
+
 def roofline(model_dir: Path) -> dict[str, Any]:
     from glassbox.models.model_config import ModelConfig
     from glassbox.perf.hardware import probe_local
@@ -198,6 +229,8 @@ def main() -> int:
         result["transformers"] = bench_hf(model_dir, batches, args.decode_tokens)
     if "llamacpp" not in skip:
         result["llama.cpp"] = bench_llamacpp(model_dir, args.decode_tokens, args.threads)
+        if "error" not in (result["llama.cpp"] or {}):
+            result["decode_b1_paired"] = paired_decode_b1(model_dir, args.decode_tokens, args.threads)
     rf = result["roofline"]
     for peer in PEERS:
         r = result.get(peer)
@@ -224,6 +257,12 @@ def print_table(result: dict[str, Any]) -> None:
             v = result[p].get(k)
             row.append(f"{v:19.1f}" if isinstance(v, (int, float)) else f"{'-':>19s}")
         print(f"{k:22s}" + "".join(row))
+    pair = result.get("decode_b1_paired")
+    if pair:
+        print(
+            f"batch-1 decode in turns, glassbox / llama.cpp: median {pair['median_ratio']:.2f} "
+            f"(pairs {', '.join(f'{r:.2f}' for r in pair['ratio_per_pair'])})"
+        )
     rf = result["roofline"]
     print(
         f"roofline: decode {rf['decode_ceiling_tok_s']:.1f} tok/s ({rf['bandwidth_gbs']:.1f} GB/s), "

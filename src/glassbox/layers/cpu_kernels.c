@@ -10,6 +10,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef int64_t i64;
@@ -204,17 +205,6 @@ static inline float score(const void *q, const void *k, i64 d, int dt) {
     return s;
 }
 
-/* acc += w * v over d values of the storage dtype. */
-static inline void axpy(float *acc, float w, const void *v, i64 d, int dt) {
-    if (dt) {
-        const uint16_t *x = (const uint16_t *)v;
-        for (i64 i = 0; i < d; i++) acc[i] += w * bf2f(x[i]);
-    } else {
-        const float *x = (const float *)v;
-        for (i64 i = 0; i < d; i++) acc[i] += w * x[i];
-    }
-}
-
 /* Ask the memory system for one block's K and V rows of kv heads [h0, h0 + rows) ahead of use. */
 static void prefetch_block(const void *k_cache, const void *v_cache, i64 blk, i64 bs, i64 hk, i64 h0, i64 d,
                            i64 row_bytes, int dt) {
@@ -228,35 +218,35 @@ static void prefetch_block(const void *k_cache, const void *v_cache, i64 blk, i6
     }
 }
 
-/* Decode attention of sequence sq's query heads served by kv heads [h0, h1). Reads the cache a block at
- * a time, all of the range's heads of a token together (contiguous in the cache); online softmax in
- * float32. GQA: kv head h serves query heads h * g .. h * g + g - 1. */
+/* Attention of sequence sq's query heads over its positions [t0, t1), a block at a time, every head of a
+ * token together (contiguous in the cache); online softmax in float32. GQA: kv head h serves query heads
+ * h * g .. h * g + g - 1. With part == NULL the result is normalized and stored in out; otherwise each query
+ * head's partial state (running max, sum of exps, unnormalized sum: d + 2 floats) goes to part. */
 static void attend(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache, const i64 *table,
-                   i64 len, i64 sq, i64 h0, i64 h1, i64 hq, i64 hk, i64 d, i64 bs, float scale, i64 window,
-                   void *out, int dt) {
-    const i64 g = hq / hk, nh = (h1 - h0) * g; /* query heads in this task */
-    const i64 start = (window > 0 && len > window) ? len - window : 0;
-    float acc[nh][d], sc[nh][bs], m[nh], l[nh];
-    for (i64 j = 0; j < nh; j++) {
+                   i64 t0, i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale, void *out, float *part,
+                   int dt) {
+    const i64 g = hq / hk;
+    float acc[hq][d], sc[hq][bs], m[hq], l[hq], vf[d];
+    for (i64 j = 0; j < hq; j++) {
         m[j] = -INFINITY;
         l[j] = 0.0f;
         memset(acc[j], 0, sizeof(float) * (size_t)d);
     }
-    const void *q0 = cat_(qkv, sq * q_stride + h0 * g * d, dt);
-    const i64 row_bytes = (h1 - h0) * d * (dt ? 2 : 4), first = start / bs;
-    prefetch_block(k_cache, v_cache, table[first], bs, hk, h0, d, row_bytes, dt);
-    for (i64 b = first; b * bs < len; b++) {
+    const void *q0 = cat_(qkv, sq * q_stride, dt);
+    const i64 row_bytes = hk * d * (dt ? 2 : 4);
+    if (t0 < t1) prefetch_block(k_cache, v_cache, table[t0 / bs], bs, hk, 0, d, row_bytes, dt);
+    for (i64 b = t0 / bs; b * bs < t1; b++) {
         const i64 blk = table[b];
-        if ((b + 1) * bs < len) /* the next block's rows are scattered: ask for them while this one runs */
-            prefetch_block(k_cache, v_cache, table[b + 1], bs, hk, h0, d, row_bytes, dt);
-        const i64 lo = start > b * bs ? start - b * bs : 0;
-        const i64 hi = len < (b + 1) * bs ? len - b * bs : bs;
+        if ((b + 1) * bs < t1) /* the next block is elsewhere in the cache: ask for it while this one runs */
+            prefetch_block(k_cache, v_cache, table[b + 1], bs, hk, 0, d, row_bytes, dt);
+        const i64 lo = t0 > b * bs ? t0 - b * bs : 0;
+        const i64 hi = t1 < (b + 1) * bs ? t1 - b * bs : bs;
         for (i64 p = lo; p < hi; p++)
-            for (i64 j = 0; j < nh; j++) {
-                const void *k = cat_(k_cache, ((blk * bs + p) * hk + h0 + j / g) * d, dt);
+            for (i64 j = 0; j < hq; j++) {
+                const void *k = cat_(k_cache, ((blk * bs + p) * hk + j / g) * d, dt);
                 sc[j][p] = score(cat_(q0, j * d, dt), k, d, dt) * scale;
             }
-        for (i64 j = 0; j < nh; j++) {
+        for (i64 j = 0; j < hq; j++) {
             float mb = m[j];
             for (i64 p = lo; p < hi; p++) mb = sc[j][p] > mb ? sc[j][p] : mb;
             const float corr = exp_f(m[j] - mb); /* ~0 on the first block (m = -inf) */
@@ -267,29 +257,73 @@ static void attend(const void *qkv, i64 q_stride, const void *k_cache, const voi
             m[j] = mb;
         }
         for (i64 p = lo; p < hi; p++)
-            for (i64 j = 0; j < nh; j++)
-                axpy(acc[j], sc[j][p], cat_(v_cache, ((blk * bs + p) * hk + h0 + j / g) * d, dt), d, dt);
+            for (i64 h = 0; h < hk; h++) { /* each V row widened to float once, used by its g query heads */
+                load_row(cat_(v_cache, ((blk * bs + p) * hk + h) * d, dt), vf, d, dt);
+                for (i64 j = h * g; j < (h + 1) * g; j++) {
+                    const float w = sc[j][p];
+                    for (i64 i = 0; i < d; i++) acc[j][i] += w * vf[i];
+                }
+            }
     }
-    for (i64 j = 0; j < nh; j++) {
+    for (i64 j = 0; j < hq; j++) {
+        if (part) {
+            float *pj = part + j * (d + 2);
+            pj[0] = m[j];
+            pj[1] = l[j];
+            memcpy(pj + 2, acc[j], sizeof(float) * (size_t)d);
+            continue;
+        }
         const float inv = 1.0f / l[j];
         for (i64 i = 0; i < d; i++) acc[j][i] *= inv;
-        store_row(at(out, sq * hq * d + (h0 * g + j) * d, dt), acc[j], d, dt);
+        store_row(at(out, sq * hq * d + j * d, dt), acc[j], d, dt);
     }
 }
 
 /* Decode attention, one query token per sequence, reading K/V through the block tables.
  * q rows at qkv + s * q_stride (hq * d values); caches (num_blocks * bs, hk, d); block_tables (nd,
- * max_blocks); out (nd, hq * d). window > 0 keeps only the last `window` positions. With enough
- * sequences each thread takes whole sequences (sequential cache reads); otherwise (sequence, kv head). */
+ * max_blocks); out (nd, hq * d). window > 0 keeps only the last `window` positions. With enough sequences
+ * each thread takes whole sequences; with fewer, each sequence's positions are split into block-aligned
+ * parts (at least two per thread) whose partial softmax states are merged at the end. */
 void gb_decode_attention(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache,
                          const i64 *block_tables, i64 max_blocks, const i64 *context_lens, i64 nd, i64 hq,
                          i64 hk, i64 d, i64 bs, float scale, i64 window, void *out, int dt, i64 threads) {
-    const i64 split = nd >= 2 * threads ? 1 : hk; /* tasks per sequence */
+    const i64 parts = nd >= 2 * threads ? 1 : (2 * threads + nd - 1) / nd;
+    float *scratch = parts > 1 ? (float *)malloc(sizeof(float) * (size_t)(nd * parts * hq * (d + 2))) : NULL;
+    const i64 split = scratch ? parts : 1; /* out of memory: whole sequences */
 #pragma omp parallel for schedule(dynamic, 1) if (nd * split > 1)
     for (i64 task = 0; task < nd * split; task++) {
-        const i64 sq = task / split, part = task % split;
-        const i64 h0 = part * (hk / split), h1 = h0 + hk / split;
-        attend(qkv, q_stride, k_cache, v_cache, block_tables + sq * max_blocks, context_lens[sq], sq, h0, h1,
-               hq, hk, d, bs, scale, window, out, dt);
+        const i64 sq = task / split, pt = task % split, len = context_lens[sq];
+        const i64 start = (window > 0 && len > window) ? len - window : 0;
+        const i64 *table = block_tables + sq * max_blocks;
+        if (split == 1) {
+            attend(qkv, q_stride, k_cache, v_cache, table, start, len, sq, hq, hk, d, bs, scale, out, NULL, dt);
+            continue;
+        }
+        const i64 first = start / bs * bs, nblk = (len - first + bs - 1) / bs;
+        const i64 chunk = (nblk + split - 1) / split * bs;
+        const i64 a = first + pt * chunk, b = first + (pt + 1) * chunk;
+        attend(qkv, q_stride, k_cache, v_cache, table, a > start ? a : start, b < len ? b : len, sq, hq, hk, d,
+               bs, scale, NULL, scratch + (sq * split + pt) * hq * (d + 2), dt);
     }
+    if (split == 1) return;
+#pragma omp parallel for schedule(static) if (nd * hq * d >= (1 << 15))
+    for (i64 task = 0; task < nd * hq; task++) {
+        const i64 sq = task / hq, j = task % hq;
+        float mx = -INFINITY, sum = 0.0f, res[d];
+        for (i64 pt = 0; pt < split; pt++) {
+            const float mp = scratch[((sq * split + pt) * hq + j) * (d + 2)];
+            mx = mp > mx ? mp : mx;
+        }
+        memset(res, 0, sizeof(float) * (size_t)d);
+        for (i64 pt = 0; pt < split; pt++) {
+            const float *pj = scratch + ((sq * split + pt) * hq + j) * (d + 2);
+            const float w = pj[1] > 0.0f ? exp_f(pj[0] - mx) : 0.0f; /* an empty part adds nothing */
+            sum += w * pj[1];
+            for (i64 i = 0; i < d; i++) res[i] += w * pj[2 + i];
+        }
+        const float inv = 1.0f / sum;
+        for (i64 i = 0; i < d; i++) res[i] *= inv;
+        store_row(at(out, sq * hq * d + j * d, dt), res, d, dt);
+    }
+    free(scratch);
 }
