@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import build_tiny_model, hf_greedy
 
+from glassbox import LLM, SamplingParams
 from glassbox.layers import cpu_ops, native
 from glassbox.layers.attention import _decode_attention, write_kv
 from glassbox.layers.norm import RMSNorm
@@ -149,3 +153,20 @@ def test_check_step_rejects_out_of_range_indices() -> None:
         cpu_ops.check_step(pos, slots, 10, 64, tables, torch.tensor([33]), 4, 16)
     with pytest.raises(ValueError, match="int64"):
         cpu_ops.check_step(pos.int(), slots, 10, 64, tables, lens, 4, 16)
+
+
+def test_a_shape_the_kernels_refuse_falls_back_to_pytorch_ops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rows longer than the kernels' per-thread stack rows (here the limit lowered below the tiny model's
+    hidden size) are refused when the engine binds them at start: it says so and runs the PyTorch ops,
+    still token-exact with transformers."""
+    d = build_tiny_model("qwen3", tmp_path)
+    monkeypatch.setattr(cpu_ops, "MAX_ROW", 16)
+    prompt = [5, 17, 42, 7, 99, 3]
+    ref = hf_greedy(d, [prompt], 6)[0][0]
+    llm = LLM(str(d), dtype="float32", max_num_seqs=2)
+    assert llm.engine.executor.attn_backend == "torch"
+    assert "cannot run this model" in caplog.text
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    assert out.token_ids == ref

@@ -175,6 +175,12 @@ class TorchExecutor:
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
             for _ in range(model_config.num_layers)
         ]
+        if self.attn_backend == "native":  # bind now, so that a shape the kernels cannot take shows at start
+            try:
+                self.model.model.bind_native(self.kv_caches, self.dtype)
+            except ValueError as e:
+                logger.warning("glassbox's CPU kernels cannot run this model (%s): using PyTorch ops", e)
+                self.attn_backend = "torch"
         self.eos_ids: set[int] = set()
         self.graphs: DecodeGraphs | None = None
         if self.use_graphs:

@@ -191,7 +191,7 @@ class LlamaModel(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], meta: AttentionMetadata
     ) -> torch.Tensor:
         """Each residual add is fused with the next norm: x += sublayer(h); h = norm(x)."""
-        ops = self._native_ops(kv_caches, x.dtype)
+        ops = self.bind_native(kv_caches, x.dtype)
         attn0 = ops.layers[0][1]
         cpu_ops.check_step(
             positions, meta.slot_mapping, attn0.max_positions, attn0.num_blocks * attn0.bs,
@@ -206,7 +206,7 @@ class LlamaModel(nn.Module):
             next_norm(x, layer.mlp.forward_native(h, silu_mul), h)
         return h
 
-    def _native_ops(self, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> NativeOps:
+    def bind_native(self, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> NativeOps:
         """The layers' kernels bound to their weights and caches: built on first use, kept while they last."""
         key = (dtype, *(c.data_ptr() for c in kv_caches))
         if self._native is None or self._native.key != key:
