@@ -205,23 +205,12 @@ static inline float score(const void *q, const void *k, i64 d, int dt) {
     return s;
 }
 
-/* Ask the memory system for one block's K and V rows of kv heads [h0, h0 + rows) ahead of use. */
-static void prefetch_block(const void *k_cache, const void *v_cache, i64 blk, i64 bs, i64 hk, i64 h0, i64 d,
-                           i64 row_bytes, int dt) {
-    for (i64 p = 0; p < bs; p++) {
-        const char *k = (const char *)cat_(k_cache, ((blk * bs + p) * hk + h0) * d, dt);
-        const char *v = (const char *)cat_(v_cache, ((blk * bs + p) * hk + h0) * d, dt);
-        for (i64 o = 0; o < row_bytes; o += 64) {
-            __builtin_prefetch(k + o);
-            __builtin_prefetch(v + o);
-        }
-    }
-}
-
 /* Attention of sequence sq's query heads over its positions [t0, t1), a block at a time, every head of a
  * token together (contiguous in the cache); online softmax in float32. GQA: kv head h serves query heads
- * h * g .. h * g + g - 1. With part == NULL the result is normalized and stored in out; otherwise each query
- * head's partial state (running max, sum of exps, unnormalized sum: d + 2 floats) goes to part. */
+ * h * g .. h * g + g - 1. With part == NULL the result is normalized and stored in out; otherwise each
+ * query head's partial state (running max, sum of exps, unnormalized sum: d + 2 floats) goes to part.
+ * (Software prefetch of the next block was tried and slowed it: the hardware prefetcher follows these
+ * block-long contiguous reads by itself.) */
 static void attend(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache, const i64 *table,
                    i64 t0, i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale, void *out, float *part,
                    int dt) {
@@ -233,12 +222,8 @@ static void attend(const void *qkv, i64 q_stride, const void *k_cache, const voi
         memset(acc[j], 0, sizeof(float) * (size_t)d);
     }
     const void *q0 = cat_(qkv, sq * q_stride, dt);
-    const i64 row_bytes = hk * d * (dt ? 2 : 4);
-    if (t0 < t1) prefetch_block(k_cache, v_cache, table[t0 / bs], bs, hk, 0, d, row_bytes, dt);
     for (i64 b = t0 / bs; b * bs < t1; b++) {
         const i64 blk = table[b];
-        if ((b + 1) * bs < t1) /* the next block is elsewhere in the cache: ask for it while this one runs */
-            prefetch_block(k_cache, v_cache, table[b + 1], bs, hk, 0, d, row_bytes, dt);
         const i64 lo = t0 > b * bs ? t0 - b * bs : 0;
         const i64 hi = t1 < (b + 1) * bs ? t1 - b * bs : bs;
         for (i64 p = lo; p < hi; p++)
