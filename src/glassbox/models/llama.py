@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from glassbox.layers import cpu_ops
 from glassbox.layers.activation import get_activation
-from glassbox.layers.attention import AttentionMetadata, paged_attention, prefill_attention, write_kv
+from glassbox.layers.attention import AttentionMetadata, paged_attention, write_kv
 from glassbox.layers.norm import RMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
+from glassbox.models import llama_native
 from glassbox.models.model_config import ModelConfig
 
 
@@ -71,38 +68,6 @@ class LlamaAttention(nn.Module):
         o = paged_attention(q, k, v, kv_cache, meta, self.scale, self.sliding_window)
         return self.o_proj(o.reshape(t, nq))
 
-    def forward_native(
-        self, h: torch.Tensor, positions: torch.Tensor, ops: cpu_ops.PagedAttention, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        """The same attention on glassbox's CPU kernels (needs fuse()); ``ops`` bound to this layer."""
-        assert self.qkv_proj is not None
-        hq, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv_proj(h)  # (T, (hq + 2 hk) d)
-        t = qkv.shape[0]
-        ops.rope_store(qkv, positions, meta.slot_mapping)
-        o = torch.empty(t, hq * d, dtype=qkv.dtype)
-        if meta.num_decode:
-            assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
-            ops.decode(qkv, meta.decode_block_tables, meta.decode_context_lens, o)
-        if meta.prefills:
-            q = qkv[:, : hq * d].unflatten(1, (hq, d))
-            k = qkv[:, hq * d : (hq + hk) * d].unflatten(1, (hk, d))
-            v = qkv[:, (hq + hk) * d :].unflatten(1, (hk, d))
-            prefill_attention(
-                q, k, v, ops.kv_cache, meta.prefills, self.scale, self.sliding_window, o.view(t, hq, d)
-            )
-        return self.o_proj(o)
-
-    def bind(
-        self, kv_cache: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]
-    ) -> cpu_ops.PagedAttention:
-        qn = None if self.q_norm is None else self.q_norm.weight.detach()
-        kn = None if self.k_norm is None else self.k_norm.weight.detach()
-        eps = 0.0 if self.q_norm is None else self.q_norm.eps
-        return cpu_ops.PagedAttention(
-            self.num_heads, kv_cache, tables, qn, kn, eps, self.scale, self.sliding_window
-        )
-
 
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -135,14 +100,6 @@ class LlamaMLP(nn.Module):
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(self.act(gate) * up)
 
-    def forward_native(self, h: torch.Tensor, silu_mul: cpu_ops.SiluMul | None) -> torch.Tensor:
-        assert self.gate_up_proj is not None
-        gate_up = self.gate_up_proj(h)
-        if silu_mul is not None:
-            return self.down_proj(silu_mul(gate_up))
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(self.act(gate) * up)
-
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
@@ -170,7 +127,7 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, self.rotary_emb) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self._native: NativeOps | None = None  # the CPU kernels, bound on first use
+        self._native: llama_native.NativeOps | None = None  # the CPU kernels, bound on first use
 
     def forward(
         self,
@@ -181,61 +138,18 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:  # (T, hidden)
         x = self.embed_tokens(input_ids)
         if meta.backend == "native":
-            return self._forward_native(x, positions, kv_caches, meta)
+            return llama_native.forward(self.bind_native(kv_caches, x.dtype), x, positions, meta)
         rope = self.rotary_emb.cos_sin(positions, x.dtype)  # looked up once, shared by every layer
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(rope, x, cache, meta)
         return self.norm(x)
 
-    def _forward_native(
-        self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], meta: AttentionMetadata
-    ) -> torch.Tensor:
-        """Each residual add is fused with the next norm: x += sublayer(h); h = norm(x)."""
-        ops = self.bind_native(kv_caches, x.dtype)
-        attn0 = ops.layers[0][1]
-        cpu_ops.check_step(
-            positions, meta.slot_mapping, attn0.max_positions, attn0.num_blocks * attn0.bs,
-            meta.decode_block_tables, meta.decode_context_lens, attn0.num_blocks, attn0.bs,
-        )  # fmt: skip
-        h = torch.empty_like(x)
-        ops.layers[0][0](x, None, h)
-        nexts = [lo[0] for lo in ops.layers[1:]] + [ops.final_norm]
-        for layer, (_, attn, post, silu_mul), next_norm in zip(self.layers, ops.layers, nexts, strict=True):
-            assert isinstance(layer, LlamaDecoderLayer)
-            post(x, layer.self_attn.forward_native(h, positions, attn, meta), h)
-            next_norm(x, layer.mlp.forward_native(h, silu_mul), h)
-        return h
-
-    def bind_native(self, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> NativeOps:
-        """The layers' kernels bound to their weights and caches: built on first use, kept while they last."""
+    def bind_native(self, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> llama_native.NativeOps:
+        """The layers' CPU kernels bound to their weights and caches: built on first use, kept while they last."""
         key = (dtype, *(c.data_ptr() for c in kv_caches))
         if self._native is None or self._native.key != key:
-            tables = self.rotary_emb.tables(dtype)
-            layers = []
-            for layer, cache in zip(self.layers, kv_caches, strict=True):
-                assert isinstance(layer, LlamaDecoderLayer)
-                inorm, post = layer.input_layernorm, layer.post_attention_layernorm
-                mlp = layer.mlp
-                layers.append(
-                    (
-                        cpu_ops.AddRMSNorm(inorm.weight.detach(), inorm.eps),
-                        layer.self_attn.bind(cache, tables),
-                        cpu_ops.AddRMSNorm(post.weight.detach(), post.eps),
-                        cpu_ops.SiluMul(mlp.intermediate, dtype) if mlp.act is F.silu else None,
-                    )
-                )
-            final = cpu_ops.AddRMSNorm(self.norm.weight.detach(), self.norm.eps)
-            self._native = NativeOps(key, layers, final)
+            self._native = llama_native.bind(self, kv_caches, dtype)
         return self._native
-
-
-@dataclass
-class NativeOps:
-    key: tuple[object, ...]
-    layers: list[
-        tuple[cpu_ops.AddRMSNorm, cpu_ops.PagedAttention, cpu_ops.AddRMSNorm, cpu_ops.SiluMul | None]
-    ]
-    final_norm: cpu_ops.AddRMSNorm
 
 
 class LlamaForCausalLM(nn.Module):

@@ -1,0 +1,129 @@
+"""The Llama-family forward on glassbox's CPU kernels (layers/cpu_ops.py) around the model's own linears.
+
+Same math as ``LlamaModel.forward`` with the PyTorch ops, arranged for a CPU decode step: each residual
+add is fused with the next norm (x += sublayer(h); h = norm(x)), q/k norm, rotary and the cache write are
+one call, decode rows attend through the block tables, and the linears are called as bound methods (no
+module hooks or attribute lookups on the hot path). Prefill rows still use PyTorch's SDPA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from glassbox.layers import cpu_ops
+from glassbox.layers.attention import AttentionMetadata, prefill_attention
+
+if TYPE_CHECKING:
+    from glassbox.models.llama import LlamaModel
+
+Fn = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class LayerOps:
+    in_norm: cpu_ops.AddRMSNorm
+    qkv: Fn
+    attn: cpu_ops.PagedAttention
+    o_proj: Fn
+    post_norm: cpu_ops.AddRMSNorm
+    gate_up: Fn
+    act_mul: Fn  # (T, 2I) [gate | up] -> (T, I)
+    down: Fn
+    scale: float
+    sliding_window: int | None
+
+
+@dataclass
+class NativeOps:
+    key: tuple[object, ...]  # the dtype and cache addresses these were bound to
+    layers: list[LayerOps]
+    final_norm: cpu_ops.AddRMSNorm
+
+
+def _torch_act_mul(act: Fn, inter: int) -> Fn:
+    def act_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.split(inter, dim=-1)
+        return act(gate) * up
+
+    return act_mul
+
+
+def bind(model: LlamaModel, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> NativeOps:
+    """Every layer's kernels bound to its weights and cache; ValueError for what the kernels cannot run."""
+    from glassbox.models.llama import LlamaDecoderLayer  # here: llama.py imports this module
+
+    tables = model.rotary_emb.tables(dtype)
+    layers = []
+    for layer, cache in zip(model.layers, kv_caches, strict=True):
+        assert isinstance(layer, LlamaDecoderLayer)
+        attn, mlp = layer.self_attn, layer.mlp
+        if attn.qkv_proj is None or mlp.gate_up_proj is None:
+            raise ValueError("the kernels need fused q/k/v and gate/up projections (LlamaForCausalLM.fuse)")
+        inorm, post = layer.input_layernorm, layer.post_attention_layernorm
+        qn = None if attn.q_norm is None else attn.q_norm.weight.detach()
+        kn = None if attn.k_norm is None else attn.k_norm.weight.detach()
+        eps = 0.0 if attn.q_norm is None else attn.q_norm.eps
+        silu = mlp.act is F.silu
+        layers.append(
+            LayerOps(
+                in_norm=cpu_ops.AddRMSNorm(inorm.weight.detach(), inorm.eps),
+                qkv=attn.qkv_proj.forward,
+                attn=cpu_ops.PagedAttention(
+                    attn.num_heads, cache, tables, qn, kn, eps, attn.scale, attn.sliding_window
+                ),
+                o_proj=attn.o_proj.forward,
+                post_norm=cpu_ops.AddRMSNorm(post.weight.detach(), post.eps),
+                gate_up=mlp.gate_up_proj.forward,
+                act_mul=cpu_ops.SiluMul(mlp.intermediate, dtype)
+                if silu
+                else _torch_act_mul(mlp.act, mlp.intermediate),
+                down=mlp.down_proj.forward,
+                scale=attn.scale,
+                sliding_window=attn.sliding_window,
+            )
+        )
+    final = cpu_ops.AddRMSNorm(model.norm.weight.detach(), model.norm.eps)
+    return NativeOps((dtype, *(c.data_ptr() for c in kv_caches)), layers, final)
+
+
+def forward(
+    ops: NativeOps, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+) -> torch.Tensor:  # (T, hidden): the final norm's output
+    """x: the embedded tokens (T, hidden), used as the residual stream (updated in place)."""
+    a0 = ops.layers[0].attn
+    cpu_ops.check_step(
+        positions, meta.slot_mapping, a0.max_positions, a0.num_blocks * a0.bs,
+        meta.decode_block_tables, meta.decode_context_lens, a0.num_blocks, a0.bs,
+    )  # fmt: skip
+    t, nd = x.shape[0], meta.num_decode
+    tables, lens = meta.decode_block_tables, meta.decode_context_lens
+    h = torch.empty_like(x)
+    ops.layers[0].in_norm(x, None, h)
+    nexts = [lo.in_norm for lo in ops.layers[1:]] + [ops.final_norm]
+    for lo, next_norm in zip(ops.layers, nexts, strict=True):
+        qkv = lo.qkv(h)  # (T, (hq + 2 hk) d)
+        lo.attn.rope_store(qkv, positions, meta.slot_mapping)
+        o = torch.empty(t, lo.attn.hq * lo.attn.d, dtype=qkv.dtype)
+        if nd:
+            assert tables is not None and lens is not None
+            lo.attn.decode(qkv, tables, lens, o)
+        if meta.prefills:
+            _prefill(lo, qkv, o, meta)
+        lo.post_norm(x, lo.o_proj(o), h)
+        next_norm(x, lo.down(lo.act_mul(lo.gate_up(h))), h)
+    return h
+
+
+def _prefill(lo: LayerOps, qkv: torch.Tensor, o: torch.Tensor, meta: AttentionMetadata) -> None:
+    """The prefill rows' attention with PyTorch SDPA (their k/v already in the cache)."""
+    hq, hk, d, t = lo.attn.hq, lo.attn.hk, lo.attn.d, qkv.shape[0]
+    q = qkv[:, : hq * d].unflatten(1, (hq, d))
+    k = qkv[:, hq * d : (hq + hk) * d].unflatten(1, (hk, d))
+    v = qkv[:, (hq + hk) * d :].unflatten(1, (hk, d))
+    out = o.view(t, hq, d)
+    prefill_attention(q, k, v, lo.attn.kv_cache, meta.prefills, lo.scale, lo.sliding_window, out)
