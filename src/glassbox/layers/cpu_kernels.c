@@ -66,7 +66,8 @@ static float dot(const float *a, const float *b, i64 n) {
 
 /* exp(x) to about 1 ulp, written so that loops of it vectorize (libm's expf does not without
  * -ffast-math): 2^n * e^r with |r| <= ln2/2 and a degree-7 Taylor polynomial. x is clamped to
- * [-87, 88] (NaN stays NaN): exp(-inf) gives ~1e-38 instead of 0, which no softmax or sigmoid here can tell apart. */
+ * [-87, 88] (NaN stays NaN): exp(-inf) gives ~1e-38 instead of 0, which no softmax or sigmoid here can
+ * tell apart. */
 static inline float exp_f(float x) {
     x = x < -87.0f ? -87.0f : x; /* ternaries, not fminf/fmaxf: those keep gcc from vectorizing */
     x = x > 88.0f ? 88.0f : x;
@@ -102,9 +103,9 @@ static void rms_norm_inplace(float *x, const float *w, i64 n, float eps, int dt)
 }
 
 /* If res: x <- round(x + res) in place. Then out <- rms_norm(x) * w. Rows of length dim. */
-void gb_add_rms_norm(void *x, const void *res, const void *w, void *out, i64 rows, i64 dim, float eps,
-                     int dt) {
-#pragma omp parallel for schedule(static) if (rows * dim >= (1 << 15))
+void gb_add_rms_norm(void *x, const void *res, const void *w, void *out, i64 rows, i64 dim, float eps, int dt,
+                     int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * dim >= (1 << 15))
     for (i64 r = 0; r < rows; r++) {
         float buf[dim], rb[dim], wf[dim];
         load_row(w, wf, dim, dt);
@@ -121,8 +122,8 @@ void gb_add_rms_norm(void *x, const void *res, const void *w, void *out, i64 row
 }
 
 /* out[r, i] <- round(round(silu(gu[r, i])) * gu[r, inter + i]). */
-void gb_silu_mul(const void *gu, void *out, i64 rows, i64 inter, int dt) {
-#pragma omp parallel for schedule(static) if (rows * inter >= (1 << 15))
+void gb_silu_mul(const void *gu, void *out, i64 rows, i64 inter, int dt, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * inter >= (1 << 15))
     for (i64 r = 0; r < rows; r++) {
         float g[inter], u[inter];
         load_row(cat_(gu, r * 2 * inter, dt), g, inter, dt);
@@ -158,8 +159,9 @@ static void norm_rope_head(float *x, i64 d, const float *norm_w, float eps, cons
  * then k and v stored at each token's cache slot. Caches are (slots, hk, d) in the same dtype. */
 void gb_qkv_rope_store(void *qkv, i64 T, i64 stride, i64 hq, i64 hk, i64 d, const void *qn_w,
                        const void *kn_w, float eps, const void *cos_t, const void *sin_t, i64 rd,
-                       const i64 *positions, void *k_cache, void *v_cache, const i64 *slots, int dt) {
-#pragma omp parallel for schedule(static) if (T * (hq + hk) * d >= (1 << 15))
+                       const i64 *positions, void *k_cache, void *v_cache, const i64 *slots, int dt,
+                       int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (T * (hq + hk) * d >= (1 << 15))
     for (i64 t = 0; t < T; t++) {
         float buf[d], qn[d], kn[d], c[rd], s[rd];
         if (qn_w) load_row(qn_w, qn, d, dt);
@@ -211,9 +213,10 @@ static inline float score(const void *q, const void *k, i64 d, int dt) {
  * query head's partial state (running max, sum of exps, unnormalized sum: d + 2 floats) goes to part.
  * (Software prefetch of the next block was tried and slowed it: the hardware prefetcher follows these
  * block-long contiguous reads by itself.) */
-static inline __attribute__((always_inline)) void attend(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache, const i64 *table,
-                   i64 t0, i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale, void *out, float *part,
-                   int dt) {
+static inline __attribute__((always_inline)) void attend(const void *qkv, i64 q_stride, const void *k_cache,
+                                                         const void *v_cache, const i64 *table, i64 t0, i64 t1,
+                                                         i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale,
+                                                         void *out, float *part, int dt) {
     const i64 g = hq / hk;
     float acc[hq][d], sc[hq][bs], m[hq], l[hq], vf[d];
     for (i64 j = 0; j < hq; j++) {
@@ -266,9 +269,9 @@ static inline __attribute__((always_inline)) void attend(const void *qkv, i64 q_
 
 /* attend, compiled separately for the common bf16 head sizes (loops of known length unroll and keep their
  * sums in registers: a quarter faster) and once for any other size and dtype. */
-static void attend_any(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache, const i64 *table,
-                       i64 t0, i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale, void *out, float *part,
-                       int dt) {
+static void attend_any(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache,
+                       const i64 *table, i64 t0, i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale,
+                       void *out, float *part, int dt) {
     if (dt == 1 && d == 128)
         attend(qkv, q_stride, k_cache, v_cache, table, t0, t1, sq, hq, hk, 128, bs, scale, out, part, 1);
     else if (dt == 1 && d == 64)
@@ -284,17 +287,18 @@ static void attend_any(const void *qkv, i64 q_stride, const void *k_cache, const
  * parts (at least two per thread) whose partial softmax states are merged at the end. */
 void gb_decode_attention(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache,
                          const i64 *block_tables, i64 max_blocks, const i64 *context_lens, i64 nd, i64 hq,
-                         i64 hk, i64 d, i64 bs, float scale, i64 window, void *out, int dt, i64 threads) {
+                         i64 hk, i64 d, i64 bs, float scale, i64 window, void *out, int dt, int threads) {
     const i64 parts = nd >= 2 * threads ? 1 : (2 * threads + nd - 1) / nd;
     float *scratch = parts > 1 ? (float *)malloc(sizeof(float) * (size_t)(nd * parts * hq * (d + 2))) : NULL;
     const i64 split = scratch ? parts : 1; /* out of memory: whole sequences */
-#pragma omp parallel for schedule(dynamic, 1) if (nd * split > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (nd * split > 1)
     for (i64 task = 0; task < nd * split; task++) {
         const i64 sq = task / split, pt = task % split, len = context_lens[sq];
         const i64 start = (window > 0 && len > window) ? len - window : 0;
         const i64 *table = block_tables + sq * max_blocks;
         if (split == 1) {
-            attend_any(qkv, q_stride, k_cache, v_cache, table, start, len, sq, hq, hk, d, bs, scale, out, NULL, dt);
+            attend_any(qkv, q_stride, k_cache, v_cache, table, start, len, sq, hq, hk, d, bs, scale, out, NULL,
+                       dt);
             continue;
         }
         const i64 first = start / bs * bs, nblk = (len - first + bs - 1) / bs;
@@ -304,7 +308,7 @@ void gb_decode_attention(const void *qkv, i64 q_stride, const void *k_cache, con
                    d, bs, scale, NULL, scratch + (sq * split + pt) * hq * (d + 2), dt);
     }
     if (split == 1) return;
-#pragma omp parallel for schedule(static) if (nd * hq * d >= (1 << 15))
+#pragma omp parallel for schedule(static) num_threads(threads) if (nd * hq * d >= (1 << 15))
     for (i64 task = 0; task < nd * hq; task++) {
         const i64 sq = task / hq, j = task % hq;
         float mx = -INFINITY, sum = 0.0f, res[d];

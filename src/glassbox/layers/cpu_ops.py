@@ -57,7 +57,7 @@ class AddRMSNorm:
                 raise ValueError("residual rows differ from x's")
         if out.shape[0] != x.shape[0]:
             raise ValueError("out rows differ from x's")
-        self.fn(xp, rp, self.w, op, x.shape[0], self.dim, self.eps, self.dt)
+        self.fn(xp, rp, self.w, op, x.shape[0], self.dim, self.eps, self.dt, torch.get_num_threads())
 
 
 class SiluMul:
@@ -72,7 +72,7 @@ class SiluMul:
     def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
         gp = _fresh(gate_up, self.dtype, 2 * self.inter)
         out = torch.empty(gate_up.shape[0], self.inter, dtype=self.dtype)
-        self.fn(gp, out.data_ptr(), gate_up.shape[0], self.inter, self.dt)
+        self.fn(gp, out.data_ptr(), gate_up.shape[0], self.inter, self.dt, torch.get_num_threads())
         return out
 
 
@@ -129,6 +129,7 @@ class PagedAttention:
         self.rope_fn(
             qp, t, self.width, self.hq, self.hk, self.d, self.qn, self.kn, self.eps, self.cos, self.sin,
             self.rd, positions.data_ptr(), self.k_ptr, self.v_ptr, slots.data_ptr(), self.dt,
+            torch.get_num_threads(),
         )  # fmt: skip
 
     def decode(

@@ -30,11 +30,13 @@ MAX_ROW = 1 << 16  # the kernels keep a few rows per thread on the stack
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 _F = ctypes.c_float
+_C = ctypes.c_int
 _SIGNATURES: dict[str, list[type]] = {
-    "gb_add_rms_norm": [_P, _P, _P, _P, _I, _I, _F, ctypes.c_int],
-    "gb_silu_mul": [_P, _P, _I, _I, ctypes.c_int],
-    "gb_qkv_rope_store": [_P, _I, _I, _I, _I, _I, _P, _P, _F, _P, _P, _I, _P, _P, _P, _P, ctypes.c_int],
-    "gb_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, ctypes.c_int, _I],
+    # the last argument of each: how many threads its parallel loops may use (torch's intra-op count)
+    "gb_add_rms_norm": [_P, _P, _P, _P, _I, _I, _F, _C, _C],
+    "gb_silu_mul": [_P, _P, _I, _I, _C, _C],
+    "gb_qkv_rope_store": [_P, _I, _I, _I, _I, _I, _P, _P, _F, _P, _P, _I, _P, _P, _P, _P, _C, _C],
+    "gb_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _C, _C],
 }
 
 
