@@ -126,13 +126,12 @@ class TorchExecutor:
         self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else TORCH_DTYPES[config.kv_cache_dtype]
         self.block_size = config.block_size
         self.attn_backend = "triton" if triton_usable(self.device) else "torch"
+        self.use_graphs = self.attn_backend == "triton" and not config.enforce_eager
         if self.device.type == "cpu":
             from glassbox.layers import native
 
             if native.usable(self.dtype, self.kv_dtype):
                 self.attn_backend = "native"  # glassbox's C kernels around oneDNN's GEMMs
-        self.use_graphs = self.attn_backend == "triton" and not config.enforce_eager
-        if self.device.type == "cpu":
             if "GLASSBOX_NUM_THREADS" in os.environ:
                 torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
             keep_large_allocations_in_heap()

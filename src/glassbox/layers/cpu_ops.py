@@ -2,7 +2,7 @@
 
 A decode step calls them ~6 times per layer, so per call they check only what is new each step (the
 fresh activation tensors' dtype, contiguity and width); weights, caches and tables are checked here at
-binding, and index values (positions, slots, block tables) once per step by ``native.check_step``.
+binding, and index values (positions, slots, block tables) once per step by ``check_step`` below.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class PagedAttention:
         self.hq, self.hk, self.d, self.bs, self.num_blocks = num_heads, hk, d, bs, nb
         self.dtype, self.dt = dtype, DTYPE_CODES[dtype]
         self.width = (num_heads + 2 * hk) * d
-        self.kv_cache, self.tables = kv_cache, tables  # kept alive: the kernels hold their addresses
+        self.kv_cache, self.tables = kv_cache, tables
         self.k_ptr = _static(kv_cache, dtype, tuple(kv_cache.shape))
         self.v_ptr = int(kv_cache[1].data_ptr())
         rd = tables[0].shape[1]
@@ -113,7 +113,7 @@ class PagedAttention:
         self.rd, self.max_positions = rd, tables[0].shape[0]
         if (q_norm is None) != (k_norm is None):
             raise ValueError("q_norm and k_norm come together")
-        self.norms = (q_norm, k_norm)
+        self.norms = (q_norm, k_norm)  # kept alive with the cache and tables, as their addresses are held
         self.qn = None if q_norm is None else _static(q_norm, dtype, (d,))
         self.kn = None if k_norm is None else _static(k_norm, dtype, (d,))
         self.eps, self.scale, self.window = eps, scale, sliding_window or 0
@@ -121,7 +121,7 @@ class PagedAttention:
         self.rope_fn, self.decode_fn = lib.gb_qkv_rope_store, lib.gb_decode_attention
 
     def rope_store(self, qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        """Index values must have passed ``native.check_step`` for this step."""
+        """Index values must have passed ``check_step`` for this step."""
         qp = _fresh(qkv, self.dtype, self.width)
         t = qkv.shape[0]
         if positions.shape != (t,) or slots.shape != (t,):
@@ -135,7 +135,7 @@ class PagedAttention:
     def decode(
         self,
         qkv: torch.Tensor,  # rows [0, nd) hold the decoding sequences' q heads first
-        block_tables: torch.Tensor,  # (nd, max_blocks) int64, checked by native.check_step
+        block_tables: torch.Tensor,  # (nd, max_blocks) int64, checked by check_step
         context_lens: torch.Tensor,  # (nd,) int64
         out: torch.Tensor,  # (>= nd, hq * d): rows [0, nd) written
     ) -> None:

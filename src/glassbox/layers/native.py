@@ -2,7 +2,7 @@
 
 A decode step on CPU spends as much time in the dozens of small PyTorch ops around the GEMVs (norms,
 rotary, cache writes, the gathered-copy attention) as in the GEMVs themselves; these kernels do that
-work in four calls per layer. The PyTorch path stays as the reference and the fallback: set
+work in five calls per layer. The PyTorch path stays as the reference and the fallback: set
 ``GLASSBOX_CPU_KERNELS=torch`` to use it, and it is used wherever no C compiler is found.
 """
 

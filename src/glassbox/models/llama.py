@@ -146,8 +146,7 @@ class LlamaModel(nn.Module):
 
     def bind_native(self, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> llama_native.NativeOps:
         """The layers' CPU kernels bound to their weights and caches: built on first use, kept while they last."""
-        key = (dtype, *(c.data_ptr() for c in kv_caches))
-        if self._native is None or self._native.key != key:
+        if self._native is None or self._native.key != llama_native.binding_key(kv_caches, dtype):
             self._native = llama_native.bind(self, kv_caches, dtype)
         return self._native
 

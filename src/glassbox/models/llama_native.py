@@ -34,15 +34,18 @@ class LayerOps:
     gate_up: Fn
     act_mul: Fn  # (T, 2I) [gate | up] -> (T, I)
     down: Fn
-    scale: float
-    sliding_window: int | None
 
 
 @dataclass
 class NativeOps:
-    key: tuple[object, ...]  # the dtype and cache addresses these were bound to
+    key: tuple[object, ...]  # binding_key() of what these were bound to
     layers: list[LayerOps]
     final_norm: cpu_ops.AddRMSNorm
+
+
+def binding_key(kv_caches: list[torch.Tensor], dtype: torch.dtype) -> tuple[object, ...]:
+    """What bound ops depend on beyond the model's weights: the dtype and the caches' addresses."""
+    return (dtype, *(c.data_ptr() for c in kv_caches))
 
 
 def _torch_act_mul(act: Fn, inter: int) -> Fn:
@@ -83,12 +86,10 @@ def bind(model: LlamaModel, kv_caches: list[torch.Tensor], dtype: torch.dtype) -
                 if silu
                 else _torch_act_mul(mlp.act, mlp.intermediate),
                 down=mlp.down_proj.forward,
-                scale=attn.scale,
-                sliding_window=attn.sliding_window,
             )
         )
     final = cpu_ops.AddRMSNorm(model.norm.weight.detach(), model.norm.eps)
-    return NativeOps((dtype, *(c.data_ptr() for c in kv_caches)), layers, final)
+    return NativeOps(binding_key(kv_caches, dtype), layers, final)
 
 
 def forward(
@@ -126,4 +127,5 @@ def _prefill(lo: LayerOps, qkv: torch.Tensor, o: torch.Tensor, meta: AttentionMe
     k = qkv[:, hq * d : (hq + hk) * d].unflatten(1, (hk, d))
     v = qkv[:, (hq + hk) * d :].unflatten(1, (hk, d))
     out = o.view(t, hq, d)
-    prefill_attention(q, k, v, lo.attn.kv_cache, meta.prefills, lo.scale, lo.sliding_window, out)
+    window = lo.attn.window or None
+    prefill_attention(q, k, v, lo.attn.kv_cache, meta.prefills, lo.attn.scale, window, out)
