@@ -30,12 +30,6 @@ static inline uint16_t f2bf(float f) { /* round to nearest even, NaN kept quiet 
     return (uint16_t)(u >> 16);
 }
 
-static inline float rnd(float f, int dt) { return dt ? bf2f(f2bf(f)) : f; }
-
-static inline float ld(const void *p, i64 i, int dt) {
-    return dt ? bf2f(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
 static void load_row(const void *p, float *dst, i64 n, int dt) {
     if (dt) {
         const uint16_t *s = (const uint16_t *)p;
