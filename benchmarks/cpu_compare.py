@@ -179,7 +179,7 @@ def roofline(model_dir: Path) -> dict[str, Any]:
     from glassbox.models.model_config import ModelConfig
     from glassbox.perf.hardware import probe_local
 
-    hw = probe_local("cpu", "bfloat16")
+    hw = probe_local("cpu", "bfloat16", force=True)  # measured now, beside the engines, not an old cache
     mc = ModelConfig.from_dir(model_dir)
     weight_bytes = mc.num_params * 2  # bf16, tied embedding read once (as the LM head)
     kv = mc.kv_bytes_per_token(torch.bfloat16) * (128 + 32)
@@ -231,6 +231,10 @@ def main() -> int:
         result["llama.cpp"] = bench_llamacpp(model_dir, args.decode_tokens, args.threads)
         if "error" not in (result["llama.cpp"] or {}):
             result["decode_b1_paired"] = paired_decode_b1(model_dir, args.decode_tokens, args.threads)
+    from glassbox.perf.hardware import measure_read_bandwidth
+
+    # the machine drifts: the read probe again at the end shows by how much during this run
+    result["roofline"]["read_gbs_at_end"] = measure_read_bandwidth("cpu")
     rf = result["roofline"]
     for peer in PEERS:
         r = result.get(peer)
@@ -265,7 +269,8 @@ def print_table(result: dict[str, Any]) -> None:
         )
     rf = result["roofline"]
     print(
-        f"roofline: decode {rf['decode_ceiling_tok_s']:.1f} tok/s ({rf['bandwidth_gbs']:.1f} GB/s), "
+        f"roofline (probed at the start): decode {rf['decode_ceiling_tok_s']:.1f} tok/s "
+        f"({rf['bandwidth_gbs']:.1f} GB/s; read probe at the end {rf.get('read_gbs_at_end', 0):.1f} GB/s), "
         f"prefill {rf['prefill_ceiling_tok_s']:.0f} tok/s ({rf['bf16_tflops']:.2f} TFLOP/s bf16)"
     )
 
