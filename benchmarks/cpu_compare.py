@@ -4,8 +4,9 @@ glassbox vs Hugging Face transformers (and llama.cpp through llama-cpp-python wh
 batch-1 prefill (128- and 1024-token prompts) and decode, and aggregate throughput at batch 16 and 64,
 each also as a fraction of this machine's roofline from `glassbox hardware --probe`. glassbox runs three
 ways: as shipped (its C kernels around oneDNN GEMMs), with `--quantization int8`, and with the PyTorch ops in
-place of its C kernels (GLASSBOX_CPU_KERNELS=torch), so one run shows what the kernels buy. Last, batch-1
-decode of glassbox and llama.cpp in turns, five pairs, for a ratio that the machine's drift does not bend.
+place of its C kernels (GLASSBOX_CPU_KERNELS=torch), so one run shows what the kernels buy. Batch-1 decode
+runs last, every engine in turns for five rounds (medians reported), so that all of that row saw the same
+machine: this shared machine's speed drifts by half within minutes.
 
     .venv/bin/python benchmarks/cpu_compare.py            # writes benchmarks/results/cpu-<date>.json
 """
@@ -19,6 +20,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +47,24 @@ def _median_of(out: dict[str, Any], name: str, runs: list[float]) -> None:
     out[f"{name}_runs"] = [round(r, 2) for r in runs]
 
 
+Decoder = Callable[[list[int]], float]  # one batch-1 decode of a 128-token prompt -> tok/s
+
+
 def bench_glassbox(
     model_dir: Path, batches: list[int], decode_tokens: int, kernels: str = "native", **engine: Any
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], Decoder]:
     from glassbox import LLM, SamplingParams
 
     os.environ["GLASSBOX_CPU_KERNELS"] = kernels  # "torch": the PyTorch-ops reference path, for contrast
+    # a KV cache sized to the workload (16-token blocks), not to free memory: several engines stay loaded
+    # at once for the batch-1 decode rounds
+    blocks = max(max(batches, default=1) * -(-(128 + decode_tokens) // 16), -(-(1024 + 16) // 16)) + 16
     llm = LLM(
         str(model_dir),
         dtype="bfloat16",
         max_num_seqs=max(batches, default=1),
         enable_prefix_caching=False,
+        num_kv_blocks=blocks,
         **engine,
     )
     os.environ.pop("GLASSBOX_CPU_KERNELS")
@@ -70,22 +79,22 @@ def bench_glassbox(
             rates.append(m.prefill_tok_s)
         out[f"prefill_{length}_tok_s"] = statistics.median(rates)
     decode = SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
-    runs = []
-    for rep in range(REPEATS):
-        m = llm.generate(_prompts(1, 128, 1 + rep), decode)[0].metrics
+
+    def decode_b1(prompt: list[int]) -> float:
+        m = llm.generate([prompt], decode)[0].metrics
         assert m is not None
-        runs.append(m.decode_tok_s)
-    _median_of(out, "decode_b1", runs)
+        return m.decode_tok_s
+
     for b in batches:
         prompts = _prompts(b, 128, 1000 + b)
         t0 = time.perf_counter()
         res = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True))
         dt = time.perf_counter() - t0
         out[f"batch{b}_tok_s"] = sum(len(r.token_ids) for r in res) / dt
-    return out
+    return out, decode_b1
 
 
-def bench_hf(model_dir: Path, batches: list[int], decode_tokens: int) -> dict[str, Any]:
+def bench_hf(model_dir: Path, batches: list[int], decode_tokens: int) -> tuple[dict[str, Any], Decoder]:
     import transformers as tf
 
     model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
@@ -111,24 +120,25 @@ def bench_hf(model_dir: Path, batches: list[int], decode_tokens: int) -> dict[st
         out[f"prefill_{length}_tok_s"] = statistics.median(
             length / gen(_prompts(1, length, length + rep), 1) for rep in range(REPEATS)
         )
-    runs = []
-    for rep in range(REPEATS):
-        p = _prompts(1, 128, 1 + rep)
-        t_first = gen(p, 1)
-        runs.append((decode_tokens - 1) / (gen(p, decode_tokens) - t_first))
-    _median_of(out, "decode_b1", runs)
+
+    def decode_b1(prompt: list[int]) -> float:
+        t_first = gen([prompt], 1)
+        return (decode_tokens - 1) / (gen([prompt], decode_tokens) - t_first)
+
     for b in batches:
         dt = gen(_prompts(b, 128, 1000 + b), decode_tokens)
         out[f"batch{b}_tok_s"] = b * decode_tokens / dt
-    return out
+    return out, decode_b1
 
 
-def bench_llamacpp(model_dir: Path, decode_tokens: int, threads: int) -> dict[str, Any] | None:
+def bench_llamacpp(
+    model_dir: Path, decode_tokens: int, threads: int
+) -> tuple[dict[str, Any], Decoder | None]:
     try:
         from gguf_export import export_gguf
         from llamacpp_peer import measure_llamacpp, measure_llamacpp_prefill
     except ImportError as e:
-        return {"error": f"llama.cpp peer unavailable: {e}"}
+        return {"error": f"llama.cpp peer unavailable: {e}"}, None
     gguf = model_dir / "model-bf16.gguf"
     if not gguf.is_file():
         export_gguf(model_dir, gguf)
@@ -137,42 +147,24 @@ def bench_llamacpp(model_dir: Path, decode_tokens: int, threads: int) -> dict[st
         out[f"prefill_{length}_tok_s"] = statistics.median(
             measure_llamacpp_prefill(gguf, length, threads) for _ in range(REPEATS)
         )
-    rs = [
-        measure_llamacpp(gguf, _prompts(1, 128, 1 + rep)[0], decode_tokens, threads) for rep in range(REPEATS)
-    ]
-    _median_of(out, "decode_b1", [r["decode_tok_s"] for r in rs])
-    out["version"] = rs[0].get("version")
-    return out
+    out["version"] = measure_llamacpp(gguf, _prompts(1, 8, 0)[0], 1, threads).get("version")
+
+    def decode_b1(prompt: list[int]) -> float:
+        return float(measure_llamacpp(gguf, prompt, decode_tokens, threads)["decode_tok_s"])
+
+    return out, decode_b1
 
 
-def paired_decode_b1(model_dir: Path, decode_tokens: int, threads: int, pairs: int = 5) -> dict[str, Any]:
-    """glassbox and llama.cpp batch-1 decode in turns (A B A B ...), the ratio taken pair by pair: on a
-    shared machine whose speed drifts, a ratio of neighbours holds where separate medians do not."""
-    from gguf_export import export_gguf
-    from llamacpp_peer import measure_llamacpp
-
-    from glassbox import LLM, SamplingParams
-
-    gguf = model_dir / "model-bf16.gguf"
-    if not gguf.is_file():
-        export_gguf(model_dir, gguf)
-    llm = LLM(str(model_dir), dtype="bfloat16", max_num_seqs=1, enable_prefix_caching=False)
-    params = SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
-    llm.generate(_prompts(1, 32, 99), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    ours, theirs = [], []
-    for i in range(pairs):
-        prompt = _prompts(1, 128, 500 + i)
-        m = llm.generate(prompt, params)[0].metrics
-        assert m is not None
-        ours.append(m.decode_tok_s)
-        theirs.append(measure_llamacpp(gguf, prompt[0], decode_tokens, threads)["decode_tok_s"])
-    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
-    return {
-        "glassbox_tok_s": [round(x, 2) for x in ours],
-        "llamacpp_tok_s": [round(x, 2) for x in theirs],
-        "ratio_per_pair": [round(x, 3) for x in ratios],
-        "median_ratio": statistics.median(ratios),
-    }
+def decode_in_turns(decoders: dict[str, Decoder], rounds: int = 5) -> dict[str, list[float]]:
+    """Batch-1 decode of every engine in turns, ``rounds`` times over (A B C ... A B C ...), each round on a
+    fresh 128-token prompt: on a shared machine whose speed drifts, engines compared within a round saw
+    the same machine, which separate medians taken minutes apart do not."""
+    runs: dict[str, list[float]] = {name: [] for name in decoders}
+    for i in range(rounds):
+        prompt = _prompts(1, 128, 500 + i)[0]
+        for name, decode in decoders.items():
+            runs[name].append(decode(prompt))
+    return runs
 
 
 def roofline(model_dir: Path) -> dict[str, Any]:
@@ -220,17 +212,31 @@ def main() -> int:
         "workload": {"decode_prompt_tokens": 128, "decode_tokens": args.decode_tokens, "batches": batches},
         "roofline": roofline(model_dir),
     }
-    result["glassbox"] = bench_glassbox(model_dir, batches, args.decode_tokens)
+    decoders: dict[str, Decoder] = {}
+    result["glassbox"], decoders["glassbox"] = bench_glassbox(model_dir, batches, args.decode_tokens)
     # weight-only int8 (--quantization int8): batch 1 only
-    result["glassbox int8"] = bench_glassbox(model_dir, [], args.decode_tokens, quantization="int8")
+    result["glassbox int8"], decoders["glassbox int8"] = bench_glassbox(
+        model_dir, [], args.decode_tokens, quantization="int8"
+    )
     # the same engine with the PyTorch ops in place of glassbox's C kernels: what the kernels buy
-    result["glassbox torch-ops"] = bench_glassbox(model_dir, batches, args.decode_tokens, kernels="torch")
+    result["glassbox torch-ops"], decoders["glassbox torch-ops"] = bench_glassbox(
+        model_dir, batches, args.decode_tokens, kernels="torch"
+    )
     if "hf" not in skip:
-        result["transformers"] = bench_hf(model_dir, batches, args.decode_tokens)
+        result["transformers"], decoders["transformers"] = bench_hf(model_dir, batches, args.decode_tokens)
     if "llamacpp" not in skip:
-        result["llama.cpp"] = bench_llamacpp(model_dir, args.decode_tokens, args.threads)
-        if "error" not in (result["llama.cpp"] or {}):
-            result["decode_b1_paired"] = paired_decode_b1(model_dir, args.decode_tokens, args.threads)
+        result["llama.cpp"], llama_decode = bench_llamacpp(model_dir, args.decode_tokens, args.threads)
+        if llama_decode is not None:
+            decoders["llama.cpp"] = llama_decode
+    runs = decode_in_turns(decoders)
+    for name, rates in runs.items():
+        _median_of(result[name], "decode_b1", rates)
+    if "llama.cpp" in runs:
+        ratios = [a / b for a, b in zip(runs["glassbox"], runs["llama.cpp"], strict=True)]
+        result["decode_b1_paired"] = {
+            "ratio_per_round": [round(r, 3) for r in ratios],
+            "median_ratio": statistics.median(ratios),
+        }
     from glassbox.perf.hardware import measure_read_bandwidth
 
     # the machine drifts: the read probe again at the end shows by how much during this run
@@ -264,8 +270,8 @@ def print_table(result: dict[str, Any]) -> None:
     pair = result.get("decode_b1_paired")
     if pair:
         print(
-            f"batch-1 decode in turns, glassbox / llama.cpp: median {pair['median_ratio']:.2f} "
-            f"(pairs {', '.join(f'{r:.2f}' for r in pair['ratio_per_pair'])})"
+            f"batch-1 decode, glassbox / llama.cpp within each round: median {pair['median_ratio']:.2f} "
+            f"(rounds {', '.join(f'{r:.2f}' for r in pair['ratio_per_round'])})"
         )
     rf = result["roofline"]
     print(
