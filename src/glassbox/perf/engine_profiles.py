@@ -81,7 +81,7 @@ PROFILES: dict[str, EngineProfile] = {
         ),
         EngineProfile(
             "glassbox-cpu",
-            eta_bw=0.82,
+            eta_bw=0.78,
             eta_flops=0.84,
             moe_flops_factor=0.5,
             step_overhead_s=0.0,
