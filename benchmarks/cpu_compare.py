@@ -136,7 +136,7 @@ def bench_llamacpp(
 ) -> tuple[dict[str, Any], Decoder | None]:
     try:
         from gguf_export import export_gguf
-        from llamacpp_peer import measure_llamacpp, measure_llamacpp_prefill
+        from llamacpp_peer import llamacpp_version, measure_llamacpp, measure_llamacpp_prefill
     except ImportError as e:
         return {"error": f"llama.cpp peer unavailable: {e}"}, None
     gguf = model_dir / "model-bf16.gguf"
@@ -147,7 +147,7 @@ def bench_llamacpp(
         out[f"prefill_{length}_tok_s"] = statistics.median(
             measure_llamacpp_prefill(gguf, length, threads) for _ in range(REPEATS)
         )
-    out["version"] = measure_llamacpp(gguf, _prompts(1, 8, 0)[0], 1, threads).get("version")
+    out["version"] = llamacpp_version()
 
     def decode_b1(prompt: list[int]) -> float:
         return float(measure_llamacpp(gguf, prompt, decode_tokens, threads)["decode_tok_s"])

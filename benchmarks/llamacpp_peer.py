@@ -29,7 +29,7 @@ N_BATCH = 2048  # llama.cpp's default logical batch (tokens handed to one llama_
 N_UBATCH = 512  # llama.cpp's default physical micro-batch
 
 
-def _version() -> str:
+def llamacpp_version() -> str:
     import llama_cpp
 
     return f"llama-cpp-python {llama_cpp.__version__}"
@@ -119,7 +119,7 @@ def measure_llamacpp(
         "decode_tok_s": n_decode / decode_s if n_decode else 0.0,
         "prompt_tokens": len(prompt_ids),
         "output_tokens": n_decode,
-        "version": _version(),
+        "version": llamacpp_version(),
         "prefill_s": prefill_s,
         "decode_s": decode_s,
         "n_threads": n_threads,
