@@ -10,10 +10,11 @@ from tiny_models import build_tiny_model
 from glassbox import LLM, SamplingParams
 
 
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
+@pytest.fixture(scope="module", params=[False, True], ids=["sync-output", "async-output"])
+def llm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LLM:
+    """The engine with outputs post-processed in its step, and during the next step (as on CUDA)."""
     d = build_tiny_model("llama", tmp_path_factory.mktemp("sampling"))
-    return LLM(str(d), dtype="float32", max_num_seqs=8, max_model_len=512)
+    return LLM(str(d), dtype="float32", max_num_seqs=8, max_model_len=512, async_output=request.param)
 
 
 PROMPT = "def fibonacci(n):\n    "

@@ -1,5 +1,6 @@
 """Server limits and lifecycle on real `glassbox serve` processes: --api-key (401), --max-queue-len (429 with
-Retry-After), and SIGTERM (503 for new work, in-flight requests finish or are aborted, exit within 10 s)."""
+Retry-After), and SIGTERM (503 for new work, in-flight requests finish or are aborted, exit within 10 s); both servers
+post-process with --async-output (the CUDA default) to cover its aborts and drain."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def guarded(
         "1",
         "--num-kv-blocks",
         "128",
+        "--async-output",  # the CUDA default, here on the CPU: aborts and drains with text work pending
     )
     server_factory.append(s)
     return s
@@ -99,7 +101,15 @@ def _children(pid: int) -> list[int]:
 
 def test_sigterm_drains_and_exits(tiny_model: Path, tmp_path: Path) -> None:  # noqa: F811
     s = start_server(
-        tiny_model, tmp_path, "--max-num-seqs", "4", "--num-kv-blocks", "256", "--shutdown-timeout", "1"
+        tiny_model,
+        tmp_path,
+        "--max-num-seqs",
+        "4",
+        "--num-kv-blocks",
+        "256",
+        "--shutdown-timeout",
+        "1",
+        "--async-output",
     )
     results: dict[str, list[Any]] = {}
     ready = threading.Barrier(15)

@@ -31,6 +31,9 @@ class EngineConfig:
     load_format: str = "auto"
     quantization: str | None = None
     enforce_eager: bool = False  # no CUDA graphs / torch.compile
+    # post-process a step's outputs (detokenize, stop strings, outputs) while the next step runs on the
+    # device; None: on for CUDA, off for CPU (where the host and the "device" are the same cores)
+    async_output: bool | None = None
     tensor_parallel_size: int = 1
     served_model_name: str | None = None
 

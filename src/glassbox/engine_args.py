@@ -50,6 +50,12 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
     )
     g.add_argument("--quantization", default=None, choices=["int8"], help="weight-only quantization")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs or torch.compile")
+    g.add_argument(
+        "--async-output",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="detokenize and check stops while the next step runs (default: on for CUDA, off for CPU)",
+    )
     g.add_argument("--tensor-parallel-size", type=int, default=1, help="only 1 is supported")
     g.add_argument("--seed", type=int, default=0)
 
@@ -72,6 +78,7 @@ def config_from_args(args: argparse.Namespace, **extra: object) -> EngineConfig:
         load_format=args.load_format,
         quantization=args.quantization,
         enforce_eager=args.enforce_eager,
+        async_output=args.async_output,
         tensor_parallel_size=args.tensor_parallel_size,
         seed=args.seed,
         **extra,  # type: ignore[arg-type]

@@ -238,11 +238,11 @@ class AsyncEngine:
     def _loop_forever(self) -> None:
         engine = self.engine
         while True:
-            busy = engine.scheduler.num_unfinished > 0
+            busy = engine.has_work
             if not self._apply_commands(block=not busy):
                 self._fail_all("the server is shutting down", 503, abort=True)
                 return
-            if engine.scheduler.num_unfinished == 0:
+            if not engine.has_work:
                 self._publish_stats(None)
                 continue
             last = engine.step_records[-1] if engine.step_records else None

@@ -47,7 +47,9 @@ class StepRecord:
     batch_size: int
     phase: str  # "prefill" | "decode" | "mixed"
     kv_usage: float
-    execute_s: float = 0.0  # of duration_s, the model forward and sampling (the rest is host bookkeeping)
+    # of duration_s, launch to sampled tokens: the model forward and sampling (with async output, also the
+    # previous step's post-processing that overlapped them)
+    execute_s: float = 0.0
 
 
 @dataclass
@@ -66,6 +68,16 @@ class _SeqState:
 
 
 @dataclass
+class _Sampled:
+    """A token appended to its sequence whose text work (detokenize, stop strings) is still to do."""
+
+    seq: Sequence
+    token: int
+    num_output_tokens: int  # the sequence's count with this token
+    ended: tuple[str, int | None] | None  # from the token alone: ("stop", stop token) | ("length", None)
+
+
+@dataclass
 class _Request:
     request_id: str
     prompt: str | None
@@ -76,7 +88,7 @@ class _Request:
 
     @property
     def finished(self) -> bool:
-        return all(s.seq.is_finished for s in self.states)
+        return all(s.seq.finish_reason is not None for s in self.states)
 
 
 class LLMEngine:
@@ -122,6 +134,9 @@ class LLMEngine:
         )
         self.block_manager = BlockManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
+        cuda = self.executor.device.type == "cuda"
+        self.async_output = cuda if config.async_output is None else config.async_output
+        self._deferred: list[_Sampled] = []
         self.requests: dict[str, _Request] = {}
         self.step_records: deque[StepRecord] = deque(maxlen=100_000)
         self.counters = EngineCounters()
@@ -191,8 +206,13 @@ class LLMEngine:
         req = self.requests.get(request_id)
         if req is None:
             return None
+        mine = [e for e in self._deferred if e.seq.request_id == request_id]
+        if mine:  # text work still owed: a sequence that ended on its own reports why
+            self._deferred = [e for e in self._deferred if e.seq.request_id != request_id]
+            for e in mine:
+                self._emit(e)
         for st in req.states:
-            if not st.seq.is_finished:
+            if st.seq.finish_reason is None:
                 self._finish(st.seq, "abort")
         del self.requests[request_id]
         return self._output(req)
@@ -205,43 +225,48 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    @property
+    def has_work(self) -> bool:
+        """Sequences to schedule, or outputs still to post-process (async output)."""
+        return self.scheduler.num_unfinished > 0 or bool(self._deferred)
+
     # -- the loop ------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, execute and post-process one batch; outputs of the requests that moved."""
+        """Schedule, execute and post-process one batch; outputs of the requests that moved.
+
+        With async output, the text work of a step (detokenize, stop strings, outputs) runs during the
+        next step's device work, so each step returns the previous step's outputs; a sequence ended by a
+        stop string then has one extra token computed, which is dropped.
+        """
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.empty:
-            return []
+            return self._flush()
         t_exec = time.perf_counter()
-        results = self.executor.execute(sched)
+        pending = self.executor.launch(sched)
+        outputs = self._flush() if self.async_output else []  # while the device computes
+        results = pending.result()
         t1 = time.perf_counter()
         self.scheduler.update(sched)
-        touched = self._postprocess(sched, results, t1)
-        outputs = []
-        for rid in touched:
-            req = self.requests[rid]
-            outputs.append(self._output(req))
-            if req.finished:
-                del self.requests[rid]
+        self._postprocess(sched, results, t1)
+        if not self.async_output:
+            outputs = self._flush()
         self._record(sched, t0, t1 - t_exec, time.perf_counter())
         return outputs
 
-    def _postprocess(self, sched: SchedulerOutput, results: dict[int, SampleResult], now: float) -> list[str]:
-        touched: dict[str, None] = {}
+    def _postprocess(self, sched: SchedulerOutput, results: dict[int, SampleResult], now: float) -> None:
         for s in sched.scheduled:
             seq = s.seq
             if s.start == 0 and s.seq.num_output_tokens == 0:
                 self.counters.prompt_tokens += s.num_new_tokens
             res = results.get(seq.seq_id)
-            if res is None:
+            if res is None or seq.is_finished:  # finished: a stop string ended it after this step began
                 continue
-            touched[seq.request_id] = None
             self._append(seq, res, now)
-        return list(touched)
 
     def _append(self, seq: Sequence, res: SampleResult, now: float) -> None:
-        req = self.requests[seq.request_id]
-        st = req.states[seq.index]
+        """Add the token and end the sequence at once if the token alone ends it (stop token, EOS,
+        length), so that the next step does not schedule it; its text work is deferred."""
         sp = seq.sampling_params
         seq.append_token(res.token_id)
         self.counters.generation_tokens += 1
@@ -254,29 +279,62 @@ class LLMEngine:
             seq.logprobs.append(res.logprobs)
         t = res.token_id
         n_out = seq.num_output_tokens
-        delta = st.detok.add([t])
-        if n_out >= sp.min_tokens:
-            if t in sp.stop_token_ids:
-                st.text += st.stops.flush()
-                return self._finish(seq, "stop", t)
-            if not sp.ignore_eos and t in self.tokenizer.eos_token_ids:
-                st.text += st.stops.flush()
-                return self._finish(seq, "stop")
+        assert sp.max_tokens is not None
+        ended: tuple[str, int | None] | None = None
+        if n_out >= sp.min_tokens and t in sp.stop_token_ids:
+            ended = ("stop", t)
+        elif n_out >= sp.min_tokens and not sp.ignore_eos and t in self.tokenizer.eos_token_ids:
+            ended = ("stop", None)
+        elif n_out >= sp.max_tokens or len(seq) >= self.max_model_len:
+            ended = ("length", None)
+        if ended is not None:
+            self.scheduler.finish(seq)  # its blocks are free for the next step
+        self._deferred.append(_Sampled(seq, t, n_out, ended))
+
+    def _flush(self) -> list[RequestOutput]:
+        """Do the deferred text work; the outputs of the requests it moved (finished ones leave)."""
+        entries, self._deferred = self._deferred, []
+        touched: dict[str, None] = {}
+        for e in entries:
+            if self._emit(e):
+                touched[e.seq.request_id] = None
+        outputs = []
+        for rid in touched:
+            req = self.requests[rid]
+            outputs.append(self._output(req))
+            if req.finished:
+                del self.requests[rid]
+        return outputs
+
+    def _emit(self, e: _Sampled) -> bool:
+        """Detokenize one appended token and apply the stop strings; False if its request is gone."""
+        seq = e.seq
+        req = self.requests.get(seq.request_id)
+        if req is None:
+            return False
+        if seq.finish_reason is not None:
+            return True  # ended by an earlier token's stop string
+        st = req.states[seq.index]
+        delta = st.detok.add([e.token])
+        if e.ended is not None and e.ended[0] == "stop":
+            st.text += st.stops.flush()
+            self._finish(seq, "stop", e.ended[1])
+            return True
         emit, matched = st.stops.feed(delta)
         st.text += emit
-        if matched is not None and n_out >= sp.min_tokens:
-            return self._finish(seq, "stop", matched)
-        assert sp.max_tokens is not None
-        if n_out >= sp.max_tokens or len(seq) >= self.max_model_len:
+        if matched is not None and e.num_output_tokens >= seq.sampling_params.min_tokens:
+            self._finish(seq, "stop", matched)
+        elif e.ended is not None:
             emit, matched = st.stops.feed(st.detok.flush())
             st.text += emit + ("" if matched else st.stops.flush())
-            return self._finish(seq, "length" if matched is None else "stop", matched)
-        return None
+            self._finish(seq, "length" if matched is None else "stop", matched)
+        return True
 
     def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
-        self.scheduler.finish(seq)
+        if not seq.is_finished:  # a token that ended the sequence has already taken it off the scheduler
+            self.scheduler.finish(seq)
         m = seq.metrics
         m.finished_time = time.perf_counter()
         m.output_tokens = seq.num_output_tokens

@@ -20,7 +20,7 @@ import torch
 from glassbox.config import EngineConfig
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
-from glassbox.layers.sampler import sample
+from glassbox.layers.sampler import SampledBatch, sample_on_device, to_device
 from glassbox.models.loader import build_model
 from glassbox.models.model_config import TORCH_DTYPES, ModelConfig
 from glassbox.outputs import SampleResult
@@ -91,6 +91,20 @@ def available_ram_bytes() -> int:
     except OSError:
         pass
     return 8 * GiB
+
+
+@dataclass
+class PendingStep:
+    """A launched step: its draws are still on the device until :meth:`result` reads them."""
+
+    seq_ids: list[int]
+    sampled: SampledBatch | None
+
+    def result(self) -> dict[int, SampleResult]:
+        """{seq_id: SampleResult} of the rows that sample; waits for the device."""
+        if self.sampled is None:
+            return {}
+        return dict(zip(self.seq_ids, self.sampled.results(), strict=True))
 
 
 @dataclass
@@ -273,6 +287,10 @@ class TorchExecutor:
 
     # -- one step ------------------------------------------------------------
     def execute(self, batch: SchedulerOutput) -> dict[int, SampleResult]:
+        return self.launch(batch).result()
+
+    def launch(self, batch: SchedulerOutput) -> PendingStep:
+        """Queue the step's forward and sampling; on CUDA this returns before the device has finished."""
         decodes = [s for s in batch.scheduled if s.num_new_tokens == 1 and s.start > 0]
         prefills = [s for s in batch.scheduled if not (s.num_new_tokens == 1 and s.start > 0)]
         if self.graphs is not None and not prefills and len(decodes) <= self.graphs.max_batch:
@@ -288,16 +306,16 @@ class TorchExecutor:
             if s.samples:
                 sample_rows.append(row - 1)
                 sample_seqs.append(s)
+        rows = to_device(sample_rows, torch.long, self.device) if sample_rows else None  # before the forward
         with torch.inference_mode():
             hidden = self.model(ids, pos, self.kv_caches, meta)
-            if not sample_rows:
-                return {}
-            rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+            if rows is None:
+                return PendingStep([], None)
             logits = self.model.compute_logits(hidden.index_select(0, rows))
-            results = sample(logits, [s.seq for s in sample_seqs], self.eos_ids, self.config.seed)
-        return {s.seq.seq_id: r for s, r in zip(sample_seqs, results, strict=True)}
+            sampled = sample_on_device(logits, [s.seq for s in sample_seqs], self.eos_ids, self.config.seed)
+        return PendingStep([s.seq.seq_id for s in sample_seqs], sampled)
 
-    def _execute_graph(self, decodes: list[ScheduledSeq]) -> dict[int, SampleResult]:
+    def _execute_graph(self, decodes: list[ScheduledSeq]) -> PendingStep:
         """A decode-only step on the captured graphs (CUDA)."""
         assert self.graphs is not None
         bs = self.block_size
@@ -311,15 +329,15 @@ class TorchExecutor:
             tables.append(table)
         with torch.inference_mode():
             hidden = self.graphs.run(ids, pos, slots, lens, tables)  # (n, hidden)
-            sampled = [i for i, s in enumerate(decodes) if s.samples]
-            if not sampled:
-                return {}
-            if len(sampled) < len(decodes):
-                hidden = hidden.index_select(0, torch.tensor(sampled, device=self.device))
-            seqs = [decodes[i] for i in sampled]
+            rows = [i for i, s in enumerate(decodes) if s.samples]
+            if not rows:
+                return PendingStep([], None)
+            if len(rows) < len(decodes):
+                hidden = hidden.index_select(0, to_device(rows, torch.long, self.device))
+            seqs = [decodes[i] for i in rows]
             logits = self.model.compute_logits(hidden)
-            results = sample(logits, [s.seq for s in seqs], self.eos_ids, self.config.seed)
-        return {s.seq.seq_id: r for s, r in zip(seqs, results, strict=True)}
+            sampled = sample_on_device(logits, [s.seq for s in seqs], self.eos_ids, self.config.seed)
+        return PendingStep([s.seq.seq_id for s in seqs], sampled)
 
     def _flatten(self, ordered: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ids: list[int] = []

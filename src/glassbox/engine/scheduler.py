@@ -132,6 +132,8 @@ class Scheduler:
     def update(self, out: SchedulerOutput) -> None:
         """After the executor ran ``out``: advance computed counts and publish full blocks."""
         for s in out.scheduled:
+            if s.seq.is_finished:  # ended (a stop string, an abort) while the step ran
+                continue
             s.seq.num_computed_tokens += s.num_new_tokens
             self.block_manager.commit(s.seq)
 
