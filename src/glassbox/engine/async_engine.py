@@ -247,15 +247,13 @@ class AsyncEngine:
                 continue
             last = engine.step_records[-1] if engine.step_records else None
             try:
-                outputs = engine.step()
+                outputs = engine.step(sink=self._deliver_all)
             except Exception as e:
                 logger.exception("engine step failed; failing the requests in flight")
                 self._fail_all(f"internal engine error: {type(e).__name__}: {e}", 500, abort=True)
                 continue
             record = engine.step_records[-1] if engine.step_records else None
             ran = record is not None and record is not last
-            for out in outputs:
-                self._deliver(out)
             self._publish_stats(record if ran else None)
             if not ran and not outputs and not self._apply_commands(block=True, timeout=_STALL_WAIT_S):
                 self._fail_all("the server is shutting down", 503, abort=True)
@@ -303,10 +301,28 @@ class AsyncEngine:
             live = self._live.pop(request_id)
             self._send(live.stream, RequestError("the request was aborted", 503))
 
+    def _deliver_all(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs to their streams in one hop to the event loop (not one per request: at 256
+        requests that costs ~1.4 ms of the engine thread per step, measured)."""
+        items = [(live.stream, out) for out in outputs if (live := self._ready(out)) is not None]
+        loop = self._loop
+        if not items or loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(_put_all, items)
+        except RuntimeError:  # the loop closed between the check and the call
+            pass
+
     def _deliver(self, out: RequestOutput) -> None:
+        live = self._ready(out)
+        if live is not None:
+            self._send(live.stream, out)
+
+    def _ready(self, out: RequestOutput) -> _Live | None:
+        """The live request ``out`` belongs to, after its bookkeeping (terminal: metrics, observer)."""
         live = self._live.get(out.request_id)
         if live is None:
-            return
+            return None
         if out.finished:
             del self._live[out.request_id]
             if out.metrics is not None:
@@ -317,7 +333,7 @@ class AsyncEngine:
                     self.observer.on_finished(out)
                 except Exception:
                     logger.exception("observer.on_finished failed")
-        self._send(live.stream, out)
+        return live
 
     def _send(self, stream: RequestStream, item: RequestOutput | RequestError) -> None:
         loop = self._loop
@@ -350,3 +366,9 @@ class AsyncEngine:
                 self.observer.on_iteration(engine, record)
             except Exception:
                 logger.exception("observer.on_iteration failed")
+
+
+def _put_all(items: list[tuple[RequestStream, RequestOutput]]) -> None:
+    """Event-loop thread: hand each output to its stream."""
+    for stream, out in items:
+        stream._put(out)

@@ -6,6 +6,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -231,26 +232,28 @@ class LLMEngine:
         return self.scheduler.num_unfinished > 0 or bool(self._deferred)
 
     # -- the loop ------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self, sink: Callable[[list[RequestOutput]], None] | None = None) -> list[RequestOutput]:
         """Schedule, execute and post-process one batch; outputs of the requests that moved.
 
         With async output, the text work of a step (detokenize, stop strings, outputs) runs during the
         next step's device work, so each step returns the previous step's outputs; a sequence ended by a
-        stop string then has one extra token computed, which is dropped.
+        stop string then has one extra token computed, which is dropped. ``sink``, if given, gets the
+        outputs as soon as they exist (with async output, while the device computes) before they are
+        returned.
         """
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.empty:
-            return self._flush()
+            return self._flush(sink)
         t_exec = time.perf_counter()
         pending = self.executor.launch(sched)
-        outputs = self._flush() if self.async_output else []  # while the device computes
+        outputs = self._flush(sink) if self.async_output else []  # while the device computes
         results = pending.result()
         t1 = time.perf_counter()
         self.scheduler.update(sched)
         self._postprocess(sched, results, t1)
         if not self.async_output:
-            outputs = self._flush()
+            outputs = self._flush(sink)
         self._record(sched, t0, t1 - t_exec, time.perf_counter())
         return outputs
 
@@ -291,7 +294,7 @@ class LLMEngine:
             self.scheduler.finish(seq)  # its blocks are free for the next step
         self._deferred.append(_Sampled(seq, t, n_out, ended))
 
-    def _flush(self) -> list[RequestOutput]:
+    def _flush(self, sink: Callable[[list[RequestOutput]], None] | None = None) -> list[RequestOutput]:
         """Do the deferred text work; the outputs of the requests it moved (finished ones leave)."""
         entries, self._deferred = self._deferred, []
         touched: dict[str, None] = {}
@@ -304,6 +307,8 @@ class LLMEngine:
             outputs.append(self._output(req))
             if req.finished:
                 del self.requests[rid]
+        if sink is not None and outputs:
+            sink(outputs)
         return outputs
 
     def _emit(self, e: _Sampled) -> bool:
