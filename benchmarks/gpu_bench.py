@@ -4,6 +4,7 @@
     the roofline fraction, with transformers (static cache; compiled with --hf-compile) beside it;
 (b) throughput, Qwen3-0.6B shape: N requests, prompt and output lengths uniform in [100, 1024],
     ignore_eos, glassbox vs transformers (padded batches sorted by length; continuous batching too);
+    (part gb_throughput_sync: glassbox again without async output, to see what the overlap buys);
 (c) TTFT of an 8K-token prompt on the 8B shape.
 Each part runs in its own process (clean GPU memory). Writes <out>/gpu-<date>.json.
 
@@ -222,12 +223,12 @@ def part_hf_decode(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
-def part_gb_throughput(args: argparse.Namespace) -> dict[str, Any]:
+def part_gb_throughput(args: argparse.Namespace, async_output: bool | None = None) -> dict[str, Any]:
     from glassbox import SamplingParams
 
     root = Path(args.models)
     t0 = time.perf_counter()
-    llm = _engine("qwen3-0.6b", root, max_model_len=4096, max_num_seqs=256)
+    llm = _engine("qwen3-0.6b", root, max_model_len=4096, max_num_seqs=256, async_output=async_output)
     load_s = time.perf_counter() - t0
     reqs = workload(args.requests, llm.engine.model_config.vocab_size)
     llm.generate([reqs[0][0]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
@@ -254,9 +255,11 @@ def part_gb_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "decode_execute_s": sum(r.duration_s for r in dec),
         "decode_step_ms_median": 1e3 * statistics.median(r.duration_s for r in dec) if dec else None,
         "mean_decode_batch": statistics.mean(r.batch_size for r in dec) if dec else None,
+        "host_outside_execute_s": sum(r.duration_s - r.execute_s for r in recs),
         "preemptions": eng.scheduler.num_preemptions,
         "kv_cache_gib": eng.executor.kv_plan.gib,
         "compiled": eng.executor.compiled,
+        "async_output": eng.async_output,
     }
 
 
@@ -386,6 +389,8 @@ PARTS = {
     "gb_decode": part_gb_decode,
     "hf_decode": part_hf_decode,
     "gb_throughput": part_gb_throughput,
+    # the same with each step's text work done in the step instead of during the next one
+    "gb_throughput_sync": lambda args: part_gb_throughput(args, async_output=False),
     "hf_throughput": part_hf_throughput,
     "hf_cb": part_hf_cb,
 }
