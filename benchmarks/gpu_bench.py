@@ -120,7 +120,7 @@ def part_probe(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _engine(name: str, root: Path, **kw: Any) -> Any:
+def engine_for(name: str, root: Path, **kw: Any) -> Any:
     from glassbox import LLM
 
     return LLM(str(model_dir(root, name)), load_format="dummy", dtype="bfloat16", device=DEVICE, **kw)
@@ -131,7 +131,7 @@ def part_gb_decode(args: argparse.Namespace) -> dict[str, Any]:
 
     root = Path(args.models)
     t0 = time.perf_counter()
-    llm = _engine("llama-3.1-8b", root, max_model_len=16384, max_num_seqs=16, enforce_eager=args.eager)
+    llm = engine_for("llama-3.1-8b", root, max_model_len=16384, max_num_seqs=16, enforce_eager=args.eager)
     load_s = time.perf_counter() - t0
     ex = llm.engine.executor
     rng = random.Random(1)
@@ -228,7 +228,7 @@ def part_gb_throughput(args: argparse.Namespace, async_output: bool | None = Non
 
     root = Path(args.models)
     t0 = time.perf_counter()
-    llm = _engine("qwen3-0.6b", root, max_model_len=4096, max_num_seqs=256, async_output=async_output)
+    llm = engine_for("qwen3-0.6b", root, max_model_len=4096, max_num_seqs=256, async_output=async_output)
     load_s = time.perf_counter() - t0
     reqs = workload(args.requests, llm.engine.model_config.vocab_size)
     llm.generate([reqs[0][0]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
