@@ -86,7 +86,7 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: to
     kv_cache[1].view(nb * bs, hk, d).index_copy_(0, slots, v.to(kv_cache.dtype))
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+def gather_tokens(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """The first ``length`` tokens of one sequence's blocks: (length, Hk, D)."""
     _, bs, hk, d = cache.shape
     return cache[block_table].reshape(-1, hk, d)[:length]
@@ -168,8 +168,8 @@ def prefill_attention(
         if p.start == 0:
             ks, vs = k[rows], v[rows]
         else:
-            ks = _gather(kv_cache[0], p.block_table, total)
-            vs = _gather(kv_cache[1], p.block_table, total)
+            ks = gather_tokens(kv_cache[0], p.block_table, total)
+            vs = gather_tokens(kv_cache[1], p.block_table, total)
         ks = ks.transpose(0, 1).unsqueeze(0).to(qs.dtype)  # (1, Hk, total, D)
         vs = vs.transpose(0, 1).unsqueeze(0).to(qs.dtype)
         if p.start == 0 and sliding_window is None:

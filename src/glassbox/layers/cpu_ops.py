@@ -14,7 +14,7 @@ import torch
 from glassbox.layers.native import DTYPE_CODES, MAX_ROW, library
 
 
-def _lib() -> ctypes.CDLL:
+def lib() -> ctypes.CDLL:
     lib = library()
     if lib is None:
         raise RuntimeError("glassbox's CPU kernels are not built (no C compiler, or the build failed)")
@@ -46,7 +46,7 @@ class AddRMSNorm:
             raise ValueError(f"RMSNorm of {self.dim} {weight.dtype} values is not supported by the kernels")
         self.w = _static(weight, weight.dtype, (self.dim,))
         self.dt = DTYPE_CODES[weight.dtype]
-        self.fn = _lib().gb_add_rms_norm
+        self.fn = lib().gb_add_rms_norm
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor) -> None:
         xp, op = _fresh(x, self.dtype, self.dim), _fresh(out, self.dtype, self.dim)
@@ -67,7 +67,7 @@ class SiluMul:
         if intermediate > MAX_ROW or dtype not in DTYPE_CODES:
             raise ValueError(f"silu*mul of {intermediate} {dtype} values is not supported by the kernels")
         self.inter, self.dtype, self.dt = intermediate, dtype, DTYPE_CODES[dtype]
-        self.fn = _lib().gb_silu_mul
+        self.fn = lib().gb_silu_mul
 
     def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
         gp = _fresh(gate_up, self.dtype, 2 * self.inter)
@@ -117,8 +117,8 @@ class PagedAttention:
         self.qn = None if q_norm is None else _static(q_norm, dtype, (d,))
         self.kn = None if k_norm is None else _static(k_norm, dtype, (d,))
         self.eps, self.scale, self.window = eps, scale, sliding_window or 0
-        lib = _lib()
-        self.rope_fn, self.decode_fn = lib.gb_qkv_rope_store, lib.gb_decode_attention
+        kernels = lib()
+        self.rope_fn, self.decode_fn = kernels.gb_qkv_rope_store, kernels.gb_decode_attention
 
     def rope_store(self, qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
         """Index values must have passed ``check_step`` for this step."""

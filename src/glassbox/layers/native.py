@@ -37,6 +37,8 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_silu_mul": [_P, _P, _I, _I, _C, _C],
     "gb_qkv_rope_store": [_P, _I, _I, _I, _I, _I, _P, _P, _F, _P, _P, _I, _P, _P, _P, _P, _C, _C],
     "gb_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _C, _C],
+    "gb_prefill_softmax_bf16": [_P, _I, _I, _I, _I, _I, _F, _C],
+    "gb_prefill_row_offsets_bf16": [_P, _I, _I, _I, _I, _I, _P, _I, _C],
 }
 
 
