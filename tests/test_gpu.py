@@ -281,6 +281,7 @@ def test_interpreted_triton_engine_parity(tiny_root: Path, arch: str) -> None:
     sp = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
     for kw, graphs in (
         (dict(max_num_seqs=5), True),  # decode steps on the graph runner, padded 3 -> 4 rows
+        (dict(max_num_seqs=5, async_output=True), True),  # ... with CUDA's default async output
         (dict(max_num_seqs=5, max_num_batched_tokens=37), False),  # chunks with context, mixed steps
     ):
         llm = LLM(str(d), dtype="float32", device="cpu", **kw)  # type: ignore[arg-type]
