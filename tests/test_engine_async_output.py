@@ -111,3 +111,34 @@ def test_abort_with_text_work_pending(model_dir: Path) -> None:
     assert engine.step() == [] and not engine.has_work and not engine.has_unfinished_requests()
     engine.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_serving_leaves_a_core_to_the_frontend_on_light_steps(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reserve_frontend_core (what AsyncEngine does on CPU): small steps run on one thread fewer, heavy
+    ones (here a 40-token prefill, with the threshold scaled to the tiny model) on all of them."""
+    import torch
+
+    from glassbox.engine import model_runner
+
+    original = torch.get_num_threads()
+    if original < 2:
+        pytest.skip("needs at least two threads")
+    try:
+        engine = _engine(model_dir, False).engine
+        ex = engine.executor
+        monkeypatch.setattr(model_runner, "LIGHT_STEP_FLOPS", 20 * ex.flops_per_token)
+        engine.add_request("before", [5, 6, 7], SamplingParams(temperature=0, max_tokens=1))
+        engine.step()
+        assert torch.get_num_threads() == original  # not serving: every step on all threads
+        ex.reserve_frontend_core()
+        assert ex.light_threads == original - 1
+        engine.add_request("light", [5, 6, 7], SamplingParams(temperature=0, max_tokens=2))
+        engine.step()
+        assert torch.get_num_threads() == original - 1
+        engine.add_request("heavy", [5 + i % 50 for i in range(40)], SamplingParams(max_tokens=1))
+        engine.step()
+        assert torch.get_num_threads() == original
+    finally:
+        torch.set_num_threads(original)

@@ -146,6 +146,7 @@ class AsyncEngine:
         if self._thread is not None:
             return
         self._loop = asyncio.get_running_loop()
+        self.engine.executor.reserve_frontend_core()  # this event loop streams beside the engine
         self._thread = threading.Thread(target=self._run, name="glassbox-engine", daemon=True)
         self._thread.start()
 
