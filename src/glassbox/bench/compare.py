@@ -12,7 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from glassbox.bench.workloads import Workload
+from glassbox.bench.workloads import Workload, load_label
 
 
 def predict(
@@ -89,8 +89,6 @@ def _pairs(plan: dict[str, Any], run: dict[str, Any]) -> list[tuple[str, Any, An
 
 def compare(prediction: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Rows of {workload, load, metric, predicted, measured, ratio (measured / predicted)}."""
-    from glassbox.bench.report import load_label
-
     rows = []
     for run in runs:
         plan = prediction["plans"].get(run["workload"])

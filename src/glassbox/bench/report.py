@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from glassbox.bench.workloads import load_label
+
 
 def _ms(d: dict[str, Any] | None, key: str) -> str:
     v = (d or {}).get(key)
@@ -20,11 +22,6 @@ def _ms(d: dict[str, Any] | None, key: str) -> str:
 
 def _num(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
-
-
-def load_label(run: dict[str, Any]) -> str:
-    """'c=4' for a closed-loop run, '2/s' for an open-loop one."""
-    return f"c={run['concurrency']}" if run.get("concurrency") is not None else f"{run['rate']:g}/s"
 
 
 THROUGHPUT_HEADER = [

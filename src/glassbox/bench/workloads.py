@@ -13,6 +13,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from glassbox.bench.tokens import PromptBuilder, TokenCounter
 
@@ -154,3 +155,8 @@ def count_dataset(workload: Workload, counter: TokenCounter) -> None:
     ]
     workload.dataset = specs
     workload.prompt_tokens = round(sum(s.prompt_tokens or 0 for s in specs) / len(specs))
+
+
+def load_label(run: dict[str, Any]) -> str:
+    """'c=4' for a closed-loop run, '2/s' for an open-loop one."""
+    return f"c={run['concurrency']}" if run.get("concurrency") is not None else f"{run['rate']:g}/s"
