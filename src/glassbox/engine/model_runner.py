@@ -277,7 +277,7 @@ class TorchExecutor:
             from glassbox.layers.triton_attention import prefill_block_m
 
             meta.paged_prefill = build_paged_prefill(
-                [(0, n, list(range(nb)))], prefill_block_m(mc.head_dim), dev
+                [(0, n, list(range(nb)))], prefill_block_m(mc.head_dim, self.kv_dtype), dev
             )
         else:
             cache = [torch.zeros((2, 1, 1, mc.num_kv_heads, mc.head_dim), dtype=self.kv_dtype, device=dev)]
@@ -417,7 +417,7 @@ class TorchExecutor:
                 for s in prefills:
                     end = s.start + s.num_new_tokens
                     seqs.append((s.start, s.num_new_tokens, s.seq.block_table[: (end + bs - 1) // bs]))
-                block_m = prefill_block_m(self.model_config.head_dim)
+                block_m = prefill_block_m(self.model_config.head_dim, self.kv_dtype)
                 meta.paged_prefill = build_paged_prefill(seqs, block_m, dev)
             return meta
         row = len(decodes)

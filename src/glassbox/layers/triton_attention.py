@@ -5,13 +5,16 @@ blocks). Imported only on the CUDA path (layers/attention.py imports it lazily),
 needs triton. Invariants: q/out rows have a contiguous last dim; the cache halves are
 (num_blocks, block_size, Hk, D) with a contiguous last dim; the new tokens' K/V are already in the cache.
 Softmax runs in base 2 (scores pre-multiplied by scale * log2(e)) with float32 statistics.
+
+The @triton.jit functions' parameters carry no annotations: Triton's compiler reads them from the source
+and rejects any that is not a constexpr (``typing.Any`` included), which the interpreter does not check;
+tests/test_triton_compile.py compiles every launch configuration for real GPU targets to catch that.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any
 
 import torch
 import triton
@@ -22,26 +25,26 @@ MAX_SPLITS = 16
 
 
 @triton.jit
-def _decode_kernel(
-    q_ptr: Any,
-    k_ptr: Any,
-    v_ptr: Any,
-    bt_ptr: Any,
-    lens_ptr: Any,
-    out_ptr: Any,
-    part_o_ptr: Any,
-    part_lse_ptr: Any,
-    qk_scale: Any,
-    window: Any,
-    num_q_heads: Any,
-    stride_qb: Any,
-    stride_qh: Any,
-    stride_ob: Any,
-    stride_oh: Any,
-    stride_kb: Any,
-    stride_kt: Any,
-    stride_kh: Any,
-    stride_btb: Any,
+def _decode_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    lens_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    qk_scale,
+    window,
+    num_q_heads,
+    stride_qb,
+    stride_qh,
+    stride_ob,
+    stride_oh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_btb,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -113,13 +116,13 @@ def _decode_kernel(
 
 
 @triton.jit
-def _reduce_kernel(
-    part_o_ptr: Any,
-    part_lse_ptr: Any,
-    out_ptr: Any,
-    num_q_heads: Any,
-    stride_ob: Any,
-    stride_oh: Any,
+def _reduce_kernel(  # type: ignore[no-untyped-def]
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_q_heads,
+    stride_ob,
+    stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
@@ -142,22 +145,22 @@ def _reduce_kernel(
 
 
 @triton.jit
-def _attend(
-    q: Any,
-    qpos: Any,
-    m_i: Any,
-    l_i: Any,
-    acc: Any,
-    k_ptr: Any,
-    v_ptr: Any,
-    bt_row: Any,
-    kv_head_off: Any,
-    t_lo: Any,
-    t_hi: Any,
-    qk_scale: Any,
-    window: Any,
-    stride_kb: Any,
-    stride_kt: Any,
+def _attend(  # type: ignore[no-untyped-def]
+    q,
+    qpos,
+    m_i,
+    l_i,
+    acc,
+    k_ptr,
+    v_ptr,
+    bt_row,
+    kv_head_off,
+    t_lo,
+    t_hi,
+    qk_scale,
+    window,
+    stride_kb,
+    stride_kt,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -165,7 +168,7 @@ def _attend(
     CAUSAL: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
-) -> Any:
+):
     # online softmax of q (BLOCK_M, BLOCK_D) over keys [t_lo, t_hi); CAUSAL masks keys after each query
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
@@ -202,27 +205,27 @@ def _attend(
 
 
 @triton.jit
-def _prefill_kernel(
-    q_ptr: Any,
-    k_ptr: Any,
-    v_ptr: Any,
-    out_ptr: Any,
-    bt_ptr: Any,
-    tile_seq_ptr: Any,
-    tile_m_ptr: Any,
-    q_start_ptr: Any,
-    q_len_ptr: Any,
-    ctx_ptr: Any,
-    qk_scale: Any,
-    window: Any,
-    stride_qt: Any,
-    stride_qh: Any,
-    stride_ot: Any,
-    stride_oh: Any,
-    stride_kb: Any,
-    stride_kt: Any,
-    stride_kh: Any,
-    stride_btb: Any,
+def _prefill_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    bt_ptr,
+    tile_seq_ptr,
+    tile_m_ptr,
+    q_start_ptr,
+    q_len_ptr,
+    ctx_ptr,
+    qk_scale,
+    window,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_btb,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -295,9 +298,13 @@ def decode_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
     return min(MAX_SPLITS, _pow2(-(-sms // max(1, batch * num_kv_heads))))
 
 
-def prefill_block_m(head_dim: int) -> int:
-    """Query rows per prefill tile (the tile layout the executor builds must use this)."""
-    return 128 if head_dim <= 128 else 64
+def prefill_block_m(head_dim: int, dtype: torch.dtype) -> int:
+    """Query rows per prefill tile (the tile layout the executor builds must use this).
+
+    Sized so that a tile's shared memory fits 99 KiB, what a DGX Spark (sm_121) allows a block: 16-bit
+    tiles of 128 rows x 128 dims do; float32 ones take half the rows (and one pipeline stage)."""
+    rows = 128 if head_dim <= 128 else 64
+    return rows if dtype.itemsize <= 2 else rows // 2
 
 
 def decode_attention(
@@ -358,6 +365,7 @@ def prefill_attention(
     assert q.stride(2) == 1 and out.stride(2) == 1 and k_cache.stride() == v_cache.stride()
     block_d = max(16, _pow2(d))
     big = block_m >= 128
+    stages = 2 if q.element_size() <= 2 else 1  # float32 tiles: one stage keeps them under 99 KiB
     _prefill_kernel[(tile_seq.shape[0], hq)](
         q, k_cache, v_cache, out, block_tables, tile_seq, tile_m, q_start, q_len, ctx,
         scale * LOG2E, sliding_window or 0,
@@ -365,5 +373,5 @@ def prefill_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=hq // hk, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=bs, BLOCK_M=block_m,
         BLOCK_N=64 if block_d <= 128 else 32, USE_WINDOW=sliding_window is not None,
-        IEEE=q.dtype == torch.float32, num_warps=8 if big else 4, num_stages=2,
+        IEEE=q.dtype == torch.float32, num_warps=8 if big else 4, num_stages=stages,
     )  # fmt: skip
