@@ -317,6 +317,7 @@ def decode_attention(
     sliding_window: int | None,
     out: torch.Tensor,  # (B, Hq, D) written
     num_splits: int | None = None,
+    block_n: int | None = None,  # keys per tile; None: 64 up to 128 dims, 32 beyond (benchmarks sweep it)
 ) -> None:
     batch, hq, d = q.shape
     _, bs, hk, _ = k_cache.shape
@@ -334,7 +335,7 @@ def decode_attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=hq // hk, BLOCK_G=max(16, _pow2(hq // hk)), HEAD_DIM=d, BLOCK_D=block_d,
-        BLOCK_SIZE=bs, BLOCK_N=64 if block_d <= 128 else 32, NUM_SPLITS=splits,
+        BLOCK_SIZE=bs, BLOCK_N=block_n or (64 if block_d <= 128 else 32), NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32,
         num_warps=4, num_stages=2,
     )  # fmt: skip
