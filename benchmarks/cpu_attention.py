@@ -23,6 +23,7 @@ import torch
 
 from glassbox.layers.attention import PrefillSeq, prefill_attention
 from glassbox.layers.cpu_prefill import prefill_attention_bf16
+from glassbox.perf.hardware import cpu_name
 
 HQ, HK, D, BS = 16, 8, 128, 16
 CASES = [  # (new tokens, cached prefix, window)
@@ -82,7 +83,7 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
         "machine": {
             "platform": platform.platform(),
-            "processor": platform.processor(),
+            "cpu": cpu_name(),
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
         },  # fmt: skip
