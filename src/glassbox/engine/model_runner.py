@@ -383,16 +383,9 @@ class TorchExecutor:
             pos.extend(r)
             table = s.seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in r)
-        dev = self.device
-        if dev.type == "cuda":  # one pinned host->device copy instead of three synchronous ones
-            flat = torch.tensor(ids + pos + slots, dtype=torch.long).pin_memory().to(dev, non_blocking=True)
-            n = len(ids)
-            return flat[:n], flat[n : 2 * n], flat[2 * n :]
-        return (
-            torch.tensor(ids, dtype=torch.long, device=dev),
-            torch.tensor(pos, dtype=torch.long, device=dev),
-            torch.tensor(slots, dtype=torch.long, device=dev),
-        )
+        flat = to_device(ids + pos + slots, torch.long, self.device)  # one copy (pinned on CUDA), not three
+        n = len(ids)
+        return flat[:n], flat[n : 2 * n], flat[2 * n :]
 
     def _metadata(
         self, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq], slots: torch.Tensor
