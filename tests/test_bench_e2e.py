@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,38 +14,13 @@ from typing import Any
 
 import httpx
 import pytest
+from bench_expectations import LATENCY_KEYS, RUN_KEYS
+from test_server_harness import free_port
 from tiny_models import build_tiny_model
 
 from glassbox.cli import main
 
 MAX_MODEL_LEN = 512
-RUN_KEYS = {
-    "concurrency",
-    "rate",
-    "prompt_tokens",
-    "output_tokens",
-    "completed",
-    "failed",
-    "errors",
-    "duration_s",
-    "request_rate",
-    "output_tok_s",
-    "total_tok_s",
-    "ttft_s",
-    "tpot_s",
-    "itl_s",
-    "e2e_s",
-    "per_request_decode_tok_s",
-    "prefill_tok_s",
-    "server",
-}
-LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "per_request_decode_tok_s", "prefill_tok_s")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +31,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[str]:
     model = model_dir
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("log") / "server.log"
     cmd = [
         sys.executable,
@@ -131,7 +105,7 @@ def test_closed_loop_counts_percentiles_throughput_and_files(
     assert [r["concurrency"] for r in runs] == [1, 4]
     for r in runs:
         assert RUN_KEYS <= set(r)
-        for key in LATENCIES:
+        for key in LATENCY_KEYS:
             d = r[key]
             assert set(d) == {"mean", "p50", "p90", "p99"}
             assert 0 < d["p50"] <= d["p90"] <= d["p99"], (key, d)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_expectations import LATENCY_KEYS, RUN_KEYS
 from tokenizer_factory import build_tokenizer_dir
 
 from glassbox.bench.client import RequestResult, build_body, server_metrics
@@ -23,28 +24,6 @@ from glassbox.bench.workloads import (
     load_dataset,
     named_workloads,
 )
-
-RUN_KEYS = {
-    "concurrency",
-    "rate",
-    "prompt_tokens",
-    "output_tokens",
-    "completed",
-    "failed",
-    "errors",
-    "duration_s",
-    "request_rate",
-    "output_tok_s",
-    "total_tok_s",
-    "ttft_s",
-    "tpot_s",
-    "itl_s",
-    "e2e_s",
-    "per_request_decode_tok_s",
-    "prefill_tok_s",
-    "server",
-}
-LATENCY_KEYS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "per_request_decode_tok_s", "prefill_tok_s")
 
 
 @pytest.fixture(scope="module")
