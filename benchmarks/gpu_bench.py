@@ -405,9 +405,16 @@ PARTS = {
 
 
 def run_part(name: str, args: argparse.Namespace, extra: list[str], timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--part", name, "--models", args.models, *extra, "--part-out"]
+    return run_isolated(name, cmd, timeout)
+
+
+def run_isolated(name: str, cmd: list[str], timeout: float) -> dict[str, Any]:
+    """Run ``cmd`` + [a JSON path] in its own process (clean GPU memory); the dict it wrote there, or an
+    error entry if it failed or timed out."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
-    cmd = [sys.executable, __file__, "--part", name, "--part-out", path, "--models", args.models, *extra]
+    cmd = [*cmd, path]
     t = time.perf_counter()
     try:
         proc = subprocess.run(cmd, timeout=timeout)

@@ -16,10 +16,8 @@ import datetime
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -144,19 +142,12 @@ def main() -> None:
     if args.case:
         Path(args.case_out).write_text(json.dumps(CASES[args.case](args)))
         return
+    from gpu_bench import run_isolated
+
     results: dict[str, Any] = {}
     for name in args.cases.split(","):
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-            path = f.name
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--case", name, "--case-out", path]
-        t = time.perf_counter()
-        try:
-            ok = subprocess.run(cmd, timeout=args.timeout).returncode == 0
-        except subprocess.TimeoutExpired:
-            ok = False
-        results[name] = json.loads(Path(path).read_text()) if ok else {"error": f"case {name} failed"}
-        results[name]["case_wall_s"] = time.perf_counter() - t
-        print(f"== {name}: {json.dumps(results[name])[:2000]}", flush=True)
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--case", name, "--case-out"]
+        results[name] = run_isolated(name, cmd, args.timeout)
     summary = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,

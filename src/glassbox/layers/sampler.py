@@ -127,13 +127,6 @@ class SampledBatch:
         return [SampleResult(t, lp) for t, lp in zip(tokens, lps, strict=True)]
 
 
-def sample(
-    logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int], engine_seed: int
-) -> list[SampleResult]:
-    """Pick one token per row of ``logits`` (S, V) float32 for the sequences ``seqs`` (same order)."""
-    return sample_on_device(logits, seqs, eos_ids, engine_seed).results()
-
-
 def sample_on_device(
     logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int], engine_seed: int
 ) -> SampledBatch:
