@@ -336,7 +336,7 @@ def part_kernels(args: argparse.Namespace) -> dict[str, Any]:
     """Triton kernels alone: decode bandwidth by batch, prefill vs SDPA flash at 8K."""
     import torch.nn.functional as F
 
-    from glassbox.layers import triton_attention as ta
+    from glassbox.kernels import triton_attention as ta
     from glassbox.layers.attention import build_paged_prefill
 
     res: dict[str, Any] = {}

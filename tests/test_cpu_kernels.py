@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from tiny_models import build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
-from glassbox.layers import cpu_ops, native
+from glassbox.kernels import cpu_ops, native
 from glassbox.layers.attention import _decode_attention, write_kv
 from glassbox.layers.norm import RMSNorm
 from glassbox.layers.rotary import RotaryEmbedding

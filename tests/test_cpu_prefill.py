@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glassbox.layers import cpu_prefill, native
+from glassbox.kernels import cpu_prefill, native
 from glassbox.layers.attention import PrefillSeq, prefill_attention
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C compiler to build the kernels")

@@ -120,7 +120,7 @@ def test_serving_leaves_a_core_to_the_frontend_on_light_steps(
     ones (here a 40-token prefill, with the threshold scaled to the tiny model) on all of them."""
     import torch
 
-    from glassbox.engine import model_runner
+    from glassbox.engine import torch_executor
 
     original = torch.get_num_threads()
     if original < 2:
@@ -128,7 +128,7 @@ def test_serving_leaves_a_core_to_the_frontend_on_light_steps(
     try:
         engine = _engine(model_dir, False).engine
         ex = engine.executor
-        monkeypatch.setattr(model_runner, "LIGHT_STEP_FLOPS", 20 * ex.flops_per_token)
+        monkeypatch.setattr(torch_executor, "LIGHT_STEP_FLOPS", 20 * ex.flops_per_token)
         engine.add_request("before", [5, 6, 7], SamplingParams(temperature=0, max_tokens=1))
         engine.step()
         assert torch.get_num_threads() == original  # not serving: every step on all threads

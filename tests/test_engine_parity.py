@@ -9,7 +9,7 @@ import torch
 from tiny_models import ARCHS, build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
-from glassbox.layers import native
+from glassbox.kernels import native
 from glassbox.layers.linear import packing_available
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
@@ -122,8 +122,8 @@ def test_mistral_sliding_window_shorter_than_prompt(
     monkeypatch.setenv("GLASSBOX_CPU_KERNELS", kernels)
     d, prompts, ref = models["mistral"]
     llm = LLM(str(d), dtype="float32", max_num_seqs=4, max_num_batched_tokens=50)
-    assert llm.engine.model_config.sliding_window is not None
-    assert llm.engine.model_config.sliding_window < max(map(len, prompts))
+    windows = llm.engine.model_config.layer_windows
+    assert all(w is not None and w < max(map(len, prompts)) for w in windows)
     _check(llm, prompts, ref)
 
 

@@ -71,7 +71,6 @@ def _batch(
         w = max(map(len, dtabs))
         meta.decode_block_tables = torch.tensor([t + [0] * (w - len(t)) for t in dtabs], device=DEV)
         meta.decode_context_lens = torch.tensor(dec, device=DEV)
-        meta.decode_max_len = max(dec)
     row = len(dec)
     for (s, n), t in zip(pre, ptabs, strict=True):
         meta.prefills.append(PrefillSeq(row, n, s, torch.tensor(t, device=DEV)))
@@ -96,7 +95,7 @@ LOW = torch.bfloat16 if CUDA else torch.float16  # the interpreter's bf16 dot is
 @pytest.mark.parametrize("dtype", [torch.float32, LOW])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_triton_attention_matches_reference(case: int, dtype: torch.dtype) -> None:
-    from glassbox.layers import triton_attention as ta
+    from glassbox.kernels import triton_attention as ta
 
     hq, hk, d, bs, dec, pre, window = CASES[case]
     q, k, v, cache, meta, ptabs = _batch(hq, hk, d, bs, dec, pre, dtype, seed=case)
@@ -132,7 +131,7 @@ def test_triton_attention_matches_reference(case: int, dtype: torch.dtype) -> No
 
 @needs_triton
 def test_padded_decode_rows_are_zero() -> None:
-    from glassbox.layers import triton_attention as ta
+    from glassbox.kernels import triton_attention as ta
 
     q, _, _, cache, meta, _ = _batch(8, 2, 64, 16, [50, 7, 3], [], LOW, seed=9)
     assert meta.decode_context_lens is not None and meta.decode_block_tables is not None

@@ -16,7 +16,7 @@ import pytest
 from glassbox.perf.cost_model import prefill_cost, step_cost
 from glassbox.perf.engine_profiles import PROFILES, EngineProfile
 from glassbox.perf.hardware import PRESETS as HARDWARE
-from glassbox.perf.model_facts import load_model_facts
+from glassbox.perf.model_presets import load_model_facts
 from glassbox.perf.quant import resolve_scheme
 
 SPARK = HARDWARE["dgx-spark"]

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from glassbox.models.facts import ModelFacts
 from glassbox.perf.cost_model import (
     compute_dtype,
     decode_cost,
@@ -17,7 +18,7 @@ from glassbox.perf.cost_model import (
 )
 from glassbox.perf.engine_profiles import PROFILES, EngineProfile
 from glassbox.perf.hardware import PRESETS
-from glassbox.perf.model_facts import ModelFacts, load_model_facts
+from glassbox.perf.model_presets import load_model_facts
 from glassbox.perf.quant import FORMATS, QuantFormat, QuantScheme, resolve_scheme
 
 SPARK = PRESETS["dgx-spark"]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from glassbox.models.facts import ModelFacts
 from glassbox.perf.engine_profiles import PROFILES
 from glassbox.perf.hardware import GIB, PRESETS
 from glassbox.perf.memory_plan import MemoryPlan, kv_bytes_per_element, plan_memory, weight_bytes
-from glassbox.perf.model_facts import ModelFacts, load_model_facts
+from glassbox.perf.model_presets import load_model_facts
 from glassbox.perf.quant import QuantScheme, resolve_scheme
 
 

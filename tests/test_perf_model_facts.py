@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from glassbox.perf.model_facts import _sliding_keys, facts_from_config, load_model_facts
-from glassbox.perf.model_presets import PRESETS
+from glassbox.models.facts import facts_from_config, sliding_keys
+from glassbox.perf.model_presets import PRESETS, load_model_facts
 
 # Published totals (model cards / safetensors headers), in parameters.
 PUBLISHED_TOTAL = {
@@ -86,7 +86,7 @@ def test_sliding_window_caps_kv() -> None:
 
 @pytest.mark.parametrize("n,c,w", [(5, 0, 3), (10, 2, 8), (4, 20, 8), (1, 7, 8), (9, 0, 100)])
 def test_sliding_keys_brute_force(n: int, c: int, w: int) -> None:
-    assert _sliding_keys(n, c, w) == sum(min(c + i, w) for i in range(1, n + 1))
+    assert sliding_keys(n, c, w) == sum(min(c + i, w) for i in range(1, n + 1))
 
 
 def test_attention_flops_quadratic_in_prefill_linear_in_decode() -> None:

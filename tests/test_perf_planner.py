@@ -11,7 +11,7 @@ import pytest
 from glassbox.perf import hardware_cli, plan_cli
 from glassbox.perf.cost_model import step_time
 from glassbox.perf.hardware import GIB
-from glassbox.perf.model_facts import load_model_facts
+from glassbox.perf.model_presets import load_model_facts
 from glassbox.perf.planner import PlanRequest, plan, resolve
 
 

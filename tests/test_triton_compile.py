@@ -15,7 +15,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from glassbox.layers import triton_attention as ta  # noqa: E402
+from glassbox.kernels import triton_attention as ta  # noqa: E402
 from glassbox.layers.attention import build_paged_prefill  # noqa: E402
 
 TARGETS = {"h100": GPUTarget("cuda", 90, 32), "dgx-spark": GPUTarget("cuda", 121, 32)}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+from glassbox.dtypes import ENGINE_DTYPES, parse_dtype
+
 DEVICES = ("auto", "cpu", "cuda")
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_BLOCK_SIZE = 16  # tokens per KV cache block (engine and planner)
 LOAD_FORMATS = ("auto", "dummy")
 QUANTIZATIONS = (None, "int8")
 
@@ -22,7 +23,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None  # None: 2048 on CPU, 8192 on CUDA (longer prompts are chunked)
     memory_utilization: float = 0.9
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"
     num_kv_blocks: int | None = None  # explicit pool size; overrides the memory budget
@@ -38,14 +39,11 @@ class EngineConfig:
     served_model_name: str | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
+        # either spelling ("bfloat16" / "bf16") in, the canonical one (glassbox.dtypes) kept
+        self.dtype = parse_dtype(self.dtype, "--dtype", ENGINE_DTYPES)
+        self.kv_cache_dtype = parse_dtype(self.kv_cache_dtype, "--kv-cache-dtype", ENGINE_DTYPES)
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {DEVICES}, got {self.device!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"--kv-cache-dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
-            )
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"--load-format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.quantization not in QUANTIZATIONS:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from glassbox.config import DEVICES, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS, EngineConfig
+from glassbox.config import DEFAULT_BLOCK_SIZE, DEVICES, LOAD_FORMATS, EngineConfig
+from glassbox.dtypes import ENGINE_DTYPES, long_name
+
+_DTYPE_HELP = ", ".join(f"{d} ({long_name(d)})" if long_name(d) != d else d for d in ENGINE_DTYPES)
 
 
 def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) -> None:
@@ -20,7 +23,7 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
             "--model", default=None, help="local Hugging Face model directory (default: the demo model)"
         )
     g = p.add_argument_group("engine")
-    g.add_argument("--dtype", default="auto", choices=DTYPES)
+    g.add_argument("--dtype", default="auto", help=f"weights and activations: {_DTYPE_HELP}")
     g.add_argument("--device", default="auto", choices=DEVICES)
     g.add_argument(
         "--max-model-len", type=int, default=None, help="max prompt + output tokens (default: the model's)"
@@ -37,9 +40,9 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         default=0.9,
         help="share of device memory for weights + activations + KV cache (CUDA)",
     )
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    g.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV cache block")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+    g.add_argument("--kv-cache-dtype", default="auto", help=f"KV cache elements: {_DTYPE_HELP}")
     g.add_argument("--num-kv-blocks", type=int, default=None, help="explicit KV cache size in blocks")
     g.add_argument("--kv-cache-memory-gib", type=float, default=None, help="explicit KV cache size in GiB")
     g.add_argument(

@@ -5,12 +5,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from glassbox.dtypes import element_bytes
 from glassbox.engine.llm_engine import LLMEngine
 from glassbox.models.model_config import dtype_name
 from glassbox.perf.cost_model import step_cost
 from glassbox.perf.engine_profiles import get_engine
 from glassbox.perf.hardware import HardwareSpec
-from glassbox.perf.model_facts import load_model_facts
 from glassbox.perf.quant import resolve_scheme
 from glassbox.perf.simulator import percentile
 from glassbox.sampling_params import SamplingParams
@@ -102,12 +102,11 @@ def _add_roofline(
 ) -> None:
     """Ceilings from the planner's own cost model under the ``ideal`` profile, so that `trace` and
     `plan --hardware local` hold a run against one and the same roofline."""
-    key = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[result["dtype"]]
-    assert engine.model_dir is not None
-    facts = load_model_facts(str(engine.model_dir))
+    key = result["dtype"]
+    facts = engine.facts
     scheme = resolve_scheme(key, None, facts.dtype, False, None)
     ideal = get_engine("ideal")
-    kv_bytes = float(engine.executor.kv_dtype.itemsize)
+    kv_bytes = element_bytes(dtype_name(engine.executor.kv_dtype))
     computed = prompt_tokens - cached_tokens  # a prefix-cache hit is not prefilled
     pre_cost = step_cost(facts, scheme, hw, ideal, [(computed, cached_tokens)], kv_bytes)
     dec_cost = step_cost(facts, scheme, hw, ideal, [(1, prompt_tokens + output_tokens // 2)], kv_bytes)

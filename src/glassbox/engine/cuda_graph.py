@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Any
 
 import torch
-from torch import nn
 
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq
-from glassbox.layers.norm import RMSNorm
-from glassbox.layers.rotary import RotaryEmbedding
-from glassbox.models.llama import LlamaForCausalLM, LlamaMLP
+from glassbox.models.loader import Forward
 
 logger = logging.getLogger(__name__)
-FUSED_CLASSES: tuple[type[nn.Module], ...] = (RMSNorm, RotaryEmbedding, LlamaMLP)
 
 
-def _dummy_forward(model: LlamaForCausalLM, n: int) -> torch.Tensor:
+def _dummy_forward(model: Any, n: int) -> torch.Tensor:
     """``n`` tokens through the model on the reference attention path and a one-slot cache."""
     mc, p = model.config, next(model.parameters())
     cache = [torch.zeros((2, 1, 1, mc.num_kv_heads, mc.head_dim), dtype=p.dtype, device=p.device)]
@@ -35,13 +32,13 @@ def _dummy_forward(model: LlamaForCausalLM, n: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def compile_elementwise(model: LlamaForCausalLM) -> bool:
-    """torch.compile the forwards of RMSNorm, rotary and the MLP (chains of small elementwise kernels:
-    ~40 launches per layer unfused, ~14 fused). One dynamic-shape compile per class, kept only if a
-    dummy batch matches eager; attention stays outside (it mutates the cache and runs triton itself)."""
-    targets = [m for m in model.modules() if isinstance(m, FUSED_CLASSES)]
+def compile_elementwise(model: Any) -> bool:
+    """torch.compile the forwards of the modules the model names (``model.elementwise_modules()``: for
+    the Llama family RMSNorm, rotary and the MLP, ~40 launches per layer unfused, ~14 fused). One
+    dynamic-shape compile per class, kept only if a dummy batch matches eager."""
+    targets = model.elementwise_modules()
     refs = {n: _dummy_forward(model, n) for n in (1, 3)}  # 1 is specialized apart from the rest
-    compiled = {cls: torch.compile(cls.forward, dynamic=True) for cls in FUSED_CLASSES}
+    compiled = {cls: torch.compile(cls.forward, dynamic=True) for cls in {type(m) for m in targets}}
     for m in targets:
         m.forward = functools.partial(compiled[type(m)], m)  # type: ignore[method-assign]
     try:
@@ -77,14 +74,14 @@ class DecodeGraphs:
 
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        forward: Forward,
         kv_caches: list[torch.Tensor],
         max_batch: int,
         max_blocks: int,  # block-table width: cdiv(max_model_len, block_size)
         scratch_slot: int,  # a cache slot no sequence owns (padding rows write their K/V there)
         device: torch.device,
     ) -> None:
-        self.model = model
+        self.forward = forward
         self.kv_caches = kv_caches
         self.sizes = graph_batch_sizes(max_batch)
         self.max_batch = self.sizes[-1]
@@ -117,7 +114,7 @@ class DecodeGraphs:
         )
 
     def _forward(self, size: int) -> torch.Tensor:
-        return self.model(self.ints[0, :size], self.ints[1, :size], self.kv_caches, self._meta(size))
+        return self.forward(self.ints[0, :size], self.ints[1, :size], self.kv_caches, self._meta(size))
 
     @torch.inference_mode()
     def capture(self) -> None:

@@ -1,9 +1,9 @@
-"""The Executor boundary: run one scheduled batch, return the sampled token of each finishing row.
+"""The Executor boundary: run one scheduled batch, return the sampled token of each row that samples.
 
-Two implementations: TorchExecutor (engine/model_runner.py, a real model on CPU or CUDA) and the
-planner's SimulatedExecutor (perf/simulator.py, a roofline cost model on a virtual clock). The LLMEngine
-drives TorchExecutor through its split form, ``launch(batch)`` then ``PendingStep.result()``, so that host
-work runs between the two while a GPU computes (``execute`` is the two in one).
+Two implementations: TorchExecutor (engine/torch_executor.py, a real model on CPU or CUDA) and the
+planner's SimulatedExecutor (perf/simulator.py, a roofline cost model on a virtual clock). The step loop
+(engine/core.py) calls ``launch(batch)``, may do host work while the device computes, then reads
+``result()``.
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ from glassbox.engine.scheduler import SchedulerOutput
 from glassbox.outputs import SampleResult
 
 
+class PendingStep(Protocol):
+    """A launched step whose sampled tokens may still be on the device."""
+
+    def result(self) -> dict[int, SampleResult]:
+        """{seq_id: SampleResult} for every scheduled sequence with ``samples`` set; waits if needed."""
+        ...
+
+
 class Executor(Protocol):
-    num_kv_blocks: int
-    block_size: int
-
-    def execute(self, batch: SchedulerOutput) -> dict[int, SampleResult]:
-        """Compute the batch's new tokens' KV and sample for rows that reach their sequence's end.
-
-        Returns {seq_id: SampleResult} for every scheduled sequence with ``samples`` set.
-        """
+    def launch(self, batch: SchedulerOutput) -> PendingStep:
+        """Queue the batch: compute its new tokens' KV and sample for rows that reach their sequence's end."""
         ...

@@ -1,4 +1,8 @@
-"""LLMEngine: add_request / step / abort. Owns the tokenizer, the scheduler and the executor."""
+"""LLMEngine: add_request / step / abort around the shared step loop (engine/core.py).
+
+Owns the tokenizer and the text-level work the core leaves out: detokenization, stop strings and the
+outputs, done after each step (or, with async output, while the next step computes).
+"""
 
 from __future__ import annotations
 
@@ -12,11 +16,14 @@ from pathlib import Path
 
 from glassbox.config import EngineConfig
 from glassbox.engine.block_manager import BlockManager
-from glassbox.engine.model_runner import TorchExecutor, resolve_device
-from glassbox.engine.scheduler import Scheduler, SchedulerOutput
-from glassbox.engine.sequence import RequestMetrics, Sequence
-from glassbox.models.model_config import ModelConfig
-from glassbox.outputs import CompletionOutput, RequestOutput, SampleResult
+from glassbox.engine.core import Appended, CoreStep, EngineCore
+from glassbox.engine.device import resolve_device
+from glassbox.engine.request_check import check_request
+from glassbox.engine.scheduler import Scheduler
+from glassbox.engine.sequence import Sequence, merge_metrics
+from glassbox.engine.torch_executor import TorchExecutor
+from glassbox.models.facts import ModelFacts, facts_from_dir
+from glassbox.outputs import CompletionOutput, RequestOutput
 from glassbox.sampling_params import SamplingParams
 from glassbox.tokenizer.detokenizer import IncrementalDetokenizer
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
@@ -69,23 +76,12 @@ class _SeqState:
 
 
 @dataclass
-class _Sampled:
-    """A token appended to its sequence whose text work (detokenize, stop strings) is still to do."""
-
-    seq: Sequence
-    token: int
-    num_output_tokens: int  # the sequence's count with this token
-    ended: tuple[str, int | None] | None  # from the token alone: ("stop", stop token) | ("length", None)
-
-
-@dataclass
 class _Request:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
     states: list[_SeqState]
-    tokenize_s: float = 0.0
 
     @property
     def finished(self) -> bool:
@@ -93,7 +89,8 @@ class _Request:
 
 
 class LLMEngine:
-    """The engine loop's core. Not thread-safe: one caller drives add_request/step/abort."""
+    """The real engine: EngineCore on a TorchExecutor, plus text. Not thread-safe: one caller drives
+    add_request/step/abort."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -102,12 +99,12 @@ class LLMEngine:
         )
         if self.model_dir is None:
             raise ValueError("--load-format dummy needs a MODEL directory or config.json for the shapes")
-        self.model_config = ModelConfig.from_dir(self.model_dir)
+        self.facts: ModelFacts = facts_from_dir(self.model_dir)
         self.model_name = config.served_model_name or (
             self.model_dir.name if config.model else "glassbox-demo"
         )
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
-        limit = self.model_config.max_position_embeddings
+        limit = self.facts.max_positions
         if config.max_model_len is not None and config.max_model_len > limit:
             raise ValueError(
                 f"--max-model-len {config.max_model_len} exceeds the model's limit of {limit} positions"
@@ -118,10 +115,11 @@ class LLMEngine:
         self.executor = TorchExecutor(
             config,
             None if config.load_format == "dummy" else self.model_dir,
-            self.model_config,
+            self.facts,
             self.max_model_len,
             self.max_num_batched_tokens,
         )
+        self.model_config = self.executor.model_config
         self.executor.eos_ids = self.tokenizer.eos_token_ids
         plan = self.executor.kv_plan
         logger.info(
@@ -135,9 +133,12 @@ class LLMEngine:
         )
         self.block_manager = BlockManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
+        self.core = EngineCore(
+            self.scheduler, self.executor, self.max_model_len, self.tokenizer.eos_token_ids
+        )
         cuda = self.executor.device.type == "cuda"
         self.async_output = cuda if config.async_output is None else config.async_output
-        self._deferred: list[_Sampled] = []
+        self._deferred: list[Appended] = []  # tokens whose text work is still to do
         self.requests: dict[str, _Request] = {}
         self.step_records: deque[StepRecord] = deque(maxlen=100_000)
         self.counters = EngineCounters()
@@ -150,56 +151,43 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
+        tokenize_s: float | None = None,
     ) -> None:
-        """Queue a request; raises ValueError at once if it is invalid or could never run."""
+        """Queue a request; raises ValueError (RequestCheckError) at once if it could never run.
+
+        A text prompt is tokenized here and timed; for token ids, ``tokenize_s`` is how long the caller's
+        tokenization took (the server's), and ``arrival_time`` (time.perf_counter) when it ended.
+        """
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         t0 = time.perf_counter()
-        arrival = t0 if arrival_time is None else arrival_time
         if isinstance(prompt, str):
             text: str | None = prompt
             ids = self.tokenizer.encode(prompt)
         else:
             text, ids = None, list(prompt)
-        tokenize_s = time.perf_counter() - t0
-        self._validate(ids, params)
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(ids)
+        t1 = time.perf_counter()
+        arrival = t1 if arrival_time is None else arrival_time
+        if tokenize_s is None:
+            tokenize_s = t1 - t0
+        max_tokens = check_request(
+            ids, params.max_tokens, self.facts.vocab_size, self.max_model_len, self.kv_capacity_tokens
+        )
         if params.max_tokens is None:
             params = replace(params, max_tokens=max_tokens)
         states = []
         for i in range(params.n):
-            seq = Sequence(next(self._seq_ids), request_id, ids, params, index=i, arrival_time=arrival)
-            seq.metrics.tokenize_s = tokenize_s
+            seq = Sequence(next(self._seq_ids), request_id, ids, params, i, arrival, tokenize_s)
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
             states.append(_SeqState(seq, detok, StopChecker(params.stop, params.include_stop_str_in_output)))
-        self.requests[request_id] = _Request(request_id, text, ids, params, states, tokenize_s)
+        self.requests[request_id] = _Request(request_id, text, ids, params, states)
         for st in states:
-            self.scheduler.add(st.seq)
-
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise ValueError("prompt is empty: it must hold at least one token")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
-        max_tokens = params.max_tokens if params.max_tokens is not None else 1
-        total = len(ids) + max_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {total} exceeds the maximum model "
-                f"length of {self.max_model_len} tokens"
-            )
-        capacity = self.block_manager_capacity_tokens
-        if total > capacity:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {total} exceeds the whole KV cache "
-                f"({capacity} tokens); raise the KV cache size or shorten the request"
-            )
+            self.core.add(st.seq)
 
     @property
-    def block_manager_capacity_tokens(self) -> int:
+    def kv_capacity_tokens(self) -> int:
+        """Token slots in the whole KV cache: no request may need more."""
         return self.executor.kv_plan.num_tokens
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -229,7 +217,7 @@ class LLMEngine:
     @property
     def has_work(self) -> bool:
         """Sequences to schedule, or outputs still to post-process (async output)."""
-        return self.scheduler.num_unfinished > 0 or bool(self._deferred)
+        return self.core.has_unfinished or bool(self._deferred)
 
     # -- the loop ------------------------------------------------------------
     def step(self, sink: Callable[[list[RequestOutput]], None] | None = None) -> list[RequestOutput]:
@@ -242,57 +230,25 @@ class LLMEngine:
         returned.
         """
         t0 = time.perf_counter()
-        sched = self.scheduler.schedule()
-        if sched.empty:
+        outputs: list[RequestOutput] = []
+
+        def overlap() -> None:  # while the device computes: the previous step's text work
+            nonlocal outputs
+            outputs = self._flush(sink)
+
+        step = self.core.step(overlap if self.async_output else None)
+        if step is None:
             return self._flush(sink)
-        t_exec = time.perf_counter()
-        pending = self.executor.launch(sched)
-        outputs = self._flush(sink) if self.async_output else []  # while the device computes
-        results = pending.result()
-        t1 = time.perf_counter()
-        self.scheduler.update(sched)
-        self._postprocess(sched, results, t1)
+        for s in step.batch.scheduled:  # prompt tokens computed (not cached, not recomputed)
+            if not s.is_decode and s.seq.metrics.preemptions == 0:
+                prompt_end = min(s.start + s.num_new_tokens, len(s.seq.prompt_token_ids))
+                self.counters.prompt_tokens += max(0, prompt_end - s.start)
+        self.counters.generation_tokens += len(step.appended)
+        self._deferred.extend(step.appended)
         if not self.async_output:
             outputs = self._flush(sink)
-        self._record(sched, t0, t1 - t_exec, time.perf_counter())
+        self._record(step, t0, time.perf_counter())
         return outputs
-
-    def _postprocess(self, sched: SchedulerOutput, results: dict[int, SampleResult], now: float) -> None:
-        for s in sched.scheduled:
-            seq = s.seq
-            if s.start == 0 and s.seq.num_output_tokens == 0:
-                self.counters.prompt_tokens += s.num_new_tokens
-            res = results.get(seq.seq_id)
-            if res is None or seq.is_finished:  # finished: a stop string ended it after this step began
-                continue
-            self._append(seq, res, now)
-
-    def _append(self, seq: Sequence, res: SampleResult, now: float) -> None:
-        """Add the token and end the sequence at once if the token alone ends it (stop token, EOS,
-        length), so that the next step does not schedule it; its text work is deferred."""
-        sp = seq.sampling_params
-        seq.append_token(res.token_id)
-        self.counters.generation_tokens += 1
-        m = seq.metrics
-        if m.first_token_time is None:
-            m.first_token_time = now
-        m.last_token_time = now
-        m.token_times.append(now)
-        if seq.logprobs is not None and res.logprobs is not None:
-            seq.logprobs.append(res.logprobs)
-        t = res.token_id
-        n_out = seq.num_output_tokens
-        assert sp.max_tokens is not None
-        ended: tuple[str, int | None] | None = None
-        if n_out >= sp.min_tokens and t in sp.stop_token_ids:
-            ended = ("stop", t)
-        elif n_out >= sp.min_tokens and not sp.ignore_eos and t in self.tokenizer.eos_token_ids:
-            ended = ("stop", None)
-        elif n_out >= sp.max_tokens or len(seq) >= self.max_model_len:
-            ended = ("length", None)
-        if ended is not None:
-            self.scheduler.finish(seq)  # its blocks are free for the next step
-        self._deferred.append(_Sampled(seq, t, n_out, ended))
 
     def _flush(self, sink: Callable[[list[RequestOutput]], None] | None = None) -> list[RequestOutput]:
         """Do the deferred text work; the outputs of the requests it moved (finished ones leave)."""
@@ -311,7 +267,7 @@ class LLMEngine:
             sink(outputs)
         return outputs
 
-    def _emit(self, e: _Sampled) -> bool:
+    def _emit(self, e: Appended) -> bool:
         """Detokenize one appended token and apply the stop strings; False if its request is gone."""
         seq = e.seq
         req = self.requests.get(seq.request_id)
@@ -336,29 +292,23 @@ class LLMEngine:
         return True
 
     def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
-        seq.finish_reason = reason
-        seq.stop_reason = stop_reason
-        if not seq.is_finished:  # a token that ended the sequence has already taken it off the scheduler
-            self.scheduler.finish(seq)
-        m = seq.metrics
-        m.finished_time = time.perf_counter()
-        m.output_tokens = seq.num_output_tokens
+        self.core.finish(seq)  # a token that ended the sequence has already taken it off the scheduler
         st = self.requests[seq.request_id].states[seq.index]
-        m.detokenize_s = st.detok.elapsed_s
-        m.finalize()
+        seq.finish(reason, stop_reason, time.perf_counter(), st.detok.elapsed_s)
         self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
 
-    def _record(self, sched: SchedulerOutput, t0: float, execute_s: float, t_end: float) -> None:
+    def _record(self, step: CoreStep, t0: float, t_end: float) -> None:
+        b = step.batch
         self.step_records.append(
             StepRecord(
                 t0,
                 t_end - t0,
-                sched.num_prefill_tokens,
-                sched.num_decode_tokens,
-                len(sched.scheduled),
-                sched.phase,
+                b.num_prefill_tokens,
+                b.num_decode_tokens,
+                len(b.scheduled),
+                b.phase,
                 self.block_manager.usage,
-                execute_s,
+                step.done - step.launched,
             )
         )
 
@@ -379,7 +329,7 @@ class LLMEngine:
         finished = req.finished
         metrics = req.states[0].seq.metrics if finished else None
         if finished and len(req.states) > 1:
-            metrics = _merge_metrics([st.seq for st in req.states])
+            metrics = merge_metrics([st.seq.metrics for st in req.states], shared_prompt=True)
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished, metrics)
 
     # -- introspection -------------------------------------------------------
@@ -394,18 +344,3 @@ class LLMEngine:
     def check_integrity(self) -> None:
         live = list(self.scheduler.running) + list(self.scheduler.waiting)
         self.block_manager.check_integrity(live)
-
-
-def _merge_metrics(seqs: list[Sequence]) -> RequestMetrics:
-    """A request with n > 1: one anatomy; timings from the first sequence, output tokens summed."""
-    first = seqs[0].metrics
-    last = max((s.metrics for s in seqs), key=lambda m: m.finished_time or 0.0)
-    m = replace(
-        first,
-        finished_time=last.finished_time,
-        output_tokens=sum(s.num_output_tokens for s in seqs),
-        preemptions=sum(s.metrics.preemptions for s in seqs),
-        token_times=list(first.token_times),
-    )
-    m.finalize()
-    return m

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -21,7 +21,11 @@ class SequenceStatus(enum.Enum):
 
 @dataclass
 class RequestMetrics:
-    """The anatomy of one request, from real timestamps (seconds)."""
+    """The anatomy of one request, from real timestamps (seconds); the simulator's are virtual.
+
+    The fields before ``arrival_time`` are the reported ones (METRIC_KEYS: the server's ``metrics``
+    object, Prometheus, the bench client); :meth:`finalize` derives them once, when the request ends.
+    """
 
     tokenize_s: float = 0.0
     queue_s: float = 0.0
@@ -38,6 +42,7 @@ class RequestMetrics:
     preemptions: int = 0
     # raw timestamps (time.perf_counter), kept for derived figures
     arrival_time: float = 0.0
+    sequences: int = 1  # continuations these figures cover (a request with n > 1, a batch of prompts)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -57,15 +62,44 @@ class RequestMetrics:
             self.decode_s = max(0.0, end - self.first_token_time)
         computed = self.prompt_tokens - self.cached_prompt_tokens
         self.prefill_tok_s = computed / self.prefill_s if self.prefill_s > 0 else 0.0
-        decoded = max(0, self.output_tokens - 1)
+        decoded = max(0, self.output_tokens - self.sequences)  # each continuation's first token is prefill's
         self.decode_tok_s = decoded / self.decode_s if self.decode_s > 0 and decoded > 0 else 0.0
 
     def as_dict(self) -> dict[str, float | int]:
-        keys = (
-            "tokenize_s queue_s prefill_s ttft_s decode_s detokenize_s e2e_s prompt_tokens "
-            "cached_prompt_tokens output_tokens prefill_tok_s decode_tok_s preemptions"
-        ).split()
-        return {k: getattr(self, k) for k in keys}
+        return {k: getattr(self, k) for k in METRIC_KEYS}
+
+
+_ALL_KEYS = [f.name for f in fields(RequestMetrics)]
+METRIC_KEYS: tuple[str, ...] = tuple(_ALL_KEYS[: _ALL_KEYS.index("arrival_time")])
+
+
+def merge_metrics(parts: list[RequestMetrics], shared_prompt: bool) -> RequestMetrics:
+    """One anatomy for several continuations, finalized: a request with n > 1 (``shared_prompt``: they
+    share one prompt and its prefill) or a batch of prompts (prompt tokens summed). Times run from the
+    earliest arrival to the last finish; the first token counts when every part has its first."""
+    first = parts[0]
+    prompt = first.prompt_tokens if shared_prompt else sum(m.prompt_tokens for m in parts)
+    cached = first.cached_prompt_tokens if shared_prompt else sum(m.cached_prompt_tokens for m in parts)
+    scheduled = [m.first_scheduled_time for m in parts if m.first_scheduled_time is not None]
+    first_tokens = [m.first_token_time for m in parts if m.first_token_time is not None]
+    finished = [m.finished_time for m in parts if m.finished_time is not None]
+    m = RequestMetrics(
+        tokenize_s=max(m.tokenize_s for m in parts),
+        detokenize_s=sum(m.detokenize_s for m in parts),
+        prompt_tokens=prompt,
+        cached_prompt_tokens=cached,
+        output_tokens=sum(m.output_tokens for m in parts),
+        preemptions=sum(m.preemptions for m in parts),
+        arrival_time=min(m.arrival_time for m in parts),
+        sequences=sum(m.sequences for m in parts),
+        first_scheduled_time=min(scheduled) if scheduled else None,
+        first_token_time=max(first_tokens) if len(first_tokens) == len(parts) else None,
+        last_token_time=max((m.last_token_time or 0.0) for m in parts) or None,
+        finished_time=max(finished) if len(finished) == len(parts) else None,
+        token_times=list(first.token_times),
+    )
+    m.finalize()
+    return m
 
 
 class Sequence:
@@ -79,6 +113,7 @@ class Sequence:
         sampling_params: SamplingParams,
         index: int = 0,
         arrival_time: float | None = None,
+        tokenize_s: float = 0.0,
     ) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
@@ -97,15 +132,13 @@ class Sequence:
         self.logprobs: list[dict[int, float]] | None = [] if sampling_params.logprobs is not None else None
         self.generator: torch.Generator | None = None
         now = time.perf_counter() if arrival_time is None else arrival_time
-        self.metrics = RequestMetrics(arrival_time=now, prompt_tokens=len(prompt_token_ids))
+        self.metrics = RequestMetrics(
+            arrival_time=now, prompt_tokens=len(prompt_token_ids), tokenize_s=tokenize_s
+        )
 
     # -- sizes -------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.token_ids)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
@@ -119,10 +152,19 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
 
-    @property
-    def in_prefill(self) -> bool:
-        """True while tokens other than the last sampled one still need their KV computed."""
-        return self.num_computed_tokens < len(self.token_ids) - 1
-
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def finish(
+        self, reason: str, stop_reason: int | str | None, now: float, detokenize_s: float = 0.0
+    ) -> None:
+        """Mark the sequence ended and finalize its metrics (once: later calls change nothing)."""
+        if self.finish_reason is not None:
+            return
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+        m = self.metrics
+        m.finished_time = now
+        m.output_tokens = self.num_output_tokens
+        m.detokenize_s = detokenize_s
+        m.finalize()

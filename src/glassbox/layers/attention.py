@@ -1,7 +1,7 @@
 """Attention over the paged KV cache.
 
 Two backends: "torch" (the reference, torch SDPA over the live blocks; CPU and CUDA) and "triton"
-(CUDA kernels in layers/triton_attention.py that read the block tables directly; imported lazily).
+(CUDA kernels in kernels/triton_attention.py that read the block tables directly; imported lazily).
 """
 
 from __future__ import annotations
@@ -73,7 +73,6 @@ class AttentionMetadata:
     num_decode: int = 0
     decode_block_tables: torch.Tensor | None = None  # (num_decode, max_blocks) int64, padded with 0
     decode_context_lens: torch.Tensor | None = None  # (num_decode,) int64, tokens incl. the new one
-    decode_max_len: int = 0
     prefills: list[PrefillSeq] = field(default_factory=list)
     backend: str = "torch"  # "torch" (reference SDPA) | "native" (CPU kernels) | "triton" (CUDA kernels)
     paged_prefill: PagedPrefill | None = None  # triton backend: the prefill rows' layout
@@ -191,7 +190,7 @@ def _triton_paged_attention(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:  # (T, Hq, D)
-    from glassbox.layers import triton_attention as ta
+    from glassbox.kernels import triton_attention as ta
 
     dtype = q.dtype
     q = q.to(kv_cache.dtype).contiguous()

@@ -9,18 +9,6 @@ import torch
 from torch import nn
 
 
-def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
-    """The rope settings of an HF config, whether written as rope_theta/rope_scaling or rope_parameters."""
-    params: dict[str, Any] = dict(config.get("rope_parameters") or {})
-    scaling = config.get("rope_scaling") or {}
-    for k, v in scaling.items():
-        params.setdefault(k, v)
-    params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
-    kind = params.get("rope_type", params.get("type", "default")) or "default"
-    params["rope_type"] = kind
-    return params
-
-
 def inv_frequencies(head_dim: int, params: dict[str, Any]) -> tuple[torch.Tensor, float]:
     """(inverse frequencies (head_dim/2,), attention scaling factor) for the given rope settings."""
     base = float(params["rope_theta"])

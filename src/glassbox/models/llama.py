@@ -9,24 +9,23 @@ from glassbox.layers.activation import get_activation
 from glassbox.layers.attention import AttentionMetadata, paged_attention, write_kv
 from glassbox.layers.norm import RMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
-from glassbox.models import llama_native
 from glassbox.models.model_config import ModelConfig
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer: int) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        h, bias = cfg.hidden_size, cfg.attention_bias
+        h, bias = cfg.hidden_size, cfg.qkv_bias
         self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=cfg.o_bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rotary = [rotary]  # a list so the shared table is not registered once per layer
         self.scale = self.head_dim**-0.5
-        self.sliding_window = cfg.sliding_window
+        self.sliding_window = cfg.layer_windows[layer]
         self.qkv_proj: nn.Linear | None = None  # set by fuse()
 
     def fuse(self) -> None:
@@ -72,10 +71,10 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        h, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False)
-        self.up_proj = nn.Linear(h, i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
+        h, i, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
         self.act = get_activation(cfg.hidden_act)
         self.gate_up_proj: nn.Linear | None = None  # set by fuse()
         self.intermediate = i
@@ -84,12 +83,14 @@ class LlamaMLP(nn.Module):
         fused = nn.Linear(
             self.gate_proj.in_features,
             2 * self.intermediate,
-            bias=False,
+            bias=self.gate_proj.bias is not None,
             device=self.gate_proj.weight.device,
             dtype=self.gate_proj.weight.dtype,
         )
         with torch.no_grad():
             fused.weight.copy_(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
+            if fused.bias is not None:
+                fused.bias.copy_(torch.cat([self.gate_proj.bias, self.up_proj.bias]))  # type: ignore[list-item]
         self.gate_up_proj = fused
         del self.gate_proj, self.up_proj
 
@@ -102,9 +103,9 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer: int) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, rotary)
+        self.self_attn = LlamaAttention(cfg, rotary, layer)
         self.mlp = LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -125,9 +126,8 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, self.rotary_emb) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, self.rotary_emb, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self._native: llama_native.NativeOps | None = None  # the CPU kernels, bound on first use
 
     def forward(
         self,
@@ -137,18 +137,10 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # (T, hidden)
         x = self.embed_tokens(input_ids)
-        if meta.backend == "native":
-            return llama_native.forward(self.bind_native(kv_caches, x.dtype), x, positions, meta)
         rope = self.rotary_emb.cos_sin(positions, x.dtype)  # looked up once, shared by every layer
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(rope, x, cache, meta)
         return self.norm(x)
-
-    def bind_native(self, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> llama_native.NativeOps:
-        """The layers' CPU kernels bound to their weights and caches: built on first use, kept while they last."""
-        if self._native is None or self._native.key != llama_native.binding_key(kv_caches, dtype):
-            self._native = llama_native.bind(self, kv_caches, dtype)
-        return self._native
 
 
 class LlamaForCausalLM(nn.Module):
@@ -171,6 +163,11 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (S, hidden) -> (S, vocab) float32
         return self.lm_head(hidden).float()
+
+    def elementwise_modules(self) -> list[nn.Module]:
+        """The modules whose forwards are chains of small elementwise kernels, for torch.compile on CUDA
+        (attention stays outside: it mutates the cache and runs triton itself)."""
+        return [m for m in self.modules() if isinstance(m, (RMSNorm, RotaryEmbedding, LlamaMLP))]
 
     def fuse(self) -> None:
         """Fuse q/k/v and gate/up projections (after the checkpoint is loaded by HF names)."""

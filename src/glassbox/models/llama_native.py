@@ -1,6 +1,8 @@
-"""The Llama-family forward on glassbox's CPU kernels (layers/cpu_ops.py) around the model's own linears.
+"""The Llama-family forward on glassbox's CPU kernels (kernels/cpu_ops.py) around the model's own linears.
 
-Same math as ``LlamaModel.forward`` with the PyTorch ops, arranged for a CPU decode step: each residual
+Applied to a built model (as quantization and weight packing are): :func:`bind` returns a forward with
+the model's signature that the executor calls instead of the model. Same math as ``LlamaModel.forward``
+with the PyTorch ops, arranged for a CPU decode step: each residual
 add is fused with the next norm (x += sublayer(h); h = norm(x)), q/k norm, rotary and the cache write are
 one call, decode rows attend through the block tables, and the linears are called as bound methods (no
 module hooks or attribute lookups on the hot path). Prefill rows still use PyTorch's SDPA.
@@ -10,17 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from glassbox.layers import cpu_ops
+from glassbox.kernels import cpu_ops
+from glassbox.kernels.cpu_prefill import prefill_attention_bf16
 from glassbox.layers.attention import AttentionMetadata, prefill_attention
-from glassbox.layers.cpu_prefill import prefill_attention_bf16
-
-if TYPE_CHECKING:
-    from glassbox.models.llama import LlamaModel
+from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -38,15 +37,23 @@ class LayerOps:
 
 
 @dataclass
-class NativeOps:
-    key: tuple[object, ...]  # binding_key() of what these were bound to
+class NativeForward:
+    """The model's forward on the kernels, bound to its weights and to one set of KV caches."""
+
+    embed: Fn
+    kv_caches: list[torch.Tensor]
     layers: list[LayerOps]
     final_norm: cpu_ops.AddRMSNorm
 
-
-def binding_key(kv_caches: list[torch.Tensor], dtype: torch.dtype) -> tuple[object, ...]:
-    """What bound ops depend on beyond the model's weights: the dtype and the caches' addresses."""
-    return (dtype, *(c.data_ptr() for c in kv_caches))
+    def __call__(
+        self,
+        input_ids: torch.Tensor,  # (T,)
+        positions: torch.Tensor,  # (T,)
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # (T, hidden)
+        assert kv_caches is self.kv_caches, "bound to other caches"
+        return forward(self, self.embed(input_ids), positions, meta)
 
 
 def _torch_act_mul(act: Fn, inter: int) -> Fn:
@@ -57,10 +64,9 @@ def _torch_act_mul(act: Fn, inter: int) -> Fn:
     return act_mul
 
 
-def bind(model: LlamaModel, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> NativeOps:
+def bind(lm: LlamaForCausalLM, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> NativeForward:
     """Every layer's kernels bound to its weights and cache; ValueError for what the kernels cannot run."""
-    from glassbox.models.llama import LlamaDecoderLayer  # here: llama.py imports this module
-
+    model = lm.model
     tables = model.rotary_emb.tables(dtype)
     layers = []
     for layer, cache in zip(model.layers, kv_caches, strict=True):
@@ -90,11 +96,11 @@ def bind(model: LlamaModel, kv_caches: list[torch.Tensor], dtype: torch.dtype) -
             )
         )
     final = cpu_ops.AddRMSNorm(model.norm.weight.detach(), model.norm.eps)
-    return NativeOps(binding_key(kv_caches, dtype), layers, final)
+    return NativeForward(model.embed_tokens.forward, kv_caches, layers, final)
 
 
 def forward(
-    ops: NativeOps, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ops: NativeForward, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
 ) -> torch.Tensor:  # (T, hidden): the final norm's output
     """x: the embedded tokens (T, hidden), used as the residual stream (updated in place)."""
     a0 = ops.layers[0].attn

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
+from glassbox.layers.attention import AttentionMetadata
+from glassbox.models import llama_native
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
+
+# (input ids (T,), positions (T,), KV caches, attention metadata) -> final hidden states (T, hidden)
+Forward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], AttentionMetadata], torch.Tensor]
 
 # One family file covers these; a plain dict, no registry.
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
@@ -22,6 +28,17 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
 }
+# The families with a forward on glassbox's CPU kernels: (model, KV caches, dtype) -> that forward.
+CPU_KERNEL_FORWARDS: dict[type[nn.Module], Callable[..., Forward]] = {LlamaForCausalLM: llama_native.bind}
+
+
+def bind_cpu_kernels(model: nn.Module, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> Forward:
+    """The model's forward on the CPU kernels, bound to its weights and ``kv_caches``; ValueError when its
+    family has none or a shape the kernels cannot take."""
+    bind = CPU_KERNEL_FORWARDS.get(type(model))
+    if bind is None:
+        raise ValueError(f"no CPU-kernel forward for {type(model).__name__}")
+    return bind(model, kv_caches, dtype)
 
 
 def weight_files(model_dir: Path) -> list[Path]:

@@ -1,25 +1,30 @@
-"""ModelConfig: the fields of a Hugging Face config.json that the model code needs."""
+"""ModelConfig: what the model code needs, built from the model description (models/facts.py).
+
+config.json is never read here: ModelFacts is the one reading of it, and this adds only the torch side
+(the checkpoint's torch dtype) and the check that the engine has code for the architecture.
+"""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from glassbox.models.facts import ModelFacts
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# canonical dtype names (glassbox.dtypes) <-> torch
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """The config-style name of a torch dtype ("bfloat16", ...)."""
+    """The canonical name of a torch dtype ("bf16", ...)."""
     return next(name for name, d in TORCH_DTYPES.items() if d == dtype)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     model_type: str
@@ -33,66 +38,44 @@ class ModelConfig:
     rms_norm_eps: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
     qk_norm: bool
     hidden_act: str
-    sliding_window: int | None
+    layer_windows: tuple[int | None, ...]  # per layer: its sliding window, or None (full attention)
     torch_dtype: torch.dtype
     rope: dict[str, Any] = field(default_factory=dict)
-    raw: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
-        archs = cfg.get("architectures") or []
-        arch = archs[0] if archs else ""
-        if arch not in SUPPORTED_ARCHITECTURES:
+    def from_facts(cls, facts: ModelFacts) -> ModelConfig:
+        """The engine's view of a model; ValueError when the engine cannot run its architecture."""
+        if facts.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
-                f"architecture {arch or '(none)'!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"architecture {facts.architecture or '(none)'!r} is not supported by the engine; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        from glassbox.layers.rotary import rope_parameters
-
-        model_type = cfg.get("model_type", "")
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        window = cfg.get("sliding_window")
-        if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
-            window = None
-        dtype_str = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
+        # HF's default for a config that names no dtype is float32
+        dtype = TORCH_DTYPES[facts.dtype] if facts.dtype_declared else torch.float32
         return cls(
-            architecture=arch,
-            model_type=model_type,
-            hidden_size=hidden,
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            intermediate_size=int(cfg["intermediate_size"]),
-            vocab_size=int(cfg["vocab_size"]),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-            qk_norm=arch == "Qwen3ForCausalLM",
-            hidden_act=str(cfg.get("hidden_act", "silu")),
-            sliding_window=int(window) if window else None,
-            torch_dtype=TORCH_DTYPES.get(str(dtype_str), torch.float32),
-            rope=rope_parameters(cfg),
-            raw=cfg,
+            architecture=facts.architecture,
+            model_type=facts.model_type,
+            hidden_size=facts.hidden_size,
+            num_layers=facts.num_layers,
+            num_heads=facts.num_heads,
+            num_kv_heads=facts.num_kv_heads,
+            head_dim=facts.head_dim,
+            intermediate_size=facts.intermediate_size,
+            vocab_size=facts.vocab_size,
+            rms_norm_eps=facts.rms_norm_eps,
+            max_position_embeddings=facts.max_positions,
+            tie_word_embeddings=facts.tie_word_embeddings,
+            qkv_bias=facts.qkv_bias,
+            o_bias=facts.o_bias,
+            mlp_bias=facts.mlp_bias,
+            qk_norm=facts.qk_norm,
+            hidden_act=facts.hidden_act,
+            layer_windows=facts.layer_windows,
+            torch_dtype=dtype,
+            rope=dict(facts.rope),
         )
-
-    @classmethod
-    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
-        path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"config.json not found in model directory {model_dir}")
-        return cls.from_dict(json.loads(path.read_text()))
-
-    @property
-    def num_params(self) -> int:
-        h, i, L = self.hidden_size, self.intermediate_size, self.num_layers
-        attn = h * self.head_dim * (self.num_heads * 2 + self.num_kv_heads * 2)
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return L * (attn + 3 * h * i + 2 * h) + emb + h
-
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * torch.finfo(dtype).bits // 8

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from glassbox.models.facts import ModelFacts
 from glassbox.perf.engine_profiles import EngineProfile
 from glassbox.perf.hardware import HardwareSpec
-from glassbox.perf.model_facts import ModelFacts
 from glassbox.perf.quant import QuantFormat, QuantScheme
 
 _DENSE_GROUPS = ("attention", "mlp", "moe_shared", "mamba", "norms")

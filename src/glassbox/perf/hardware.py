@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from glassbox.dtypes import canonical, long_name, parse_dtype
+
 GIB = 1024**3
 
 # Compute dtypes an engine may ask for, with the dtype to fall back to when a chip lacks the path.
@@ -179,8 +181,6 @@ def get_hardware(name: str) -> HardwareSpec:
 
 # ---------------------------------------------------------------------------------------------- probe
 
-_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-
 
 def _default_device() -> str:
     import torch
@@ -245,11 +245,11 @@ def measure_read_bandwidth(device: str = "cpu", budget_s: float = 1.0) -> float:
     return nbytes / best / 1e9
 
 
-def measure_matmul(device: str = "cpu", dtype: str = "bfloat16", budget_s: float = 1.5) -> float:
+def measure_matmul(device: str = "cpu", dtype: str = "bf16", budget_s: float = 1.5) -> float:
     """Dense matmul TFLOP/s (2 n^3 per n x n product); n grows until one product takes >= 20 ms."""
     import torch
 
-    tdtype = getattr(torch, dtype)
+    tdtype = getattr(torch, long_name(canonical(dtype)))
     n_max = 8192 if device.startswith("cuda") else 2048
     n, elapsed = 256, 0.0
     while True:
@@ -327,8 +327,7 @@ def probe_local(device: str = "cpu", dtype: str = "bfloat16", force: bool = Fals
 
     A cached probe is reused unless ``force``; a dtype missing from the cache is measured and added.
     """
-    if dtype not in _TORCH_DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(_TORCH_DTYPES)}, got {dtype!r}")
+    key = parse_dtype(dtype, "--dtype", ("bf16", "fp16", "fp32"))
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"--device must be cpu or cuda[:N], got {device!r}")
     path = cache_path(device)
@@ -338,7 +337,6 @@ def probe_local(device: str = "cpu", dtype: str = "bfloat16", force: bool = Fals
             rec = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             rec = None
-    key = _TORCH_DTYPES[dtype]
     if rec is None:
         rec = {
             "device": device,
@@ -351,7 +349,7 @@ def probe_local(device: str = "cpu", dtype: str = "bfloat16", force: bool = Fals
         # the ceiling for streaming weights: the better of the read and copy figures
         rec["bandwidth_gbs"] = max(rec["copy_gbs"], rec["read_gbs"])
     if key not in rec["tflops"]:
-        rec["tflops"][key] = measure_matmul(device, dtype)
+        rec["tflops"][key] = measure_matmul(device, key)
         rec["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         import torch
 

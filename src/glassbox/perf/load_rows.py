@@ -4,28 +4,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from glassbox.config import DEFAULT_BLOCK_SIZE as BLOCK_SIZE
+from glassbox.engine.kv_plan import blocks_that_fit
+from glassbox.perf.memory_plan import MemoryPlan
+from glassbox.perf.plan_request import PlanRequest, Setup
 from glassbox.perf.simulator import SimResult, SimSettings, percentile, simulate
 
-if TYPE_CHECKING:
-    from glassbox.perf.memory_plan import MemoryPlan
-    from glassbox.perf.planner import PlanRequest, Setup
-
-BLOCK_SIZE = 16
 RATE_REQUESTS = 64  # requests per simulated Poisson run
 
 
 def _settings(req: PlanRequest, s: Setup, memory: MemoryPlan) -> tuple[SimSettings, int] | None:
     """KV blocks left for prompt + output after each running sequence's --context depth; None: nothing fits."""
     free = memory.budget - memory.weights - memory.activations - memory.runtime
-    per_block = (
-        s.facts.kv_bytes(BLOCK_SIZE, s.kv_bytes) if s.facts.kv_bytes_per_token(s.kv_bytes) > 0 else 0.0
-    )
+    per_token = s.facts.kv_bytes_per_token(s.kv_bytes)
     slots = max(0, min(s.engine.max_num_seqs, memory.max_concurrency))
     if slots == 0 or free <= 0:
         return None
-    blocks = int(free // per_block) if per_block > 0 else 1 << 30
+    blocks = blocks_that_fit(free, per_token, BLOCK_SIZE) if per_token > 0 else 1 << 30
     blocks -= slots * math.ceil(req.context_tokens / BLOCK_SIZE)  # each live sequence's prior context
     need = math.ceil((req.prompt_tokens + req.output_tokens) / BLOCK_SIZE)
     if blocks < need:

@@ -8,22 +8,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from glassbox.dtypes import element_bytes, parse_dtype
+from glassbox.models.facts import ModelFacts
 from glassbox.perf.engine_profiles import EngineProfile
 from glassbox.perf.hardware import GIB, HardwareSpec
-from glassbox.perf.model_facts import ModelFacts
 from glassbox.perf.quant import GROUPS, QuantScheme
 
-# Bytes per KV element for --kv-cache-dtype ("auto": the model's dtype).
-KV_DTYPES = {"auto": 0.0, "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "q8_0": 8.5 / 8}
-_MODEL_DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
+# What --kv-cache-dtype may plan ("auto": the model's dtype); canonical names, long spellings accepted.
+KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "q8_0")
 
 
 def kv_bytes_per_element(kv_cache_dtype: str, model_dtype: str) -> float:
     """Bytes per cached K/V element; raises ValueError naming ``--kv-cache-dtype``."""
-    key = kv_cache_dtype.lower()
-    if key not in KV_DTYPES:
-        raise ValueError(f"--kv-cache-dtype must be one of {', '.join(KV_DTYPES)}, got {kv_cache_dtype!r}")
-    return KV_DTYPES[key] or _MODEL_DTYPE_BYTES.get(model_dtype, 2.0)
+    key = parse_dtype(kv_cache_dtype, "--kv-cache-dtype", KV_DTYPES)
+    return element_bytes(model_dtype if key == "auto" else key)
 
 
 def weight_bytes(facts: ModelFacts, scheme: QuantScheme) -> float:

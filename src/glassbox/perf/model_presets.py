@@ -6,7 +6,10 @@ Only architecture fields are kept (values as published on the Hugging Face Hub).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from glassbox.models.facts import ModelFacts, facts_from_config, facts_from_dir
 
 _LLAMA_COMMON: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -231,3 +234,16 @@ SOURCES: dict[str, str] = {
     "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
     "gemma-3-27b": "google/gemma-3-27b-it (text_config)",
 }
+
+
+def load_model_facts(model: str) -> ModelFacts:
+    """MODEL is a preset name (see PRESETS), a directory holding config.json, or a config.json path."""
+    key = model.lower()
+    if key in PRESETS:
+        return facts_from_config(PRESETS[key], key)
+    try:
+        return facts_from_dir(Path(model).expanduser())
+    except FileNotFoundError:
+        raise ValueError(
+            f"MODEL must be a preset ({', '.join(PRESETS)}) or a path to config.json, got {model!r}"
+        ) from None

@@ -9,9 +9,11 @@ routed experts MXFP4, the rest BF16) is read from its ``quantization_config``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-# Parameter groups of a model (see model_facts.ModelFacts.params).
+from glassbox.dtypes import canonical
+from glassbox.models.quant_config import NativeQuant
+
+# Parameter groups of a model (see models/facts.py ModelFacts.params).
 GROUPS = ("embed", "lm_head", "attention", "mlp", "experts", "moe_shared", "mamba", "norms")
 
 
@@ -77,68 +79,11 @@ QUANT_CHOICES = ("native", *FORMATS)
 
 def get_format(name: str) -> QuantFormat:
     """Look up a format by name; raises ValueError naming ``--quant`` and the allowed values."""
-    key = name.lower().replace("-", "_")
-    key = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "awq": "int4", "gptq": "int4"}.get(
-        key, key
-    )
+    key = canonical(name.replace("-", "_"))
+    key = {"awq": "int4", "gptq": "int4"}.get(key, key)
     if key not in FORMATS:
         raise ValueError(f"--quant must be one of {', '.join(QUANT_CHOICES)}, got {name!r}")
     return FORMATS[key]
-
-
-@dataclass(frozen=True)
-class NativeQuant:
-    """A checkpoint's own weight formats, read from config.json's ``quantization_config``."""
-
-    method: str
-    experts: str  # format of routed experts (== main for dense models)
-    main: str  # format of the other linear layers (attention, dense MLP, shared experts, Mamba)
-    embed: str
-    lm_head: str
-
-    def describe(self) -> str:
-        if self.experts != self.main:
-            return f"{self.method}: experts {self.experts}, rest {self.main}"
-        return f"{self.method}: linear layers {self.main}, embed/lm_head {self.lm_head}"
-
-
-def _format_from_bits(bits: int, kind: str) -> str:
-    if bits == 8:
-        return "fp8" if kind == "float" else "int8"
-    if bits == 4:
-        return "nvfp4" if kind == "float" else "int4"
-    return "bf16"
-
-
-def native_quant_from_config(cfg: dict[str, Any], dtype: str) -> NativeQuant | None:
-    """Parse ``quantization_config`` (HF, compressed-tensors, ModelOpt, AWQ/GPTQ); None when unquantized."""
-    qc = cfg.get("quantization_config")
-    if not isinstance(qc, dict):
-        return None
-    method = str(qc.get("quant_method", "")).lower()
-    if method == "mxfp4":  # gpt-oss: modules_to_not_convert = attention, router, embeddings, lm_head
-        return NativeQuant("mxfp4", "mxfp4", dtype, dtype, dtype)
-    if method in ("fp8", "fbgemm_fp8"):
-        return NativeQuant(method, "fp8", "fp8", dtype, dtype)
-    if method == "modelopt":
-        algo = str(qc.get("quant_algo", "")).upper()
-        fmt = "nvfp4" if "FP4" in algo else "fp8"
-        return NativeQuant(f"modelopt {algo}", fmt, fmt, dtype, dtype)
-    if method in ("awq", "gptq", "auto-round", "autoround"):
-        fmt = _format_from_bits(int(qc.get("bits", 4)), "int")
-        return NativeQuant(method, fmt, fmt, dtype, dtype)
-    if method == "bitsandbytes":
-        fmt = "int4" if qc.get("load_in_4bit") else "int8"
-        return NativeQuant(method, fmt, fmt, dtype, dtype)
-    if method == "compressed-tensors":
-        fmt_name = str(qc.get("format", ""))
-        if "nvfp4" in fmt_name:
-            return NativeQuant(method, "nvfp4", "nvfp4", dtype, dtype)
-        for group in (qc.get("config_groups") or {}).values():
-            weights = group.get("weights") or {}
-            fmt = _format_from_bits(int(weights.get("num_bits", 16)), str(weights.get("type", "int")))
-            return NativeQuant(method, fmt, fmt, dtype, dtype)
-    return None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
-"""SimulatedExecutor: the engine's own Scheduler and BlockManager on a virtual clock.
+"""The simulator: the engine's own step loop (engine/core.py), Scheduler and BlockManager on a virtual clock.
 
-Each scheduled step advances the clock by the cost model's time for that exact batch, so batching,
-chunked prefill, prefix caching and preemption in a prediction are the engine's real policy.
+The SimulatedExecutor advances the clock by the cost model's time for each exact batch and samples each
+sequence's next token from a script (the planner's requests use placeholders), so batching, chunked
+prefill, prefix caching, preemption and token-level stops in a prediction are the engine's real policy.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from glassbox.config import DEFAULT_BLOCK_SIZE
 from glassbox.engine.block_manager import BlockManager
+from glassbox.engine.core import EngineCore, StepTrace
 from glassbox.engine.scheduler import Scheduler, SchedulerOutput
 from glassbox.engine.sequence import Sequence as EngineSequence
 from glassbox.outputs import SampleResult
 from glassbox.sampling_params import SamplingParams
 
 StepTimeFn = Callable[[Sequence[tuple[int, int]]], float]  # [(num_new_tokens, context_before)] -> seconds
+PLACEHOLDER_TOKEN = 1  # generated ids only matter to the prefix cache; these never repeat a prompt block
 
 
 @dataclass
@@ -28,35 +32,59 @@ class VirtualClock:
         return self.now
 
 
-class SimulatedExecutor:
-    """Executor boundary on a virtual clock: returns a placeholder token for each sampling row."""
+@dataclass
+class ReadyStep:
+    """A simulated step's draws: ready at once (the clock already moved)."""
 
-    def __init__(
-        self, step_time: StepTimeFn, num_kv_blocks: int, block_size: int, clock: VirtualClock
-    ) -> None:
+    results: dict[int, SampleResult]
+
+    def result(self) -> dict[int, SampleResult]:
+        return self.results
+
+
+class SimulatedExecutor:
+    """The Executor boundary on a virtual clock."""
+
+    def __init__(self, step_time: StepTimeFn, clock: VirtualClock) -> None:
         self.step_time = step_time
-        self.num_kv_blocks = num_kv_blocks
-        self.block_size = block_size
         self.clock = clock
+        self.scripts: dict[int, list[int]] = {}  # seq_id -> the tokens it samples, in order
         self.steps = 0
         self.trace: list[tuple[int, int]] = []  # (prefill tokens, decode tokens) of each step
 
-    def execute(self, batch: SchedulerOutput) -> dict[int, SampleResult]:
+    def launch(self, batch: SchedulerOutput) -> ReadyStep:
         self.clock.now += self.step_time([(s.num_new_tokens, s.start) for s in batch.scheduled])
         self.steps += 1
         self.trace.append((batch.num_prefill_tokens, batch.num_decode_tokens))
-        # Token ids only matter to the prefix cache, and generated tokens never repeat a prompt block.
-        return {s.seq.seq_id: SampleResult(1, None) for s in batch.scheduled if s.samples}
+        return ReadyStep(
+            {s.seq.seq_id: SampleResult(self._next(s.seq), None) for s in batch.scheduled if s.samples}
+        )
+
+    def _next(self, seq: EngineSequence) -> int:
+        script = self.scripts.get(seq.seq_id)
+        return script[seq.num_output_tokens] if script is not None else PLACEHOLDER_TOKEN
 
 
 @dataclass
 class SimSettings:
     num_kv_blocks: int
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     enable_prefix_caching: bool = True
     request_overhead_s: float = 0.0  # added to each request's TTFT and E2E (HTTP, tokenize, admission)
+    max_model_len: int = 1 << 40
+
+
+@dataclass
+class SimRequestSpec:
+    """One request to simulate: its prompt, sampling params and (optionally) the tokens it will sample."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival: float = 0.0  # open loop only (closed loop: when a user slot frees)
+    script: list[int] | None = None
+    request_id: str = ""
 
 
 @dataclass
@@ -67,6 +95,7 @@ class SimRequest:
     first_token: float | None = None
     finished: float | None = None
     queue_s: float = 0.0
+    finish_reason: str | None = None
 
 
 @dataclass
@@ -76,6 +105,7 @@ class SimResult:
     preemptions: int = 0
     duration_s: float = 0.0
     trace: list[tuple[int, int]] = field(default_factory=list)
+    step_traces: list[StepTrace] = field(default_factory=list)  # with record=True
 
     def ttfts(self, overhead: float = 0.0) -> list[float]:
         return [r.first_token - r.arrival + overhead for r in self.requests if r.first_token is not None]
@@ -94,6 +124,81 @@ class SimResult:
     @property
     def aggregate_tok_s(self) -> float:
         return self.output_tokens / self.duration_s if self.duration_s > 0 else 0.0
+
+
+def run_requests(
+    specs: list[SimRequestSpec],
+    step_time: StepTimeFn,
+    settings: SimSettings,
+    concurrency: int | None = None,
+    eos_token_ids: frozenset[int] = frozenset(),
+    record: bool = False,
+    max_steps: int = 2_000_000,
+) -> SimResult:
+    """Simulate ``specs`` through the engine's core: closed loop (``concurrency`` users, each sending the
+    next spec when its request ends) or open loop (each spec arrives at its ``arrival``)."""
+    clock = VirtualClock()
+    bm = BlockManager(settings.num_kv_blocks, settings.block_size, settings.enable_prefix_caching)
+    sched = Scheduler(bm, settings.max_num_seqs, settings.max_num_batched_tokens, clock=clock)
+    ex = SimulatedExecutor(step_time, clock)
+    core = EngineCore(sched, ex, settings.max_model_len, set(eos_token_ids), clock=clock)
+    if record:
+        core.trace = []
+    result = SimResult()
+    live: dict[int, SimRequest] = {}
+    issued = 0
+
+    def admit(at: float) -> None:
+        nonlocal issued
+        spec = specs[issued]
+        rid = spec.request_id or str(issued)
+        seq = EngineSequence(issued, rid, spec.prompt_token_ids, spec.params, arrival_time=at)
+        if spec.script is not None:
+            ex.scripts[seq.seq_id] = spec.script
+        req = SimRequest(at, len(spec.prompt_token_ids), 0)
+        live[seq.seq_id] = req
+        result.requests.append(req)
+        core.add(seq)
+        issued += 1
+
+    if concurrency is not None:
+        for _ in range(min(concurrency, len(specs))):
+            admit(0.0)
+    while issued < len(specs) or live:
+        if concurrency is None:
+            while issued < len(specs) and specs[issued].arrival <= clock.now:
+                admit(specs[issued].arrival)
+            if not live and issued < len(specs):
+                clock.now = specs[issued].arrival
+                continue
+        step = core.step()
+        if step is None:
+            raise RuntimeError("simulation stalled: nothing schedulable (KV cache too small?)")
+        for a in step.appended:
+            req = live[a.seq.seq_id]
+            m = a.seq.metrics
+            if req.first_token is None:
+                req.first_token = m.first_token_time
+                req.queue_s = (m.first_scheduled_time or req.arrival) - req.arrival
+            if a.ended is not None:
+                a.seq.finish(a.ended[0], a.ended[1], step.done)
+                req.finished, req.output_tokens, req.finish_reason = (
+                    step.done,
+                    a.num_output_tokens,
+                    a.ended[0],
+                )
+                del live[a.seq.seq_id]
+                if concurrency is not None and issued < len(specs):
+                    admit(clock.now)
+        if ex.steps > max_steps:
+            raise RuntimeError(f"simulation exceeded {max_steps} steps")
+    result.steps = ex.steps
+    result.trace = ex.trace
+    result.step_traces = core.trace or []
+    result.preemptions = sched.num_preemptions
+    first = min((r.arrival for r in result.requests), default=0.0)
+    result.duration_s = max((r.finished or 0.0) for r in result.requests) - first
+    return result
 
 
 def _prompt(rng: random.Random, n: int, shared_prefix: list[int]) -> list[int]:
@@ -120,76 +225,22 @@ def simulate(
         raise ValueError(f"--concurrency values must be >= 1, got {concurrency}")
     if rate is not None and rate <= 0:
         raise ValueError(f"--rate values must be > 0, got {rate}")
-    clock = VirtualClock()
-    bm = BlockManager(settings.num_kv_blocks, settings.block_size, settings.enable_prefix_caching)
-    sched = Scheduler(bm, settings.max_num_seqs, settings.max_num_batched_tokens, clock=clock)
-    ex = SimulatedExecutor(step_time, settings.num_kv_blocks, settings.block_size, clock)
     rng = random.Random(seed)
     prefix = [rng.randrange(2, 1 << 30) for _ in range(min(shared_prefix_tokens, prompt_tokens - 1))]
-    params = SamplingParams(max_tokens=output_tokens, ignore_eos=True)
-    needed = bm.blocks_needed(prompt_tokens + output_tokens)
+    needed = -(-(prompt_tokens + output_tokens) // settings.block_size)
     if needed > settings.num_kv_blocks:
         raise ValueError(
             f"one request needs {needed} KV blocks but the cache holds {settings.num_kv_blocks}: it does not fit"
         )
-    arrivals: list[float] = []
+    arrivals = [0.0] * num_requests
     if rate is not None:
         t = 0.0
-        for _ in range(num_requests):
+        for i in range(num_requests):
             t += rng.expovariate(rate)
-            arrivals.append(t)
-    result = SimResult()
-    live: dict[int, tuple[EngineSequence, SimRequest]] = {}
-    issued = 0
-
-    def admit(at: float) -> None:
-        nonlocal issued
-        seq = EngineSequence(
-            issued, str(issued), _prompt(rng, prompt_tokens, prefix), params, arrival_time=at
-        )
-        req = SimRequest(at, prompt_tokens, output_tokens)
-        live[seq.seq_id] = (seq, req)
-        result.requests.append(req)
-        sched.add(seq)
-        issued += 1
-
-    if concurrency is not None:
-        for _ in range(min(concurrency, num_requests)):
-            admit(0.0)
-    while len(result.requests) < num_requests or live:
-        if rate is not None:
-            while issued < num_requests and arrivals[issued] <= clock.now:
-                admit(arrivals[issued])
-            if not live and issued < num_requests:
-                clock.now = arrivals[issued]
-                continue
-        out = sched.schedule()
-        if out.empty:
-            raise RuntimeError("simulation stalled: nothing schedulable (KV cache too small?)")
-        samples = ex.execute(out)
-        sched.update(out)
-        for s in out.scheduled:
-            if s.seq.seq_id not in samples:
-                continue
-            seq, req = live[s.seq.seq_id]
-            seq.append_token(samples[seq.seq_id].token_id)
-            if req.first_token is None:
-                req.first_token = clock.now
-                req.queue_s = (seq.metrics.first_scheduled_time or req.arrival) - req.arrival
-            if seq.num_output_tokens >= output_tokens:
-                req.finished = clock.now
-                sched.finish(seq)
-                del live[seq.seq_id]
-                if concurrency is not None and issued < num_requests:
-                    admit(clock.now)
-        if ex.steps > max_steps:
-            raise RuntimeError(f"simulation exceeded {max_steps} steps")
-    result.steps = ex.steps
-    result.trace = ex.trace
-    result.preemptions = sched.num_preemptions
-    first = min((r.arrival for r in result.requests), default=0.0)
-    result.duration_s = max((r.finished or 0.0) for r in result.requests) - first
-    return result
+            arrivals[i] = t
+    params = SamplingParams(max_tokens=output_tokens, ignore_eos=True)
+    specs = [SimRequestSpec(_prompt(rng, prompt_tokens, prefix), params, at) for at in arrivals]
+    return run_requests(specs, step_time, settings, concurrency, max_steps=max_steps)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -18,6 +18,8 @@ from typing import Any
 from starlette.requests import Request
 
 from glassbox.engine.async_engine import RequestError, RequestStream
+from glassbox.engine.request_check import RequestCheckError, check_request
+from glassbox.engine.sequence import merge_metrics
 from glassbox.outputs import RequestOutput
 from glassbox.sampling_params import SamplingParams
 from glassbox.server.errors import ApiError, bad_request, error_body, param_of_value_error
@@ -104,37 +106,18 @@ def prepare(
     max_tokens: int | None,
     param: str,
 ) -> Job:
-    """Check every prompt against the vocabulary and the length limits; fix each one's max_tokens."""
+    """Check every prompt against the vocabulary and the length limits (the engine's own check, so that
+    the 400 names the parameter before anything is queued); fix each one's max_tokens."""
     params = []
     for i, ids in enumerate(prompts):
         where = param if len(prompts) == 1 else f"{param}[{i}]"
-        if not ids:
-            raise bad_request(f"{where} is empty: it must hold at least one token", param)
-        bad = [t for t in ids if not 0 <= t < state.vocab_size]
-        if bad:
-            raise bad_request(
-                f"{where} holds token ids outside the vocabulary [0, {state.vocab_size}): {bad[:5]}", param
+        try:
+            room = check_request(
+                ids, max_tokens, state.vocab_size, state.max_model_len, state.kv_capacity_tokens, where, param
             )
-        limit = min(state.max_model_len, state.kv_capacity_tokens)
-        what = (
-            f"the maximum model length of {state.max_model_len} tokens"
-            if limit == state.max_model_len
-            else f"the KV cache's {limit} tokens"
-        )
-        if max_tokens is None:
-            if len(ids) >= limit:
-                raise bad_request(
-                    f"{where} has {len(ids)} tokens, leaving no room for output within {what}", param
-                )
-            params.append(_build({**_fields(base), "max_tokens": limit - len(ids)}))
-        else:
-            if len(ids) + max_tokens > limit:
-                raise bad_request(
-                    f"{where} ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
-                    f"{len(ids) + max_tokens} exceeds {what}",
-                    "max_tokens",
-                )
-            params.append(base)  # built with this max_tokens
+        except RequestCheckError as e:
+            raise bad_request(str(e), e.param) from None
+        params.append(base if max_tokens is not None else _build({**_fields(base), "max_tokens": room}))
     return Job(job_id, state.model_name, prompts, params, tokenize_s)
 
 
@@ -283,21 +266,10 @@ def usage(job: Job, finals: list[RequestOutput]) -> dict[str, Any]:
     }
 
 
-_COUNTS = ("prompt_tokens", "cached_prompt_tokens", "output_tokens", "preemptions")
-
-
 def anatomy(finals: list[RequestOutput]) -> dict[str, Any]:
-    """The ``metrics`` object: one request's anatomy; for a batch of prompts, counts summed and times
-    taken from the slowest prompt (rates recomputed from the sums)."""
-    dicts = [r.metrics.as_dict() for r in finals if r.metrics is not None]
-    if not dicts:
+    """The ``metrics`` object: one request's anatomy, as the engine finalized it; for a batch of prompts,
+    the engine's merge of theirs."""
+    parts = [r.metrics for r in finals if r.metrics is not None]
+    if not parts:
         return {}
-    if len(dicts) == 1:
-        return dicts[0]
-    out: dict[str, Any] = {k: max(d[k] for d in dicts) for k in dicts[0] if k not in _COUNTS}
-    out.update({k: sum(d[k] for d in dicts) for k in _COUNTS})
-    computed = out["prompt_tokens"] - out["cached_prompt_tokens"]
-    out["prefill_tok_s"] = computed / out["prefill_s"] if out["prefill_s"] > 0 else 0.0
-    decoded = sum(max(0, d["output_tokens"] - 1) for d in dicts)
-    out["decode_tok_s"] = decoded / out["decode_s"] if out["decode_s"] > 0 else 0.0
-    return out
+    return (parts[0] if len(parts) == 1 else merge_metrics(parts, shared_prompt=False)).as_dict()

@@ -35,8 +35,8 @@ class ServerState:
         self.model_name = llm.model_name
         self.max_model_len = llm.max_model_len
         self.max_num_seqs = llm.config.max_num_seqs
-        self.vocab_size = llm.model_config.vocab_size
-        self.kv_capacity_tokens = llm.block_manager_capacity_tokens
+        self.vocab_size = llm.facts.vocab_size
+        self.kv_capacity_tokens = llm.kv_capacity_tokens
         self.logprobs = LogprobFormatter(self.tokenizer)
         self.created = int(time.time())
         self.draining = False

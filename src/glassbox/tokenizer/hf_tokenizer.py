@@ -20,18 +20,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
 
+from glassbox.models.facts import id_list, read_config
+
 logger = logging.getLogger(__name__)
 
-# The named special tokens transformers knows; a config may add its own "*_token" keys (e.g. image_token).
-NAMED_SPECIAL_TOKENS = (
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
-)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -49,17 +41,6 @@ def _token_content(value: Any) -> str | None:
     if isinstance(value, dict) and isinstance(value.get("content"), str):
         return str(value["content"])
     return None
-
-
-def _id_list(value: Any) -> list[int]:
-    """An id field given as an int, a list of ints, or missing."""
-    if isinstance(value, bool):
-        return []
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, list):
-        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
-    return []
 
 
 def _pick_chat_template(value: Any) -> str | None:
@@ -241,7 +222,7 @@ class Tokenizer:
         backend = BackendTokenizer.from_file(str(tokenizer_file))
         tok_cfg = _read_json(root / "tokenizer_config.json")
         gen_cfg = _read_json(root / "generation_config.json")
-        model_cfg = _read_json(root / "config.json")
+        model_cfg = read_config(root, missing_ok=True)
 
         special: dict[str, str] = {}
         for key, value in tok_cfg.items():
@@ -261,8 +242,8 @@ class Tokenizer:
                     _read_json(root / "chat_template.json").get("chat_template")
                 )
 
-        eos_ids = _id_list(gen_cfg.get("eos_token_id")) or _id_list(model_cfg.get("eos_token_id"))
-        bos_ids = _id_list(gen_cfg.get("bos_token_id")) or _id_list(model_cfg.get("bos_token_id"))
+        eos_ids = id_list(gen_cfg.get("eos_token_id")) or id_list(model_cfg.get("eos_token_id"))
+        bos_ids = id_list(gen_cfg.get("bos_token_id")) or id_list(model_cfg.get("bos_token_id"))
         tok = cls(
             backend,
             special_tokens=special,

@@ -1,7 +1,7 @@
 /* glassbox CPU kernels: the non-GEMM work of a Llama-family layer, one call each instead of a dozen
  * PyTorch ops, and a paged decode attention that reads the KV cache through the block tables.
  *
- * Compiled on first use by glassbox/layers/native.py (cc -O3 -march=native -fopenmp) and called
+ * Compiled on first use by glassbox/kernels/native.py (cc -O3 -march=native -fopenmp) and called
  * through ctypes with raw tensor pointers; the Python side checks shapes, dtypes and contiguity.
  * Storage dtypes: dt == 0 float32, dt == 1 bfloat16. Arithmetic is float32 with the roundings of
  * the PyTorch reference path (each op's result rounded to the storage dtype), so that float32 runs

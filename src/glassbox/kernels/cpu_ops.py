@@ -11,7 +11,7 @@ import ctypes
 
 import torch
 
-from glassbox.layers.native import DTYPE_CODES, MAX_ROW, library
+from glassbox.kernels.native import DTYPE_CODES, MAX_ROW, library
 
 
 def lib() -> ctypes.CDLL:

@@ -1,15 +1,16 @@
 """TorchExecutor: builds the flat token batch, runs the model on CPU or CUDA, samples.
 
+On the CPU the model's forward runs on glassbox's C kernels where its family has them (bound to the built
+model at start, models/loader.py ``bind_cpu_kernels``), else on the PyTorch ops.
+
 CUDA: attention runs the triton kernels over the block tables, decode-only steps replay CUDA graphs
 (engine/cuda_graph.py) unless ``enforce_eager``, and host inputs travel in one pinned copy per step.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +19,21 @@ from typing import TYPE_CHECKING
 import torch
 
 from glassbox.config import EngineConfig
+from glassbox.dtypes import element_bytes
+from glassbox.engine.device import (
+    available_ram_bytes,
+    keep_large_allocations_in_heap,
+    resolve_device,
+    resolve_dtype,
+    triton_usable,
+)
+from glassbox.engine.kv_plan import GiB, KVCachePlan, plan_kv_cache
+from glassbox.engine.sampler import SampledBatch, sample_on_device, to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
-from glassbox.layers.sampler import SampledBatch, sample_on_device, to_device
-from glassbox.models.loader import build_model
-from glassbox.models.model_config import TORCH_DTYPES, ModelConfig
+from glassbox.models.facts import ModelFacts
+from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
+from glassbox.models.model_config import TORCH_DTYPES, ModelConfig, dtype_name
 from glassbox.outputs import SampleResult
 
 if TYPE_CHECKING:
@@ -30,73 +41,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-GiB = 1 << 30
 MAX_GRAPH_BATCH = 512
 GRAPH_RESERVE_BYTES = 256 << 20  # the decode graphs' private pool and static buffers (measured < 64 MiB)
 # CPU, serving: a step under this many FLOPs leaves one core to the HTTP frontend (see reserve_frontend_core)
 LIGHT_STEP_FLOPS = 1.5e9
 
 
-def triton_usable(device: torch.device) -> bool:
-    """Whether the triton attention kernels can run on ``device`` (CUDA with triton installed)."""
-    if device.type != "cuda":
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        logger.warning("triton is not installed: CUDA attention falls back to the torch SDPA reference")
-        return False
-    return True
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for, but torch sees no CUDA device")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, cfg: ModelConfig, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        return TORCH_DTYPES[name]
-    if cfg.torch_dtype == torch.float16 and device.type == "cpu":
-        return torch.bfloat16  # fp16 matmuls are slow on most CPUs; bf16 keeps the range
-    return cfg.torch_dtype
-
-
-def keep_large_allocations_in_heap() -> bool:
-    """glibc: serve large allocations from the heap and never trim it (Linux CPU only).
-
-    Decode attention allocates tens of MB of temporaries per layer; by default glibc maps each one fresh
-    from the kernel and unmaps it on free, so every step pays page faults on all of it (measured: a
-    64-sequence decode step took 970 ms instead of 280 ms). Returns whether the setting was applied.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3  # mallopt parameter ids from <malloc.h>
-        return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(
-            libc.mallopt(m_trim_threshold, (1 << 31) - 1)
-        )
-    except (OSError, AttributeError):
-        return False
-
-
-def available_ram_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * GiB
-
-
 @dataclass
-class PendingStep:
+class DevicePendingStep:
     """A launched step: its draws are still on the device until :meth:`result` reads them."""
 
     seq_ids: list[int]
@@ -109,21 +61,6 @@ class PendingStep:
         return dict(zip(self.seq_ids, self.sampled.results(), strict=True))
 
 
-@dataclass
-class KVCachePlan:
-    num_blocks: int
-    block_size: int
-    bytes_per_block: int
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_blocks * self.block_size
-
-    @property
-    def gib(self) -> float:
-        return self.num_blocks * self.bytes_per_block / GiB
-
-
 class TorchExecutor:
     """Runs a Hugging Face model on the paged KV cache."""
 
@@ -131,12 +68,13 @@ class TorchExecutor:
         self,
         config: EngineConfig,
         model_dir: Path | None,
-        model_config: ModelConfig,
+        facts: ModelFacts,
         max_model_len: int,
         max_num_batched_tokens: int,
     ) -> None:
         self.config = config
-        self.model_config = model_config
+        self.facts = facts
+        self.model_config = model_config = ModelConfig.from_facts(facts)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
         self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else TORCH_DTYPES[config.kv_cache_dtype]
@@ -144,7 +82,7 @@ class TorchExecutor:
         self.attn_backend = "triton" if triton_usable(self.device) else "torch"
         self.use_graphs = self.attn_backend == "triton" and not config.enforce_eager
         if self.device.type == "cpu":
-            from glassbox.layers import native
+            from glassbox.kernels import native
 
             if native.usable(self.dtype, self.kv_dtype):
                 self.attn_backend = "native"  # glassbox's C kernels around oneDNN's GEMMs
@@ -193,9 +131,11 @@ class TorchExecutor:
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
             for _ in range(model_config.num_layers)
         ]
-        if self.attn_backend == "native":  # bind now, so that a shape the kernels cannot take shows at start
+        # the forward a step calls: the model's own, or on CPU the model bound to the C kernels
+        self.forward: Forward = self.model
+        if self.attn_backend == "native":  # bound now, so that a shape the kernels cannot take shows at start
             try:
-                self.model.model.bind_native(self.kv_caches, self.dtype)
+                self.forward = bind_cpu_kernels(self.model, self.kv_caches, self.dtype)
             except ValueError as e:
                 logger.warning("glassbox's CPU kernels cannot run this model (%s): using PyTorch ops", e)
                 self.attn_backend = "torch"
@@ -210,7 +150,7 @@ class TorchExecutor:
         t0 = time.perf_counter()
         before = torch.cuda.memory_reserved(self.device)
         self.graphs = DecodeGraphs(
-            self.model,
+            self.forward,
             self.kv_caches,
             min(self.config.max_num_seqs, MAX_GRAPH_BATCH),
             -(-max_model_len // self.block_size),
@@ -227,11 +167,12 @@ class TorchExecutor:
         )
 
     def _plan_kv_cache(self, max_model_len: int, max_num_batched_tokens: int) -> KVCachePlan:
-        cfg, mc = self.config, self.model_config
-        per_token = mc.kv_bytes_per_token(self.kv_dtype)
-        per_block = per_token * self.block_size
+        cfg = self.config
+        per_token = self.facts.kv_bytes_per_token(element_bytes(dtype_name(self.kv_dtype)))
+        per_block = round(per_token * self.block_size)
         if cfg.num_kv_blocks is not None:
             return KVCachePlan(cfg.num_kv_blocks, self.block_size, per_block)
+        budget: float
         if cfg.kv_cache_memory_gib is not None:
             budget = int(cfg.kv_cache_memory_gib * GiB)
         elif self.device.type == "cuda":
@@ -240,8 +181,7 @@ class TorchExecutor:
             # CPU: a share of the RAM left after the weights, no more than the configured load can use
             useful = per_token * max_model_len * cfg.max_num_seqs
             budget = min(int(available_ram_bytes() * 0.25), 4 * GiB, max(useful, per_block * 64))
-        blocks = max(1, budget // per_block)
-        return KVCachePlan(int(blocks), self.block_size, per_block)
+        return plan_kv_cache(budget, per_token, self.block_size)
 
     def _cuda_kv_budget(self, max_num_batched_tokens: int) -> int:
         """Device memory x utilization, less the weights and a measured activation peak."""
@@ -274,7 +214,7 @@ class TorchExecutor:
             shape = (2, nb, self.block_size, mc.num_kv_heads, mc.head_dim)
             cache = [torch.zeros(shape, dtype=self.kv_dtype, device=dev)] * mc.num_layers
             meta = AttentionMetadata(slot_mapping=torch.arange(n, device=dev), backend="triton")
-            from glassbox.layers.triton_attention import prefill_block_m
+            from glassbox.kernels.triton_attention import prefill_block_m
 
             meta.paged_prefill = build_paged_prefill(
                 [(0, n, list(range(nb)))], prefill_block_m(mc.head_dim, self.kv_dtype), dev
@@ -291,9 +231,6 @@ class TorchExecutor:
         torch.cuda.synchronize()
 
     # -- one step ------------------------------------------------------------
-    def execute(self, batch: SchedulerOutput) -> dict[int, SampleResult]:
-        return self.launch(batch).result()
-
     def reserve_frontend_core(self) -> None:
         """CPU: run light steps (small decode batches) on one thread fewer than the maximum.
 
@@ -319,7 +256,7 @@ class TorchExecutor:
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 
-    def launch(self, batch: SchedulerOutput) -> PendingStep:
+    def launch(self, batch: SchedulerOutput) -> DevicePendingStep:
         """Queue the step's forward and sampling; on CUDA this returns before the device has finished."""
         if self.light_threads != self.max_threads:
             self._set_threads(batch)
@@ -340,14 +277,14 @@ class TorchExecutor:
                 sample_seqs.append(s)
         rows = to_device(sample_rows, torch.long, self.device) if sample_rows else None  # before the forward
         with torch.inference_mode():
-            hidden = self.model(ids, pos, self.kv_caches, meta)
+            hidden = self.forward(ids, pos, self.kv_caches, meta)
             if rows is None:
-                return PendingStep([], None)
+                return DevicePendingStep([], None)
             logits = self.model.compute_logits(hidden.index_select(0, rows))
             sampled = sample_on_device(logits, [s.seq for s in sample_seqs], self.eos_ids, self.config.seed)
-        return PendingStep([s.seq.seq_id for s in sample_seqs], sampled)
+        return DevicePendingStep([s.seq.seq_id for s in sample_seqs], sampled)
 
-    def _execute_graph(self, decodes: list[ScheduledSeq]) -> PendingStep:
+    def _execute_graph(self, decodes: list[ScheduledSeq]) -> DevicePendingStep:
         """A decode-only step on the captured graphs (CUDA)."""
         assert self.graphs is not None
         bs = self.block_size
@@ -363,13 +300,13 @@ class TorchExecutor:
             hidden = self.graphs.run(ids, pos, slots, lens, tables)  # (n, hidden)
             rows = [i for i, s in enumerate(decodes) if s.samples]
             if not rows:
-                return PendingStep([], None)
+                return DevicePendingStep([], None)
             if len(rows) < len(decodes):
                 hidden = hidden.index_select(0, to_device(rows, torch.long, self.device))
             seqs = [decodes[i] for i in rows]
             logits = self.model.compute_logits(hidden)
             sampled = sample_on_device(logits, [s.seq for s in seqs], self.eos_ids, self.config.seed)
-        return PendingStep([s.seq.seq_id for s in seqs], sampled)
+        return DevicePendingStep([s.seq.seq_id for s in seqs], sampled)
 
     def _flatten(self, ordered: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ids: list[int] = []
@@ -401,10 +338,9 @@ class TorchExecutor:
             ]
             meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=dev)
             meta.decode_context_lens = torch.tensor(lens, dtype=torch.long, device=dev)
-            meta.decode_max_len = max(lens)
         if self.attn_backend == "triton":
             if prefills:
-                from glassbox.layers.triton_attention import prefill_block_m
+                from glassbox.kernels.triton_attention import prefill_block_m
 
                 seqs = []
                 for s in prefills:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from glassbox.kernels.cpu_ops import lib
 from glassbox.layers.attention import PrefillSeq, gather_tokens
-from glassbox.layers.cpu_ops import lib
 
 SCORE_TILE_BYTES = 8 << 20  # the bf16 scores of one tile: sized to stay in the last-level cache
 MAX_TILE, MIN_TILE = 128, 16

@@ -1,0 +1,148 @@
+"""EngineCore: the one step loop that both the real engine and the simulator run.
+
+schedule -> executor.launch -> (overlapped host work) -> result -> scheduler.update -> append each sampled
+token -> end the sequences a token alone ends (stop token, EOS, length), as vLLM's ``check_stop`` does
+inside its core. Text-level work (detokenize, stop strings, outputs) happens outside, after a step: the
+LLMEngine does it, the simulator has none. Because both drive this class with the same Scheduler and
+BlockManager, a simulated run takes the same batches and ends each sequence at the same token as the
+real engine does for the same tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from glassbox.engine.executor import Executor
+from glassbox.engine.scheduler import Scheduler, SchedulerOutput
+from glassbox.engine.sequence import Sequence
+from glassbox.outputs import SampleResult
+
+# How a token alone ends a sequence: ("stop", the stop token id, or None for EOS) | ("length", None)
+TokenEnd = tuple[str, int | None]
+
+
+@dataclass
+class Appended:
+    """A token the step appended to its sequence."""
+
+    seq: Sequence
+    token: int
+    num_output_tokens: int  # the sequence's count with this token
+    ended: TokenEnd | None
+
+
+@dataclass
+class CoreStep:
+    """What one step did."""
+
+    index: int  # steps run before this one
+    batch: SchedulerOutput
+    appended: list[Appended]
+    launched: float  # clock when the batch was launched
+    done: float  # clock when its sampled tokens were read
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """One step as a comparable record: who ran how many tokens, and who ended on which token."""
+
+    batch: tuple[tuple[str, int, int, int], ...]  # (request id, seq index, start, new tokens)
+    ended: tuple[tuple[str, int, str, int | None, int], ...]  # (request id, index, reason, stop, out tokens)
+
+
+def check_stop(seq: Sequence, token: int, eos_token_ids: set[int], max_model_len: int) -> TokenEnd | None:
+    """Whether ``token`` (already appended) ends ``seq``: a stop token or EOS once ``min_tokens`` are out,
+    else ``max_tokens`` or the model length reached."""
+    sp = seq.sampling_params
+    n_out = seq.num_output_tokens
+    if n_out >= sp.min_tokens:
+        if token in sp.stop_token_ids:
+            return ("stop", token)
+        if not sp.ignore_eos and token in eos_token_ids:
+            return ("stop", None)
+    assert sp.max_tokens is not None, "requests get their max_tokens when they are checked"
+    if n_out >= sp.max_tokens or len(seq) >= max_model_len:
+        return ("length", None)
+    return None
+
+
+class EngineCore:
+    """Drives a Scheduler and an Executor one step at a time. Not thread-safe."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: Executor,
+        max_model_len: int,
+        eos_token_ids: set[int],
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.clock = clock
+        self.num_steps = 0
+        self.trace: list[StepTrace] | None = None  # set to [] to record every step
+
+    def add(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Take a sequence off the scheduler and free its blocks (a stop string, an abort)."""
+        if not seq.is_finished:
+            self.scheduler.finish(seq)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def step(self, overlap: Callable[[], None] | None = None) -> CoreStep | None:
+        """Run one step; None when nothing could be scheduled. ``overlap`` runs between launch and result
+        (while a GPU computes); a sequence it finishes gets no token from this step."""
+        batch = self.scheduler.schedule()
+        if batch.empty:
+            return None
+        launched = self.clock()
+        pending = self.executor.launch(batch)
+        if overlap is not None:
+            overlap()
+        results = pending.result()
+        done = self.clock()
+        self.scheduler.update(batch)
+        appended = []
+        for s in batch.scheduled:
+            res = results.get(s.seq.seq_id)
+            if res is not None and not s.seq.is_finished:
+                appended.append(self._append(s.seq, res, done))
+        step = CoreStep(self.num_steps, batch, appended, launched, done)
+        self.num_steps += 1
+        if self.trace is not None:
+            self.trace.append(_trace(step))
+        return step
+
+    def _append(self, seq: Sequence, res: SampleResult, now: float) -> Appended:
+        seq.append_token(res.token_id)
+        m = seq.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.last_token_time = now
+        m.token_times.append(now)
+        if seq.logprobs is not None and res.logprobs is not None:
+            seq.logprobs.append(res.logprobs)
+        ended = check_stop(seq, res.token_id, self.eos_token_ids, self.max_model_len)
+        if ended is not None:
+            self.scheduler.finish(seq)  # its blocks are free for the next step
+        return Appended(seq, res.token_id, seq.num_output_tokens, ended)
+
+
+def _trace(step: CoreStep) -> StepTrace:
+    batch = tuple((s.seq.request_id, s.seq.index, s.start, s.num_new_tokens) for s in step.batch.scheduled)
+    ended = tuple(
+        (a.seq.request_id, a.seq.index, a.ended[0], a.ended[1], a.num_output_tokens)
+        for a in step.appended
+        if a.ended is not None
+    )
+    return StepTrace(batch, ended)

@@ -1,0 +1,233 @@
+"""The model description: one torch-free reading of a model's config, shared by the engine and the planner.
+
+This module is the only code that parses config.json (:func:`read_config`). :class:`ModelFacts` holds
+what the engine needs to build the model (widths, norms, rope, biases, per-layer attention kinds) and what
+the planner needs to cost it (parameter counts per group, active parameters, KV bytes, MoE shape,
+recurrent state). The engine's torch-side ModelConfig (models/model_config.py) is built from it.
+
+Counts are exact for the supported families (norms and biases included): see models/param_counts.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from glassbox.dtypes import canonical
+from glassbox.models.quant_config import NativeQuant
+
+SUPPORTED_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "mixtral",
+    "gemma3_text",
+    "gpt_oss",
+    "nemotron_h",
+)
+DEFAULT_MAX_POSITIONS = 2048  # what the engine assumes when a config names no limit
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Shapes, settings and parameter counts of one model (counts in parameters, bytes in bytes)."""
+
+    name: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    layer_mixers: tuple[str, ...]  # per layer: "full" | "sliding" (both hold KV) | "mamba" | "none"
+    sliding_window: int | None
+    params: dict[str, int]  # per quant.GROUPS; "experts" = all routed experts of all layers
+    architecture: str = ""  # the Hugging Face class name ("LlamaForCausalLM")
+    intermediate_size: int = 0  # the dense MLP's width
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+    qkv_bias: bool = False  # q/k/v projections carry biases
+    o_bias: bool = False  # the attention output projection carries a bias
+    mlp_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3, Gemma 3)
+    attention_sinks: bool = False  # a learned per-head sink logit (gpt-oss)
+    rope: dict[str, Any] = field(default_factory=dict)  # rope_theta, rope_type and its scaling fields
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_layers: int = 0
+    params_per_expert: int = 0  # one routed expert in one layer
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    ffn_width: int = 0  # widest FFN activation per token (activation-memory estimate)
+    tie_word_embeddings: bool = False
+    state_bytes_per_seq: int = 0  # recurrent (Mamba) state per sequence: SSM + conv, read+written each step
+    mixer_flops_per_token: float = 0.0  # recurrent-scan FLOPs per token beyond the linear projections
+    dtype: str = "bf16"  # canonical (glassbox.dtypes); "bf16" when the config names none
+    dtype_declared: bool = True  # whether the config named its dtype
+    native_quant: NativeQuant | None = None
+    max_context: int = 0  # max_position_embeddings; 0 when the config names none
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def kv_layers(self) -> tuple[int, int]:
+        """(full-attention layers, sliding-window layers)."""
+        return self.layer_mixers.count("full"), self.layer_mixers.count("sliding")
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window (None: full attention)."""
+        return tuple(self.sliding_window if k == "sliding" else None for k in self.layer_mixers)
+
+    @property
+    def total_params(self) -> int:
+        """Parameters stored once (a tied lm_head shares the embedding table)."""
+        total = sum(self.params.values())
+        return total - self.params["lm_head"] if self.tie_word_embeddings else total
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token reads: all but the embedding table and the unchosen routed experts."""
+        dense = sum(v for k, v in self.params.items() if k not in ("embed", "experts"))
+        return dense + self.moe_layers * self.experts_per_token * self.params_per_expert
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def max_positions(self) -> int:
+        """The engine's position limit: the config's, or DEFAULT_MAX_POSITIONS when it names none."""
+        return self.max_context or DEFAULT_MAX_POSITIONS
+
+    def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
+        """KV bytes one token adds while the context is shorter than any sliding window.
+
+        The engine's paged cache holds this much per token slot (it keeps every layer's K and V)."""
+        full, sliding = self.kv_layers
+        return (full + sliding) * 2 * self.num_kv_heads * self.head_dim * bytes_per_element
+
+    def kv_bytes(self, seq_len: int, bytes_per_element: float = 2.0) -> float:
+        """KV cache of one sequence of ``seq_len`` tokens; sliding layers keep at most the window."""
+        full, sliding = self.kv_layers
+        per_layer_token = 2 * self.num_kv_heads * self.head_dim * bytes_per_element
+        window = min(seq_len, self.sliding_window or seq_len)
+        return per_layer_token * (full * seq_len + sliding * window)
+
+    def attention_flops(self, num_new: int, context_before: int) -> float:
+        """QK^T and PV FLOPs for ``num_new`` causal queries after ``context_before`` cached tokens.
+
+        Per layer and query attending to n keys: 4 * heads * head_dim * n (2 FLOPs per MAC, two matmuls).
+        """
+        full, sliding = self.kv_layers
+        keys_full = num_new * context_before + num_new * (num_new + 1) / 2
+        keys_sliding = sliding_keys(num_new, context_before, self.sliding_window or 0) if sliding else 0.0
+        return 4.0 * self.num_heads * self.head_dim * (full * keys_full + sliding * keys_sliding)
+
+    def describe_attention(self) -> str:
+        full, sliding = self.kv_layers
+        mamba = self.layer_mixers.count("mamba")
+        gqa = f"GQA {self.num_heads}q/{self.num_kv_heads}kv x {self.head_dim}"
+        parts = [f"{full} full"]
+        if sliding:
+            parts.append(f"{sliding} sliding (window {self.sliding_window})")
+        if mamba:
+            parts.append(f"{mamba} Mamba-2 (no KV)")
+        return f"{gqa}; layers: " + ", ".join(parts)
+
+
+def sliding_keys(n: int, c: int, w: int) -> float:
+    """sum_{i=1..n} min(c + i, w): keys seen by n new queries in a window of w after c cached tokens."""
+    if w <= 0:
+        return 0.0
+    if c >= w:
+        return float(n * w)
+    m = min(n, w - c)  # queries still inside the window's growth phase
+    return m * c + m * (m + 1) / 2 + (n - m) * w
+
+
+def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
+    """The rope settings of an HF config, whether written as rope_theta/rope_scaling or rope_parameters."""
+    params: dict[str, Any] = dict(config.get("rope_parameters") or {})
+    scaling = config.get("rope_scaling") or {}
+    for k, v in scaling.items():
+        params.setdefault(k, v)
+    params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    params["rope_type"] = kind
+    return params
+
+
+def id_list(value: Any) -> list[int]:
+    """An id field given as an int, a list of ints, or missing."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def config_dtype(cfg: dict[str, Any]) -> tuple[str, bool]:
+    """(canonical dtype, whether the config declared one); "bf16" when it did not."""
+    declared = cfg.get("torch_dtype") or cfg.get("dtype")
+    name = canonical(str(declared)) if declared else "bf16"
+    return (name if name in ("fp32", "bf16", "fp16") else "bf16"), bool(declared)
+
+
+def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
+    """Build ModelFacts from a config.json dict (multimodal configs: their ``text_config``)."""
+    from glassbox.models.param_counts import nemotron_h_facts, transformer_facts
+
+    if "text_config" in cfg and "hidden_size" not in cfg:
+        text = dict(cfg["text_config"])
+        text.setdefault("quantization_config", cfg.get("quantization_config"))
+        text.setdefault("torch_dtype", cfg.get("torch_dtype"))
+        text.setdefault("model_type", f"{cfg.get('model_type', '')}_text")
+        cfg = text
+    mt = str(cfg.get("model_type", ""))
+    if mt == "gemma3":
+        mt = "gemma3_text"
+    cfg = {**cfg, "model_type": mt}
+    if mt not in SUPPORTED_TYPES:
+        raise ValueError(
+            f"MODEL: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED_TYPES)}"
+        )
+    if mt == "nemotron_h":
+        return nemotron_h_facts(cfg, name)
+    return transformer_facts(cfg, name)
+
+
+def read_config(model_dir: str | Path, missing_ok: bool = False) -> dict[str, Any]:
+    """A model directory's config.json as a dict, with a ModelOpt hf_quant_config.json folded in.
+
+    The one place config.json is parsed. FileNotFoundError when it is missing (``missing_ok``: {})."""
+    path = Path(model_dir)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        if missing_ok:
+            return {}
+        raise FileNotFoundError(f"config.json not found in model directory {path.parent}")
+    cfg: dict[str, Any] = json.loads(path.read_text())
+    quant_file = path.parent / "hf_quant_config.json"  # ModelOpt checkpoints keep it beside config.json
+    if "quantization_config" not in cfg and quant_file.is_file():
+        algo = json.loads(quant_file.read_text()).get("quantization", {}).get("quant_algo", "")
+        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": algo}
+    return cfg
+
+
+def facts_from_dir(model_dir: str | Path, name: str | None = None) -> ModelFacts:
+    """ModelFacts of a Hugging Face model directory (or a config.json path)."""
+    path = Path(model_dir)
+    cfg = read_config(path)
+    folder = path if path.is_dir() else path.parent
+    return facts_from_config(cfg, name or folder.name or str(model_dir))

@@ -1,0 +1,214 @@
+"""ModelFacts of each supported family from its config dict: parameter counts per group and settings.
+
+Counts are exact (norms and biases included) for llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe,
+mixtral, gemma3_text, gpt_oss and nemotron_h (hybrid Mamba-2 / latent MoE / attention). "Active"
+parameters are those one token touches: everything except the embedding table (a decode step gathers one
+row) and the routed experts not chosen (MoE: top-k of E per layer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from glassbox.models.facts import ModelFacts, config_dtype, id_list, rope_parameters
+from glassbox.models.quant_config import native_quant_from_config
+
+
+def layer_kinds(cfg: dict[str, Any], n_layers: int) -> tuple[list[str], int | None]:
+    """Per-layer attention kind from layer_types / sliding_window_pattern / sliding_window."""
+    window = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == n_layers:
+        kinds = ["sliding" if "sliding" in str(t) else "full" for t in types]
+        return kinds, (int(window) if window and "sliding" in kinds else None)
+    pattern = cfg.get("sliding_window_pattern")
+    if window and pattern:  # Gemma 3: every pattern-th layer is global
+        kinds = ["full" if (i + 1) % int(pattern) == 0 else "sliding" for i in range(n_layers)]
+        return kinds, int(window)
+    use_sw = cfg.get("use_sliding_window", cfg.get("model_type") == "mistral")
+    if window and use_sw:
+        limit = int(cfg.get("max_window_layers", n_layers))
+        # Qwen2 convention: layers below max_window_layers use full attention.
+        if cfg.get("model_type", "").startswith("qwen"):
+            kinds = ["full" if i < limit else "sliding" for i in range(n_layers)]
+        else:
+            kinds = ["sliding"] * n_layers
+        return kinds, (int(window) if "sliding" in kinds else None)
+    return ["full"] * n_layers, None
+
+
+def _attention_biases(cfg: dict[str, Any]) -> tuple[bool, bool]:
+    """(q/k/v biases, o_proj bias): Qwen2 always biases q/k/v only; others follow attention_bias."""
+    if cfg.get("model_type") in ("qwen2", "qwen2_moe"):
+        return True, False
+    bias = bool(cfg.get("attention_bias", False))
+    return bias, bias
+
+
+def _attention_params(cfg: dict[str, Any], hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
+    mt = cfg.get("model_type", "")
+    q, kv = heads * head_dim, kv_heads * head_dim
+    weights = hidden * q + 2 * hidden * kv + q * hidden
+    qkv_bias, o_bias = _attention_biases(cfg)
+    weights += (q + 2 * kv if qkv_bias else 0) + (hidden if o_bias else 0)
+    if mt in ("qwen3", "qwen3_moe", "gemma3_text"):
+        weights += 2 * head_dim  # q_norm, k_norm
+    if mt == "gpt_oss":
+        weights += heads  # attention sinks
+    return weights
+
+
+def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """The fields every family shares: shapes, settings, dtype, token ids, quantization."""
+    mt = str(cfg["model_type"])
+    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    dtype, declared = config_dtype(cfg)
+    archs = cfg.get("architectures") or []
+    qkv_bias, o_bias = _attention_biases(cfg)
+    bos = id_list(cfg.get("bos_token_id"))
+    return dict(
+        name=name,
+        model_type=mt,
+        architecture=str(archs[0]) if archs else "",
+        hidden_size=hidden,
+        num_layers=int(cfg["num_hidden_layers"]),
+        vocab_size=int(cfg["vocab_size"]),
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        intermediate_size=int(cfg.get("intermediate_size") or 0),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        hidden_act=str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu"),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        qk_norm=mt in ("qwen3", "qwen3_moe", "gemma3_text"),
+        attention_sinks=mt == "gpt_oss",
+        rope=rope_parameters(cfg),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", mt == "gemma3_text")),
+        dtype=dtype,
+        dtype_declared=declared,
+        native_quant=native_quant_from_config(cfg, dtype),
+        max_context=int(cfg.get("max_position_embeddings") or 0),
+        bos_token_id=bos[0] if bos else None,
+        eos_token_ids=tuple(id_list(cfg.get("eos_token_id"))),
+    )
+
+
+def transformer_facts(cfg: dict[str, Any], name: str) -> ModelFacts:
+    base = _common(cfg, name)
+    mt, hidden, n_layers = base["model_type"], base["hidden_size"], base["num_layers"]
+    heads, kv_heads, head_dim = base["num_heads"], base["num_kv_heads"], base["head_dim"]
+    vocab, inter = base["vocab_size"], base["intermediate_size"]
+    kinds, window = layer_kinds(cfg, n_layers)
+    attn = n_layers * _attention_params(cfg, hidden, heads, kv_heads, head_dim)
+    norms_per_layer = 4 if mt == "gemma3_text" else 2
+    norms = n_layers * norms_per_layer * hidden + hidden
+
+    n_exp = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    top_k = int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0)
+    mlp = experts = shared = per_expert = moe_layers = exp_inter = shared_inter = 0
+    ffn_width = inter
+    if n_exp:
+        exp_inter = int(cfg.get("moe_intermediate_size") or inter)
+        if mt == "gpt_oss":  # fused gate_up (+bias) and down (+bias)
+            per_expert = 3 * hidden * exp_inter + 2 * exp_inter + hidden
+            router = hidden * n_exp + n_exp
+        else:
+            per_expert = 3 * hidden * exp_inter
+            router = hidden * n_exp
+        sparse_step = int(cfg.get("decoder_sparse_step", 1) or 1)
+        dense_only = set(cfg.get("mlp_only_layers") or [])
+        is_moe = [i not in dense_only and (i + 1) % sparse_step == 0 for i in range(n_layers)]
+        moe_layers = sum(is_moe)
+        experts = moe_layers * n_exp * per_expert
+        shared_inter = int(cfg.get("shared_expert_intermediate_size") or 0)
+        shared_per_layer = router + (3 * hidden * shared_inter + hidden if shared_inter else 0)
+        shared = moe_layers * shared_per_layer
+        mlp = (n_layers - moe_layers) * 3 * hidden * inter
+        ffn_width = max(top_k * exp_inter + shared_inter, inter if moe_layers < n_layers else 0)
+    else:
+        mlp = n_layers * 3 * hidden * inter
+        if base["mlp_bias"]:
+            mlp += n_layers * (2 * inter + hidden)
+    params = {
+        "embed": vocab * hidden,
+        "lm_head": vocab * hidden,
+        "attention": attn,
+        "mlp": mlp,
+        "experts": experts,
+        "moe_shared": shared,
+        "mamba": 0,
+        "norms": norms,
+    }
+    return ModelFacts(
+        **base,
+        layer_mixers=tuple(kinds),
+        sliding_window=window,
+        params=params,
+        num_experts=n_exp,
+        experts_per_token=top_k if n_exp else 0,
+        moe_layers=moe_layers if n_exp else 0,
+        params_per_expert=per_expert if n_exp else 0,
+        moe_intermediate_size=exp_inter,
+        shared_expert_intermediate_size=shared_inter,
+        ffn_width=ffn_width,
+    )
+
+
+def nemotron_h_facts(cfg: dict[str, Any], name: str) -> ModelFacts:
+    """Hybrid: 'M' Mamba-2 mixer, 'E' (latent) MoE, '*' attention, '-' dense MLP; one block per layer."""
+    base = _common(cfg, name)
+    hidden, n_layers = base["hidden_size"], base["num_layers"]
+    pattern = str(cfg["hybrid_override_pattern"])[:n_layers]
+    heads, kv_heads, head_dim = base["num_heads"], int(cfg["num_key_value_heads"]), base["head_dim"]
+    vocab = base["vocab_size"]
+    m_heads, m_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
+    groups, state, kernel = int(cfg["n_groups"]), int(cfg["ssm_state_size"]), int(cfg.get("conv_kernel", 4))
+    d_inner = m_heads * m_dim
+    conv_dim = d_inner + 2 * groups * state
+    in_proj = hidden * (2 * d_inner + 2 * groups * state + m_heads)
+    mamba_layer = in_proj + conv_dim * (kernel + 1) + 3 * m_heads + d_inner + d_inner * hidden
+    n_exp, top_k = int(cfg.get("n_routed_experts", 0)), int(cfg.get("num_experts_per_tok", 0))
+    exp_inter = int(cfg.get("moe_intermediate_size", 0))
+    latent = int(cfg.get("moe_latent_size") or 0)
+    exp_in = latent or hidden
+    per_expert = 2 * exp_in * exp_inter  # relu^2 experts: up + down, no gate
+    shared_inter = int(cfg.get("moe_shared_expert_intermediate_size", 0)) * int(
+        cfg.get("n_shared_experts", 1)
+    )
+    shared_per_layer = (
+        hidden * n_exp + n_exp + 2 * hidden * shared_inter + (2 * hidden * latent if latent else 0)
+    )
+    n_m, n_e, n_a, n_d = (pattern.count(c) for c in "ME*-")
+    kinds = ["mamba" if c == "M" else "full" if c == "*" else "none" for c in pattern]
+    ssm_bytes = 4 if str(cfg.get("mamba_ssm_cache_dtype", "float32")) == "float32" else 2
+    params = {
+        "embed": vocab * hidden,
+        "lm_head": vocab * hidden,
+        "attention": n_a * (2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim),
+        "mlp": n_d * 2 * hidden * int(cfg.get("intermediate_size", 0)),
+        "experts": n_e * n_exp * per_expert,
+        "moe_shared": n_e * shared_per_layer,
+        "mamba": n_m * mamba_layer,
+        "norms": n_layers * hidden + hidden,
+    }
+    return ModelFacts(
+        **{**base, "num_kv_heads": kv_heads},
+        layer_mixers=tuple(kinds),
+        sliding_window=None,
+        params=params,
+        num_experts=n_exp,
+        experts_per_token=top_k if n_exp else 0,
+        moe_layers=n_e if n_exp else 0,
+        params_per_expert=per_expert if n_exp else 0,
+        moe_intermediate_size=exp_inter,
+        shared_expert_intermediate_size=shared_inter,
+        ffn_width=max(top_k * exp_inter + shared_inter, 2 * d_inner),
+        state_bytes_per_seq=n_m * (m_heads * m_dim * state * ssm_bytes + conv_dim * (kernel - 1) * 2),
+        mixer_flops_per_token=n_m * 6.0 * d_inner * state,  # SSD scan: state update + readout
+        notes=(
+            "hybrid Mamba-2/MoE: KV only in the attention layers; each sequence also holds a fixed Mamba state",
+            "multi-token-prediction layer not counted (used only for speculative decoding)",
+        ),
+    )

@@ -1,0 +1,82 @@
+"""What ``glassbox plan`` was asked (PlanRequest) and everything a cost evaluation needs, resolved once
+(Setup): the model's facts, the quantization scheme, the hardware and the engine profile."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from glassbox.models.facts import ModelFacts
+from glassbox.perf.cost_model import PhaseCost, prefill_cost, step_time
+from glassbox.perf.engine_profiles import EngineProfile, get_engine
+from glassbox.perf.hardware import HardwareSpec, get_hardware
+from glassbox.perf.memory_plan import kv_bytes_per_element
+from glassbox.perf.model_presets import load_model_facts
+from glassbox.perf.quant import QuantScheme, resolve_scheme
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What ``glassbox plan`` was asked; validated in ``__post_init__`` (errors name the flag)."""
+
+    model: str
+    hardware: str
+    quant: str = "native"
+    engine: str = "glassbox"
+    prompt_tokens: int = 1024
+    output_tokens: int = 256
+    context_tokens: int = 0  # already in the KV cache before the request (llama-bench -d)
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    rates: tuple[float, ...] = field(default_factory=tuple)  # requests / second (Poisson)
+    memory_utilization: float = 0.9
+    kv_cache_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1:
+            raise ValueError(f"--prompt-tokens must be >= 1, got {self.prompt_tokens}")
+        if self.output_tokens < 1:
+            raise ValueError(f"--output-tokens must be >= 1, got {self.output_tokens}")
+        if self.context_tokens < 0:
+            raise ValueError(f"--context must be >= 0, got {self.context_tokens}")
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise ValueError(f"--concurrency must be a comma list of integers >= 1, got {self.concurrency}")
+        if any(not r > 0 for r in self.rates):
+            raise ValueError(f"--rate must be a comma list of numbers > 0, got {self.rates}")
+        if not 0.0 < self.memory_utilization <= 1.0:
+            raise ValueError(f"--memory-utilization must be in (0, 1], got {self.memory_utilization}")
+
+    @property
+    def seq_len(self) -> int:
+        return self.context_tokens + self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything a cost evaluation needs, resolved once."""
+
+    facts: ModelFacts
+    scheme: QuantScheme
+    hw: HardwareSpec
+    engine: EngineProfile
+    kv_bytes: float  # per K/V element
+
+    def prefill(self, req: PlanRequest, engine: EngineProfile | None = None) -> PhaseCost:
+        eng = engine or self.engine
+        return prefill_cost(
+            self.facts, self.scheme, self.hw, eng, req.prompt_tokens, req.context_tokens, self.kv_bytes
+        )
+
+    def step_time_fn(self) -> Callable[[Sequence[tuple[int, int]]], float]:
+        """``cost_model.step_time`` bound to this setup: what the SimulatedExecutor calls per step."""
+        return partial(
+            step_time, self.facts, self.scheme, self.hw, self.engine, kv_bytes_per_element=self.kv_bytes
+        )
+
+
+def resolve(req: PlanRequest) -> Setup:
+    facts = load_model_facts(req.model)
+    hw = get_hardware(req.hardware)
+    engine = get_engine(req.engine)
+    scheme = resolve_scheme(req.quant, facts.native_quant, facts.dtype, engine.gguf, engine.mixed_rest_format)
+    return Setup(facts, scheme, hw, engine, kv_bytes_per_element(req.kv_cache_dtype, facts.dtype))
