@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from glassbox.layers.attention import PrefillSeq, prefill_attention
 from glassbox.kernels.cpu_prefill import prefill_attention_bf16
+from glassbox.layers.attention import PrefillSeq, prefill_attention
 from glassbox.perf.hardware import cpu_name
 
 HQ, HK, D, BS = 16, 8, 128, 16

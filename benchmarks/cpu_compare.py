@@ -168,13 +168,13 @@ def decode_in_turns(decoders: dict[str, Decoder], rounds: int = 5) -> dict[str, 
 
 
 def roofline(model_dir: Path) -> dict[str, Any]:
-    from glassbox.models.model_config import ModelConfig
+    from glassbox.models.config_reader import facts_from_dir
     from glassbox.perf.hardware import probe_local
 
-    hw = probe_local("cpu", "bfloat16", force=True)  # measured now, beside the engines, not an old cache
-    mc = ModelConfig.from_dir(model_dir)
-    weight_bytes = mc.num_params * 2  # bf16, tied embedding read once (as the LM head)
-    kv = mc.kv_bytes_per_token(torch.bfloat16) * (128 + 32)
+    hw = probe_local("cpu", "bf16", force=True)  # measured now, beside the engines, not an old cache
+    facts = facts_from_dir(model_dir)
+    weight_bytes = facts.total_params * 2  # bf16, tied embedding read once (as the LM head)
+    kv = facts.kv_bytes_per_token(2.0) * (128 + 32)
     return {
         "bandwidth_gbs": hw.bandwidth_gbs,
         "bf16_tflops": hw.peak_flops("bf16") / 1e12,
@@ -182,7 +182,7 @@ def roofline(model_dir: Path) -> dict[str, Any]:
         "decode_ceiling_tok_s": hw.bandwidth_bytes_s / (weight_bytes + kv),
         # a prompt token runs every matmul but the LM head (logits only for the last token)
         "prefill_ceiling_tok_s": hw.peak_flops("bf16")
-        / (2 * (mc.num_params - mc.vocab_size * mc.hidden_size)),
+        / (2 * (facts.total_params - facts.vocab_size * facts.hidden_size)),
         "probe": hw.source,
     }
 

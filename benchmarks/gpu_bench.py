@@ -148,7 +148,7 @@ def part_gb_decode(args: argparse.Namespace) -> dict[str, Any]:
     emb = mc.vocab_size * mc.hidden_size * 2
     weights_read = ex.weight_bytes - (0 if mc.tie_word_embeddings else emb)  # one embedding row is read
     ctx_mean = args.prompt_len + args.decode_tokens / 2
-    bytes_per_token = weights_read + mc.kv_bytes_per_token(ex.kv_dtype) * ctx_mean
+    bytes_per_token = weights_read + llm.engine.facts.kv_bytes_per_token(ex.kv_dtype.itemsize) * ctx_mean
     res: dict[str, Any] = {
         "load_s": load_s,
         "tok_s": m.decode_tok_s,

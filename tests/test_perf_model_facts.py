@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from glassbox.models.facts import facts_from_config, sliding_keys
+from glassbox.models.config_reader import facts_from_config
+from glassbox.models.facts import sliding_keys
 from glassbox.perf.model_presets import PRESETS, load_model_facts
 
 # Published totals (model cards / safetensors headers), in parameters.

@@ -100,13 +100,13 @@ def test_source_files_stay_small() -> None:
 
 
 def test_config_json_is_parsed_in_one_module() -> None:
-    """Only models/facts.py names the file config.json as a path (messages and docs may mention it)."""
+    """Only models/config_reader.py names the file config.json as a path (messages and docs may mention it)."""
     users = set()
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and node.value == "config.json":
                 users.add(str(path.relative_to(PACKAGE)))
-    assert users == {"models/facts.py"}
+    assert users == {"models/config_reader.py"}
 
 
 def test_plan_and_bench_start_without_torch() -> None:
@@ -116,3 +116,10 @@ def test_plan_and_bench_start_without_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_api_schema_lists_every_reported_metric() -> None:
+    from glassbox.engine.sequence import METRIC_KEYS
+    from glassbox.server.protocol import RequestAnatomy
+
+    assert tuple(RequestAnatomy.model_fields) == METRIC_KEYS

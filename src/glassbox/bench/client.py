@@ -17,19 +17,9 @@ from typing import Any
 import httpx
 
 from glassbox.bench.workloads import RequestSpec
+from glassbox.engine.sequence import METRIC_KEYS
 
-SERVER_KEYS = (
-    "queue_s",
-    "prefill_s",
-    "ttft_s",
-    "decode_s",
-    "e2e_s",
-    "prompt_tokens",
-    "cached_prompt_tokens",
-    "output_tokens",
-    "prefill_tok_s",
-    "decode_tok_s",
-)
+SERVER_KEYS = METRIC_KEYS  # what glassbox reports per request in ``metrics`` (engine/sequence.py)
 
 
 @dataclass

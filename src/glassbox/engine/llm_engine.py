@@ -22,7 +22,8 @@ from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence, merge_metrics
 from glassbox.engine.torch_executor import TorchExecutor
-from glassbox.models.facts import ModelFacts, facts_from_dir
+from glassbox.models.config_reader import facts_from_dir
+from glassbox.models.facts import ModelFacts
 from glassbox.outputs import CompletionOutput, RequestOutput
 from glassbox.sampling_params import SamplingParams
 from glassbox.tokenizer.detokenizer import IncrementalDetokenizer

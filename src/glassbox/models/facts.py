@@ -1,35 +1,19 @@
-"""The model description: one torch-free reading of a model's config, shared by the engine and the planner.
+"""The model description (torch-free), shared by the engine and the planner.
 
-This module is the only code that parses config.json (:func:`read_config`). :class:`ModelFacts` holds
-what the engine needs to build the model (widths, norms, rope, biases, per-layer attention kinds) and what
-the planner needs to cost it (parameter counts per group, active parameters, KV bytes, MoE shape,
-recurrent state). The engine's torch-side ModelConfig (models/model_config.py) is built from it.
-
-Counts are exact for the supported families (norms and biases included): see models/param_counts.py.
+:class:`ModelFacts` holds what the engine needs to build the model (widths, norms, rope, biases, per-layer
+attention kinds) and what the planner needs to cost it (parameter counts per group, active parameters, KV
+bytes, MoE shape, recurrent state). models/config_reader.py builds it from a config.json, the only code
+that reads one; the engine's torch-side ModelConfig (models/model_config.py) is built from it.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from glassbox.dtypes import canonical
 from glassbox.models.quant_config import NativeQuant
 
-SUPPORTED_TYPES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "qwen2_moe",
-    "qwen3_moe",
-    "mixtral",
-    "gemma3_text",
-    "gpt_oss",
-    "nemotron_h",
-)
 DEFAULT_MAX_POSITIONS = 2048  # what the engine assumes when a config names no limit
 
 
@@ -181,53 +165,3 @@ def config_dtype(cfg: dict[str, Any]) -> tuple[str, bool]:
     declared = cfg.get("torch_dtype") or cfg.get("dtype")
     name = canonical(str(declared)) if declared else "bf16"
     return (name if name in ("fp32", "bf16", "fp16") else "bf16"), bool(declared)
-
-
-def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
-    """Build ModelFacts from a config.json dict (multimodal configs: their ``text_config``)."""
-    from glassbox.models.param_counts import nemotron_h_facts, transformer_facts
-
-    if "text_config" in cfg and "hidden_size" not in cfg:
-        text = dict(cfg["text_config"])
-        text.setdefault("quantization_config", cfg.get("quantization_config"))
-        text.setdefault("torch_dtype", cfg.get("torch_dtype"))
-        text.setdefault("model_type", f"{cfg.get('model_type', '')}_text")
-        cfg = text
-    mt = str(cfg.get("model_type", ""))
-    if mt == "gemma3":
-        mt = "gemma3_text"
-    cfg = {**cfg, "model_type": mt}
-    if mt not in SUPPORTED_TYPES:
-        raise ValueError(
-            f"MODEL: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED_TYPES)}"
-        )
-    if mt == "nemotron_h":
-        return nemotron_h_facts(cfg, name)
-    return transformer_facts(cfg, name)
-
-
-def read_config(model_dir: str | Path, missing_ok: bool = False) -> dict[str, Any]:
-    """A model directory's config.json as a dict, with a ModelOpt hf_quant_config.json folded in.
-
-    The one place config.json is parsed. FileNotFoundError when it is missing (``missing_ok``: {})."""
-    path = Path(model_dir)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        if missing_ok:
-            return {}
-        raise FileNotFoundError(f"config.json not found in model directory {path.parent}")
-    cfg: dict[str, Any] = json.loads(path.read_text())
-    quant_file = path.parent / "hf_quant_config.json"  # ModelOpt checkpoints keep it beside config.json
-    if "quantization_config" not in cfg and quant_file.is_file():
-        algo = json.loads(quant_file.read_text()).get("quantization", {}).get("quant_algo", "")
-        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": algo}
-    return cfg
-
-
-def facts_from_dir(model_dir: str | Path, name: str | None = None) -> ModelFacts:
-    """ModelFacts of a Hugging Face model directory (or a config.json path)."""
-    path = Path(model_dir)
-    cfg = read_config(path)
-    folder = path if path.is_dir() else path.parent
-    return facts_from_config(cfg, name or folder.name or str(model_dir))

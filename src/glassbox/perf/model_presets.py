@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from glassbox.models.facts import ModelFacts, facts_from_config, facts_from_dir
+from glassbox.models.config_reader import facts_from_config, facts_from_dir
+from glassbox.models.facts import ModelFacts
 
 _LLAMA_COMMON: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],

@@ -109,7 +109,8 @@ class DetokenizeRequest(_Request):
 
 
 class RequestAnatomy(BaseModel):
-    """The request's anatomy in seconds and tokens (our addition; OpenAI clients ignore it)."""
+    """The request's anatomy in seconds and tokens (our addition; OpenAI clients ignore it): the fields
+    of engine/sequence.py's METRIC_KEYS, for the OpenAPI schema (tests/test_structure.py keeps them equal)."""
 
     tokenize_s: float
     queue_s: float

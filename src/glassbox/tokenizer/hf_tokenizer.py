@@ -20,7 +20,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
 
-from glassbox.models.facts import id_list, read_config
+from glassbox.models.config_reader import read_config
+from glassbox.models.facts import id_list
 
 logger = logging.getLogger(__name__)
 

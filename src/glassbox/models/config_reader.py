@@ -1,6 +1,6 @@
-"""ModelFacts of each supported family from its config dict: parameter counts per group and settings.
+"""Reading a model's config.json into ModelFacts: the one module that parses config.json.
 
-Counts are exact (norms and biases included) for llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe,
+Parameter counts per group are exact (norms and biases included) for llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe,
 mixtral, gemma3_text, gpt_oss and nemotron_h (hybrid Mamba-2 / latent MoE / attention). "Active"
 parameters are those one token touches: everything except the embedding table (a decode step gathers one
 row) and the routed experts not chosen (MoE: top-k of E per layer).
@@ -8,10 +8,25 @@ row) and the routed experts not chosen (MoE: top-k of E per layer).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from glassbox.models.facts import ModelFacts, config_dtype, id_list, rope_parameters
 from glassbox.models.quant_config import native_quant_from_config
+
+SUPPORTED_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "mixtral",
+    "gemma3_text",
+    "gpt_oss",
+    "nemotron_h",
+)
 
 
 def layer_kinds(cfg: dict[str, Any], n_layers: int) -> tuple[list[str], int | None]:
@@ -212,3 +227,51 @@ def nemotron_h_facts(cfg: dict[str, Any], name: str) -> ModelFacts:
             "multi-token-prediction layer not counted (used only for speculative decoding)",
         ),
     )
+
+
+def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
+    """Build ModelFacts from a config.json dict (multimodal configs: their ``text_config``)."""
+    if "text_config" in cfg and "hidden_size" not in cfg:
+        text = dict(cfg["text_config"])
+        text.setdefault("quantization_config", cfg.get("quantization_config"))
+        text.setdefault("torch_dtype", cfg.get("torch_dtype"))
+        text.setdefault("model_type", f"{cfg.get('model_type', '')}_text")
+        cfg = text
+    mt = str(cfg.get("model_type", ""))
+    if mt == "gemma3":
+        mt = "gemma3_text"
+    cfg = {**cfg, "model_type": mt}
+    if mt not in SUPPORTED_TYPES:
+        raise ValueError(
+            f"MODEL: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED_TYPES)}"
+        )
+    if mt == "nemotron_h":
+        return nemotron_h_facts(cfg, name)
+    return transformer_facts(cfg, name)
+
+
+def read_config(model_dir: str | Path, missing_ok: bool = False) -> dict[str, Any]:
+    """A model directory's config.json as a dict, with a ModelOpt hf_quant_config.json folded in.
+
+    The one place config.json is parsed. FileNotFoundError when it is missing (``missing_ok``: {})."""
+    path = Path(model_dir)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        if missing_ok:
+            return {}
+        raise FileNotFoundError(f"config.json not found in model directory {path.parent}")
+    cfg: dict[str, Any] = json.loads(path.read_text())
+    quant_file = path.parent / "hf_quant_config.json"  # ModelOpt checkpoints keep it beside config.json
+    if "quantization_config" not in cfg and quant_file.is_file():
+        algo = json.loads(quant_file.read_text()).get("quantization", {}).get("quant_algo", "")
+        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": algo}
+    return cfg
+
+
+def facts_from_dir(model_dir: str | Path, name: str | None = None) -> ModelFacts:
+    """ModelFacts of a Hugging Face model directory (or a config.json path)."""
+    path = Path(model_dir)
+    cfg = read_config(path)
+    folder = path if path.is_dir() else path.parent
+    return facts_from_config(cfg, name or folder.name or str(model_dir))
