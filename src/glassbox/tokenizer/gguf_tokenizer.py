@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gguf import GGUFReader
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
 from glassbox.models.gguf_reader import GGUFCheckpoint, gguf_shard_paths, read_metadata
@@ -173,9 +173,11 @@ def _sentencepiece_backend(meta: Mapping[str, Any], tokens: list[str]) -> Backen
     model = models.BPE(vocab=_vocab(tokens), merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
     backend = BackendTokenizer(model)
     space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
-    # "always": like llama.cpp, every stretch of text gets the prefix space, also one after a special token.
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="\u2581", prepend_scheme="always" if space_prefix else "never", split=False
+    # As llama.cpp (and SentencePiece) do: spaces become "▁" and, with the prefix, every stretch of text
+    # between special tokens gets one more in front ("hi" -> "▁hi", " hi" -> "▁▁hi").
+    replace = normalizers.Replace(" ", "▁")
+    backend.normalizer = (
+        normalizers.Sequence([normalizers.Prepend("▁"), replace]) if space_prefix else replace
     )
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if space_prefix:
