@@ -300,6 +300,8 @@ def test_rope_scaling_from_metadata() -> None:
     }
     plain = build_config(base, shapes, ["Q4_K", "F32"])
     assert "rope_scaling" not in plain and plain["vocab_size"] == 100 and plain["num_key_value_heads"] == 4
+    with pytest.raises(ValueError, match="rotates 8 of 16 head dimensions"):
+        build_config({**base, "qwen2.rope.dimension_count": 8}, shapes, ["F32"])
     with pytest.raises(ValueError, match="longrope"):
         build_config({**base, "qwen2.rope.scaling.type": "longrope"}, shapes, ["F32"])
 

@@ -105,7 +105,6 @@ def build_config(
     config: dict[str, Any] = {
         "architectures": [hf_class],
         "model_type": model_type,
-        "name": metadata.get("general.name"),
         "hidden_size": hidden,
         "num_hidden_layers": int(get("block_count")),
         "num_attention_heads": heads,
@@ -120,10 +119,14 @@ def build_config(
         "attention_bias": "blk.0.attn_q.bias" in shapes,
         "torch_dtype": file_dtype(tensor_types),
     }
+    if isinstance(metadata.get("general.name"), str):
+        config["name"] = metadata["general.name"]
     context = get("context_length", None)
     if context is not None:
         config["max_position_embeddings"] = int(context)
     rope_dim = int(get("rope.dimension_count", head_dim))
+    if rope_dim != head_dim:  # llama.cpp itself requires it for these architectures
+        raise ValueError(f"GGUF {arch} file rotates {rope_dim} of {head_dim} head dimensions; not supported")
     scaling = _rope_scaling(get, arch, rope_freqs, rope_theta, rope_dim)
     if scaling is not None:
         config["rope_scaling"] = scaling

@@ -210,8 +210,9 @@ def dequantize_tensor(t: ReaderTensor) -> np.ndarray:
             f"supported types: {', '.join(supported_tensor_types())}"
         )
     values = dequantize(t.data, t.tensor_type)
-    out = np.array(values, dtype=np.float32, copy=t.tensor_type == GGMLQuantizationType.F32)
-    return out.reshape(hf_shape(t))
+    if t.tensor_type == GGMLQuantizationType.F32:  # a view of the memory-mapped file: copy it out
+        return np.array(values, dtype=np.float32).reshape(hf_shape(t))
+    return np.asarray(values, dtype=np.float32).reshape(hf_shape(t))
 
 
 @dataclass

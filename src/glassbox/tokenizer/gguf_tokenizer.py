@@ -173,11 +173,11 @@ def _sentencepiece_backend(meta: Mapping[str, Any], tokens: list[str]) -> Backen
     model = models.BPE(vocab=_vocab(tokens), merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
     backend = BackendTokenizer(model)
     space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
-    # As llama.cpp (and SentencePiece) do: spaces become "▁" and, with the prefix, every stretch of text
-    # between special tokens gets one more in front ("hi" -> "▁hi", " hi" -> "▁▁hi").
-    replace = normalizers.Replace(" ", "▁")
+    # As llama.cpp (and SentencePiece) do: spaces become U+2581 "▁" and, with the prefix, every stretch of
+    # text between special tokens gets one more in front ("hi" -> "▁hi", " hi" -> "▁▁hi").
+    replace = normalizers.Replace(" ", "\u2581")
     backend.normalizer = (
-        normalizers.Sequence([normalizers.Prepend("▁"), replace]) if space_prefix else replace
+        normalizers.Sequence([normalizers.Prepend("\u2581"), replace]) if space_prefix else replace
     )
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if space_prefix:
