@@ -226,11 +226,15 @@ def hf_inv_freq(config: dict[str, Any]) -> np.ndarray:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     cfg = transformers.LlamaConfig(**config)
-    kind = cfg.rope_parameters["rope_type"]
-    init = ROPE_INIT_FUNCTIONS[kind] if kind != "default" else None
-    if init is None:
-        return 1.0 / (cfg.rope_parameters["rope_theta"] ** (np.arange(0, cfg.head_dim, 2) / cfg.head_dim))
-    return init(cfg, "cpu")[0].double().numpy()
+    # transformers 5 keeps rope settings in rope_parameters, 4.x in rope_scaling + rope_theta
+    params = getattr(cfg, "rope_parameters", None) or {
+        "rope_theta": cfg.rope_theta,
+        **(cfg.rope_scaling or {}),
+    }
+    kind = params.get("rope_type", "default")
+    if kind == "default":
+        return 1.0 / (params["rope_theta"] ** (np.arange(0, cfg.head_dim, 2) / cfg.head_dim))
+    return ROPE_INIT_FUNCTIONS[kind](cfg, "cpu")[0].double().numpy()
 
 
 LLAMA3 = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
