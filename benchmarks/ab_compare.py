@@ -85,7 +85,9 @@ def main() -> int:
     for i in range(args.rounds):
         a, b = run_one(args.a, model), run_one(args.b, model)
         rounds.append({"a": a, "b": b})
-        print(f"round {i}: " + ", ".join(f"{k} {a[k]:.1f}/{b[k]:.1f}" for k in a if k != "load_s"), flush=True)
+        print(
+            f"round {i}: " + ", ".join(f"{k} {a[k]:.1f}/{b[k]:.1f}" for k in a if k != "load_s"), flush=True
+        )
     keys = [k for k in rounds[0]["a"] if k != "load_s"]
     summary = {
         k: {

@@ -92,7 +92,18 @@ def test_trace_phases_are_consistent(demo: LLM) -> None:
 def test_trace_cli_json(tmp_path: Path) -> None:
     env = dict(os.environ, GLASSBOX_CACHE_DIR=str(tmp_path))
     r = subprocess.run(
-        [sys.executable, "-m", "glassbox.cli", "trace", "--model", "glassbox-demo", "--max-tokens", "6", "--json", "x = 1"],
+        [
+            sys.executable,
+            "-m",
+            "glassbox.cli",
+            "trace",
+            "--model",
+            "glassbox-demo",
+            "--max-tokens",
+            "6",
+            "--json",
+            "x = 1",
+        ],
         capture_output=True,
         text=True,
         env=env,

@@ -97,7 +97,9 @@ def test_raw_prompts_match_transformers(llm: LLM, reference: tuple[Any, Any]) ->
 def test_chat_prompts_match_transformers(llm: LLM, reference: tuple[Any, Any]) -> None:
     model, tokenizer = reference
     ids = [llm.tokenizer.encode_chat(chat) for chat in CHATS]
-    rendered = [tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True) for chat in CHATS]
+    rendered = [
+        tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True) for chat in CHATS
+    ]
     assert ids == [list(r["input_ids"] if hasattr(r, "keys") else r) for r in rendered]
     _check(llm, model, ids)
 
