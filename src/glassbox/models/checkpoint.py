@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from glassbox.models.config_reader import facts_from_config, facts_from_dir
+from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
 from glassbox.models.facts import ModelFacts
 from glassbox.models.gguf_reader import open_gguf
 from glassbox.models.loader import safetensors_tensors
@@ -36,7 +36,7 @@ def open_checkpoint(source: ModelSource) -> Checkpoint:
             for name, array in gguf.tensors():
                 yield name, torch.from_numpy(array)
 
-        facts = facts_from_config(gguf.config, source.name)
+        facts = facts_from_gguf(gguf, source.name)
         return Checkpoint(source, facts, tokenizer_from_gguf(gguf), gguf_tensors, dict(gguf.tensor_types))
     facts = facts_from_dir(source.path, source.name)
     return Checkpoint(

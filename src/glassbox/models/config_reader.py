@@ -9,11 +9,13 @@ row) and the routed experts not chosen (MoE: top-k of E per layer).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from glassbox.models.facts import ModelFacts, config_dtype, id_list, rope_parameters
-from glassbox.models.quant_config import native_quant_from_config
+from glassbox.models.gguf_reader import GGUFCheckpoint
+from glassbox.models.quant_config import gguf_native_quant, native_quant_from_config
 
 SUPPORTED_TYPES = (
     "llama",
@@ -275,3 +277,10 @@ def facts_from_dir(model_dir: str | Path, name: str | None = None) -> ModelFacts
     cfg = read_config(path)
     folder = path if path.is_dir() else path.parent
     return facts_from_config(cfg, name or folder.name or str(model_dir))
+
+
+def facts_from_gguf(checkpoint: GGUFCheckpoint, name: str) -> ModelFacts:
+    """ModelFacts of a GGUF checkpoint: its config, and its formats as stored (bits per weight per group)."""
+    facts = facts_from_config(checkpoint.config, name)
+    quant = gguf_native_quant(checkpoint.stored_sizes(), checkpoint.tensor_types, facts.tie_word_embeddings)
+    return replace(facts, native_quant=quant)

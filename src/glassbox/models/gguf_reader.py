@@ -249,6 +249,15 @@ class GGUFCheckpoint:
                     values = unpermute_rotary_rows(values, heads[part])
                 yield name, values
 
+    def stored_sizes(self) -> dict[str, tuple[int, int]]:
+        """HF name -> (elements, bytes as stored in the file): what the planner costs a GGUF by."""
+        return {
+            name: (int(t.n_elements), int(t.n_bytes))
+            for reader in self._readers
+            for t in reader.tensors
+            if (name := self._names.get(t.name)) is not None
+        }
+
     def state_dict(self) -> dict[str, np.ndarray]:
         """All tensors at once (convenient for small models and tests)."""
         return dict(self.tensors())

@@ -18,6 +18,9 @@ class NativeQuant:
     main: str  # format of the other linear layers (attention, dense MLP, shared experts, Mamba)
     embed: str
     lm_head: str
+    # GGUF: the bits per weight each group ("embed", "lm_head", "main", "experts") is stored in, measured
+    # from the file's tensor types (its formats are then named by those types, e.g. "Q4_K+Q6_K")
+    bits: tuple[tuple[str, float], ...] = ()
 
     def describe(self) -> str:
         if self.experts != self.main:
@@ -62,3 +65,44 @@ def native_quant_from_config(cfg: dict[str, Any], dtype: str) -> NativeQuant | N
             fmt = _format_from_bits(int(weights.get("num_bits", 16)), str(weights.get("type", "int")))
             return NativeQuant(method, fmt, fmt, dtype, dtype)
     return None
+
+
+def gguf_group(name: str) -> str:
+    """The parameter group ("embed", "lm_head", "experts", "main") of a Hugging Face tensor name."""
+    if name.startswith("model.embed_tokens"):
+        return "embed"
+    if name.startswith("lm_head"):
+        return "lm_head"
+    if ".experts." in name:
+        return "experts"
+    return "main"
+
+
+def gguf_native_quant(sizes: dict[str, tuple[int, int]], types: dict[str, str], tied: bool) -> NativeQuant:
+    """A GGUF file's formats per group: named by its tensor types, sized by its stored bytes.
+
+    ``sizes``: HF name -> (elements, stored bytes); ``types``: HF name -> GGML type. A tied lm_head is the
+    embedding table."""
+    elements: dict[str, int] = {}
+    stored: dict[str, int] = {}
+    kinds: dict[str, dict[str, int]] = {}
+    for name, (n, nbytes) in sizes.items():
+        if not name.endswith(".weight") or "norm" in name:
+            continue  # norms and biases: a rounding error next to the matrices
+        g = gguf_group(name)
+        elements[g] = elements.get(g, 0) + n
+        stored[g] = stored.get(g, 0) + nbytes
+        kinds.setdefault(g, {})
+        kinds[g][types[name]] = kinds[g].get(types[name], 0) + n
+    # a tied (or absent) lm_head is the embedding table; a dense model's "experts" are its linear layers
+    fallback = {"lm_head": "embed", "experts": "main"}
+    for g, src in fallback.items():
+        if g not in elements or (g == "lm_head" and tied):
+            elements[g], stored[g], kinds[g] = elements[src], stored[src], kinds[src]
+
+    def label(g: str) -> str:  # the group's types, most weights first
+        return "+".join(sorted(kinds[g], key=lambda t: -kinds[g][t]))
+
+    groups = ("embed", "lm_head", "main", "experts")
+    bits = tuple((g, 8.0 * stored[g] / elements[g]) for g in groups)
+    return NativeQuant("gguf", label("experts"), label("main"), label("embed"), label("lm_head"), bits)

@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from glassbox.models.config_reader import facts_from_config, facts_from_dir
+from glassbox.models.config_reader import facts_from_config, facts_from_dir, facts_from_gguf
 from glassbox.models.facts import ModelFacts
+from glassbox.models.gguf_reader import open_gguf
+from glassbox.models.sources import resolve_model
 
 _LLAMA_COMMON: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -238,13 +240,20 @@ SOURCES: dict[str, str] = {
 
 
 def load_model_facts(model: str) -> ModelFacts:
-    """MODEL is a preset name (see PRESETS), a directory holding config.json, or a config.json path."""
+    """MODEL is a preset name (see PRESETS), a model directory, a config.json path, or a .gguf file."""
     key = model.lower()
     if key in PRESETS:
         return facts_from_config(PRESETS[key], key)
+    path = Path(model).expanduser()
     try:
-        return facts_from_dir(Path(model).expanduser())
+        if path.is_file() and path.suffix.lower() != ".gguf":
+            return facts_from_dir(path)  # a config.json
+        source = resolve_model(model)
+        if source.format == "gguf":
+            return facts_from_gguf(open_gguf(source.path), source.name)
+        return facts_from_dir(source.path)
     except FileNotFoundError:
         raise ValueError(
-            f"MODEL must be a preset ({', '.join(PRESETS)}) or a path to config.json, got {model!r}"
+            f"MODEL must be a preset ({', '.join(PRESETS)}), a model directory, a config.json or a .gguf "
+            f"file, got {model!r}"
         ) from None

@@ -86,6 +86,18 @@ def get_format(name: str) -> QuantFormat:
     return FORMATS[key]
 
 
+def file_format(types: str, bits: float) -> QuantFormat:
+    """The format of a group of GGUF tensors: named by their GGML types ("Q4_K+Q6_K"), sized by the bits
+    per weight the file stores them in; float types are the float formats."""
+    floats = {"F32": "fp32", "F16": "fp16", "BF16": "bf16"}
+    if types in floats:
+        return FORMATS[floats[types]]
+    k_quant = "_K" in types  # k-quants unpack 6-bit sub-block scales per super-block (see q4_k_m)
+    return QuantFormat(
+        types.lower(), bits, "int8", True, 0.8 if k_quant else 1.0, "as stored in the GGUF file"
+    )
+
+
 @dataclass(frozen=True)
 class QuantScheme:
     """Which format each parameter group is stored in."""
@@ -122,6 +134,10 @@ def resolve_scheme(
     """
     base = FORMATS[dtype]
     fmt_name = "native" if quant.lower() == "native" else get_format(quant).name
+    if native is not None and native.bits and fmt_name == "native":  # a GGUF file, as stored
+        bits = dict(native.bits)
+        f = {g: file_format(getattr(native, g), bits[g]) for g in ("embed", "lm_head", "main", "experts")}
+        return QuantScheme(native.describe(), f["embed"], f["lm_head"], f["main"], f["experts"])
     if native is not None and fmt_name in ("native", native.experts):
         main = FORMATS[native.main]
         embed, lm_head = FORMATS[native.embed], FORMATS[native.lm_head]
