@@ -58,7 +58,7 @@ def test_int8_keeps_the_demo_models_greedy_output() -> None:
     ]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     ref = LLM("glassbox-demo", dtype="bfloat16").generate(prompts, params)
-    quant = LLM(dtype="bfloat16", quantization="int8").generate(prompts, params)
+    quant = LLM("glassbox-demo", dtype="bfloat16", quantization="int8").generate(prompts, params)
     same = sum(
         a == b for r, q in zip(ref, quant, strict=True) for a, b in zip(r.token_ids, q.token_ids, strict=True)
     )
