@@ -12,7 +12,9 @@ from safetensors import safe_open
 from torch import nn
 
 from glassbox.layers.attention import AttentionMetadata
+from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
+from glassbox.models.causal_lm import CausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
 
@@ -21,8 +23,8 @@ logger = logging.getLogger(__name__)
 # (input ids (T,), positions (T,), KV caches, attention metadata) -> final hidden states (T, hidden)
 Forward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], AttentionMetadata], torch.Tensor]
 
-# One family file covers these; a plain dict, no registry.
-MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+# The family file that runs each architecture; a plain dict, no registry.
+MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
@@ -67,18 +69,18 @@ def build_model(
     device: torch.device,
     dummy: bool,
     seed: int = 0,
-) -> LlamaForCausalLM:
+) -> CausalLM:
     """The model on ``device`` in ``dtype`` with loaded (or, with ``dummy``, random) weights, fused."""
     with torch.device("meta"):
         model = MODEL_CLASSES[cfg.architecture](cfg)
     model.to_empty(device=device)
     model.to(dtype)
-    # Buffers (rotary tables) were created on meta: rebuild them for real.
-    rotary = model.model.rotary_emb
-    rebuilt = type(rotary)(cfg.head_dim, cfg.max_position_embeddings, cfg.rope).to(device)
-    rotary.cos, rotary.sin = rebuilt.cos, rebuilt.sin
+    # Buffers (every rotary table) were created on meta: rebuild them for real, in float32.
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.materialize(device)
     if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+        model.tie_weights()
     if dummy:
         _fill_random(model, seed)
     else:
@@ -111,7 +113,7 @@ def _fill_random(model: nn.Module, seed: int) -> None:
                     flat[i : i + n].copy_(torch.randn(n, generator=gen) * 0.02)
 
 
-def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
+def load_weights(model: CausalLM, model_dir: Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     with torch.no_grad():
