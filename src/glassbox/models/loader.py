@@ -15,6 +15,7 @@ from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
 from glassbox.models.causal_lm import CausalLM
+from glassbox.models.gemma3 import Gemma3ForCausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
 
@@ -29,8 +30,10 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 # The families with a forward on glassbox's CPU kernels: (model, KV caches, dtype) -> that forward.
+# A family absent here (Gemma 3) runs on the PyTorch ops on the CPU.
 CPU_KERNEL_FORWARDS: dict[type[nn.Module], Callable[..., Forward]] = {LlamaForCausalLM: llama_native.bind}
 
 
