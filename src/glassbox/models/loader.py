@@ -12,6 +12,7 @@ from safetensors import safe_open
 from torch import nn
 
 from glassbox.layers.attention import AttentionMetadata
+from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
 from glassbox.models.causal_lm import CausalLM
@@ -97,10 +98,12 @@ def build_model(
 def _fill_random(model: nn.Module, seed: int) -> None:
     gen = torch.Generator(device="cpu").manual_seed(seed)
     dev_gen: torch.Generator | None = None
+    # each norm at its identity scale: weight 1, or 0 where the norm scales by (1 + weight)
+    identity = {f"{n}.weight": 0.0 for n, m in model.named_modules() if isinstance(m, GemmaRMSNorm)}
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
+                p.fill_(identity.get(name, 1.0))
             elif name.endswith(".bias"):
                 p.zero_()
             elif p.device.type == "cuda":  # drawn on the GPU: an 8B model in seconds, not minutes
