@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from tokenizer_factory import build_tokenizer_dir
 
-ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
 
 _BASE: dict[str, Any] = dict(
     hidden_size=64,
@@ -50,6 +50,25 @@ def _config(arch: str, vocab: int, eos: int, **overrides: Any) -> Any:
     if arch == "mistral":
         kw.setdefault("sliding_window", 48)
         return tf.MistralConfig(**kw)
+    if arch == "gemma3":
+        # windows (40) shorter than most prompts; local and global layers with their own rope (global scaled);
+        # head_dim * heads != hidden and an attention scale other than head_dim ** -0.5
+        kw["num_hidden_layers"] = overrides.get("num_hidden_layers", 3)
+        kw.setdefault("head_dim", 32)
+        kw.setdefault("query_pre_attn_scalar", 24)
+        kw.setdefault("sliding_window", 40)
+        kinds = ("sliding_attention", "full_attention", "sliding_attention")  # local, global, local, ...
+        kw.setdefault("layer_types", [kinds[i % 3] for i in range(kw["num_hidden_layers"])])
+        kw.setdefault(
+            "rope_parameters",
+            {
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 100000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        )
+        kw.setdefault("final_logit_softcapping", 5.0)  # logits reach ~5: the cap bites
+        kw.setdefault("architectures", ["Gemma3ForCausalLM"])
+        return tf.Gemma3TextConfig(**kw)
     raise ValueError(arch)
 
 
@@ -77,7 +96,7 @@ def build_tiny_model(
             if "norm" not in name:
                 p.normal_(0.0, 0.08)
             else:
-                p.uniform_(0.8, 1.2)
+                p.uniform_(0.8, 1.2)  # Gemma's (1 + w) norms then scale by ~2: its outputs vary more so
     model.save_pretrained(out, safe_serialization=True)
     for f in tok_dir.iterdir():
         if f.name != "generation_config.json" or not (out / f.name).exists():

@@ -53,3 +53,22 @@ def pack_linears(model: nn.Module) -> int:
                 setattr(module, name, PackedLinear(child))
                 count += 1
     return count
+
+
+def concat_linears(*linears: nn.Linear) -> nn.Linear:
+    """One nn.Linear computing ``linears`` side by side: weights (and biases) concatenated along the output
+    dim, so that ``fused(x).split([l.out_features ...], -1)`` gives each one's output. All share in_features
+    and either all carry a bias or none does."""
+    first = linears[0]
+    fused = nn.Linear(
+        first.in_features,
+        sum(lin.out_features for lin in linears),
+        bias=first.bias is not None,
+        device=first.weight.device,
+        dtype=first.weight.dtype,
+    )
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([lin.weight for lin in linears]))
+        if fused.bias is not None:
+            fused.bias.copy_(torch.cat([lin.bias for lin in linears if lin.bias is not None]))
+    return fused

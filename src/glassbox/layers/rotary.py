@@ -41,17 +41,30 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, params: dict[str, Any]) -> None:
         super().__init__()
-        inv, scale = inv_frequencies(head_dim, params)
-        self.rotary_dim = inv.numel() * 2
-        self.head_dim = head_dim
-        pos = torch.arange(max_positions, dtype=torch.int64).float()
-        freqs = pos[:, None] * inv[None, :]  # (max_positions, rotary_dim/2)
-        emb = torch.cat((freqs, freqs), dim=-1)
+        self.head_dim, self.max_positions, self.params = head_dim, max_positions, dict(params)
+        cos, sin = self._compute()
+        self.rotary_dim = cos.shape[-1]
         self.cos: torch.Tensor
         self.sin: torch.Tensor
-        self.register_buffer("cos", emb.cos() * scale, persistent=False)  # (max_positions, rotary_dim)
-        self.register_buffer("sin", emb.sin() * scale, persistent=False)
+        self.register_buffer("cos", cos, persistent=False)  # (max_positions, rotary_dim) float32
+        self.register_buffer("sin", sin, persistent=False)
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _compute(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The float32 cos/sin tables (max_positions, rotary_dim), on the current default device."""
+        inv, scale = inv_frequencies(self.head_dim, self.params)
+        pos = torch.arange(self.max_positions, dtype=torch.int64).float()
+        freqs = pos[:, None] * inv[None, :]  # (max_positions, rotary_dim/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * scale, emb.sin() * scale
+
+    def materialize(self, device: torch.device) -> None:
+        """Recompute the tables in float32 on ``device``: a model built on the meta device has none, and a
+        model cast to a lower precision keeps its positions exact this way."""
+        with torch.device("cpu"):
+            cos, sin = self._compute()
+        self.cos, self.sin = cos.to(device), sin.to(device)
+        self._tables = None
 
     def tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole cos/sin tables in ``dtype`` (for the CPU kernels), converted once and kept."""

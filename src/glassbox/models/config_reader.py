@@ -75,6 +75,27 @@ def _attention_params(cfg: dict[str, Any], hidden: int, heads: int, kv_heads: in
     return weights
 
 
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _gemma3_fields(cfg: dict[str, Any], hidden: int) -> dict[str, Any]:
+    """Gemma 3's own settings: each layer kind's rope, the attention and embedding scales.
+
+    Global (full-attention) layers: rope_theta (default 1e6) with rope_scaling; local (sliding) layers:
+    rope_local_base_freq (default 1e4), unscaled. transformers 5 writes both as rope_parameters per
+    layer type."""
+    if cfg.get("model_type") != "gemma3_text":
+        return {}
+    local_base = float(cfg.get("rope_local_base_freq") or 10000.0)
+    return dict(
+        rope=rope_parameters(cfg, "full_attention", default_theta=1_000_000.0),
+        rope_local=rope_parameters(cfg, "sliding_attention", default_theta=local_base),
+        query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or 256),
+        embed_scale=hidden**0.5,
+    )
+
+
 def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     """The fields every family shares: shapes, settings, dtype, token ids, quantization."""
     mt = str(cfg["model_type"])
@@ -83,7 +104,7 @@ def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     archs = cfg.get("architectures") or []
     qkv_bias, o_bias = _attention_biases(cfg)
     bos = id_list(cfg.get("bos_token_id"))
-    return dict(
+    fields = dict(
         name=name,
         model_type=mt,
         architecture=str(archs[0]) if archs else "",
@@ -109,7 +130,10 @@ def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         max_context=int(cfg.get("max_position_embeddings") or 0),
         bos_token_id=bos[0] if bos else None,
         eos_token_ids=tuple(id_list(cfg.get("eos_token_id"))),
+        final_logit_softcapping=_optional_float(cfg.get("final_logit_softcapping")),
+        attn_logit_softcapping=_optional_float(cfg.get("attn_logit_softcapping")),
     )
+    return fields | _gemma3_fields(cfg, hidden)
 
 
 def transformer_facts(cfg: dict[str, Any], name: str) -> ModelFacts:

@@ -42,6 +42,12 @@ class ModelFacts:
     qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3, Gemma 3)
     attention_sinks: bool = False  # a learned per-head sink logit (gpt-oss)
     rope: dict[str, Any] = field(default_factory=dict)  # rope_theta, rope_type and its scaling fields
+    # the sliding-window layers' own rope settings where they differ (Gemma 3's local base); {}: ``rope``
+    rope_local: dict[str, Any] = field(default_factory=dict)
+    query_pre_attn_scalar: float | None = None  # attention scale its ** -0.5 (Gemma); None: head_dim
+    embed_scale: float = 1.0  # token embeddings are multiplied by it (Gemma: sqrt(hidden_size))
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap) where set
+    attn_logit_softcapping: float | None = None  # the same on attention scores, where the config sets it
     num_experts: int = 0
     experts_per_token: int = 0
     moe_layers: int = 0
@@ -137,13 +143,23 @@ def sliding_keys(n: int, c: int, w: int) -> float:
     return m * c + m * (m + 1) / 2 + (n - m) * w
 
 
-def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
-    """The rope settings of an HF config, whether written as rope_theta/rope_scaling or rope_parameters."""
-    params: dict[str, Any] = dict(config.get("rope_parameters") or {})
-    scaling = config.get("rope_scaling") or {}
-    for k, v in scaling.items():
-        params.setdefault(k, v)
-    params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+def rope_parameters(
+    config: dict[str, Any], layer_type: str = "full_attention", default_theta: float = 10000.0
+) -> dict[str, Any]:
+    """The rope settings of an HF config, whether written as rope_theta/rope_scaling or rope_parameters.
+
+    transformers 5 writes rope_parameters either flat or per layer type ({"full_attention": {...},
+    "sliding_attention": {...}}, Gemma 3); then ``layer_type``'s entry is read. rope_scaling and
+    rope_theta (the older spelling) fold in for the full-attention layers only."""
+    given: dict[str, Any] = dict(config.get("rope_parameters") or {})
+    per_type = any(isinstance(v, dict) for v in given.values())
+    params: dict[str, Any] = dict(given.get(layer_type) or {}) if per_type else given
+    if layer_type == "full_attention":
+        scaling = config.get("rope_scaling") or {}
+        for k, v in scaling.items():
+            params.setdefault(k, v)
+        params.setdefault("rope_theta", config.get("rope_theta", default_theta))
+    params.setdefault("rope_theta", default_theta)
     kind = params.get("rope_type", params.get("type", "default")) or "default"
     params["rope_type"] = kind
     return params

@@ -9,6 +9,7 @@ from glassbox.layers.activation import get_activation
 from glassbox.layers.attention import AttentionMetadata, paged_attention, write_kv
 from glassbox.layers.norm import RMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
+from glassbox.models.causal_lm import CausalLM
 from glassbox.models.model_config import ModelConfig
 
 
@@ -143,7 +144,7 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg

@@ -12,7 +12,11 @@ from safetensors import safe_open
 from torch import nn
 
 from glassbox.layers.attention import AttentionMetadata
+from glassbox.layers.norm import GemmaRMSNorm
+from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
+from glassbox.models.causal_lm import CausalLM
+from glassbox.models.gemma3 import Gemma3ForCausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
 
@@ -21,14 +25,16 @@ logger = logging.getLogger(__name__)
 # (input ids (T,), positions (T,), KV caches, attention metadata) -> final hidden states (T, hidden)
 Forward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], AttentionMetadata], torch.Tensor]
 
-# One family file covers these; a plain dict, no registry.
-MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+# The family file that runs each architecture; a plain dict, no registry.
+MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 # The families with a forward on glassbox's CPU kernels: (model, KV caches, dtype) -> that forward.
+# A family absent here (Gemma 3) runs on the PyTorch ops on the CPU.
 CPU_KERNEL_FORWARDS: dict[type[nn.Module], Callable[..., Forward]] = {LlamaForCausalLM: llama_native.bind}
 
 
@@ -75,19 +81,19 @@ def build_model(
     device: torch.device,
     seed: int = 0,
     where: str = "the checkpoint",
-) -> LlamaForCausalLM:
+) -> CausalLM:
     """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None;
     then fused."""
     with torch.device("meta"):
         model = MODEL_CLASSES[cfg.architecture](cfg)
     model.to(dtype)  # still on meta: free
     model.to_empty(device=device)
-    # Buffers (rotary tables) were created on meta: rebuild them for real.
-    rotary = model.model.rotary_emb
-    rebuilt = type(rotary)(cfg.head_dim, cfg.max_position_embeddings, cfg.rope).to(device)
-    rotary.cos, rotary.sin = rebuilt.cos, rebuilt.sin
+    # Buffers (every rotary table) were created on meta: rebuild them for real, in float32.
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.materialize(device)
     if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+        model.tie_weights()
     if weights is None:
         _fill_random(model, seed)
     else:
@@ -100,10 +106,12 @@ def build_model(
 def _fill_random(model: nn.Module, seed: int) -> None:
     gen = torch.Generator(device="cpu").manual_seed(seed)
     dev_gen: torch.Generator | None = None
+    # each norm at its identity scale: weight 1, or 0 where the norm scales by (1 + weight)
+    identity = {f"{n}.weight": 0.0 for n, m in model.named_modules() if isinstance(m, GemmaRMSNorm)}
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
+                p.fill_(identity.get(name, 1.0))
             elif name.endswith(".bias"):
                 p.zero_()
             elif p.device.type == "cuda":  # drawn on the GPU: an 8B model in seconds, not minutes

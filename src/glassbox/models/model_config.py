@@ -13,7 +13,13 @@ import torch
 
 from glassbox.models.facts import ModelFacts
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "MistralForCausalLM",
+    "Gemma3ForCausalLM",
+)
 
 # canonical dtype names (glassbox.dtypes) <-> torch
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -46,6 +52,11 @@ class ModelConfig:
     layer_windows: tuple[int | None, ...]  # per layer: its sliding window, or None (full attention)
     torch_dtype: torch.dtype
     rope: dict[str, Any] = field(default_factory=dict)
+    rope_local: dict[str, Any] = field(default_factory=dict)  # sliding layers' rope; {}: the same as rope
+    attn_scale: float = 0.0  # softmax scale of q.k (from_facts: query_pre_attn_scalar or head_dim, ** -0.5)
+    embed_scale: float = 1.0  # token embeddings times this (Gemma: sqrt(hidden_size), rounded to the dtype)
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
 
     @classmethod
     def from_facts(cls, facts: ModelFacts) -> ModelConfig:
@@ -78,4 +89,9 @@ class ModelConfig:
             layer_windows=facts.layer_windows,
             torch_dtype=dtype,
             rope=dict(facts.rope),
+            rope_local=dict(facts.rope_local),
+            attn_scale=(facts.query_pre_attn_scalar or facts.head_dim) ** -0.5,
+            embed_scale=facts.embed_scale,
+            final_logit_softcapping=facts.final_logit_softcapping,
+            attn_logit_softcapping=facts.attn_logit_softcapping,
         )
