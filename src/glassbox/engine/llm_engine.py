@@ -100,7 +100,7 @@ class LLMEngine:
         self.max_num_batched_tokens = config.max_num_batched_tokens or default_batch
         self.executor = TorchExecutor(
             config,
-            None if config.load_format == "dummy" else checkpoint.tensors(),
+            None if config.load_format == "dummy" else checkpoint,
             self.facts,
             self.max_model_len,
             self.max_num_batched_tokens,

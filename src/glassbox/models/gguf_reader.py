@@ -231,8 +231,9 @@ class GGUFCheckpoint:
         """The GGUF ``general.architecture`` ("llama", "qwen2", ...)."""
         return str(self.metadata["general.architecture"])
 
-    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
-        """(HF name, float32 array in HF shape) for every weight, dequantized one at a time, in file order."""
+    def tensors(self, skip: set[str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
+        """(HF name, float32 array in HF shape) for every weight (but those named in ``skip``), dequantized
+        one at a time, in file order."""
         permuted = self.architecture in PERMUTED_QK_ARCHITECTURES
         heads = {
             "attn_q": int(self.config["num_attention_heads"]),
@@ -241,13 +242,32 @@ class GGUFCheckpoint:
         for reader in self._readers:
             for t in reader.tensors:
                 name = self._names.get(t.name)
-                if name is None:
+                if name is None or (skip is not None and name in skip):
                     continue
                 values = dequantize_tensor(t)
                 part = t.name.split(".")[2] if t.name.startswith("blk.") else ""
                 if permuted and part in heads:
                     values = unpermute_rotary_rows(values, heads[part])
                 yield name, values
+
+    def stored_tensors(self, types: set[str]) -> Iterator[tuple[str, str, np.ndarray, tuple[int, ...]]]:
+        """(HF name, GGML type, raw block bytes (rows, row bytes), HF shape) of the 2-D tensors whose type is in
+        ``types``, as stored (no dequantization), rows in the Hugging Face order (Q/K un-permuted)."""
+        permuted = self.architecture in PERMUTED_QK_ARCHITECTURES
+        heads = {
+            "attn_q": int(self.config["num_attention_heads"]),
+            "attn_k": int(self.config["num_key_value_heads"]),
+        }
+        for reader in self._readers:
+            for t in reader.tensors:
+                name = self._names.get(t.name)
+                if name is None or t.tensor_type.name not in types or len(t.shape) != 2:
+                    continue
+                raw = np.asarray(t.data)
+                part = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+                if permuted and part in heads:
+                    raw = unpermute_rotary_rows(raw, heads[part])
+                yield name, t.tensor_type.name, raw, hf_shape(t)
 
     def stored_sizes(self) -> dict[str, tuple[int, int]]:
         """HF name -> (elements, bytes as stored in the file): what the planner costs a GGUF by."""

@@ -1,0 +1,256 @@
+"""Weights kept in 32-value blocks of 4 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 files as stored, and
+``--quantization int4|int8`` of a 16/32-bit checkpoint.
+
+Every format is repacked at load into one layout (``BlockWeights``, read by kernels/cpu_quant.c):
+unsigned codes q, and per block b of row n a scale d and an offset o, W[n, k] = d[n, b] q[n, k] + o[n, b].
+Q4_0 is d (q - 8), Q4_1 d q + m, Q8_0 d s with s = q - 128. Decode rows run the kernels' int8-activation
+GEMV (llama.cpp's arithmetic); other rows, and float32 models, multiply the dequantized weight
+(``dequantize``, exact in float32), so a float32 model gives what the dequantized model gives.
+``dequantize_reference`` is the same dequantization in PyTorch ops: the kernels' reference and fallback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BLOCK = 32
+GROUP = 64  # codes per repacked group: Kp (the padded row length) is a multiple of it
+DECODE_ROWS = 16  # at most this many rows run the int8-activation GEMV; more multiply the dequantized weight
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # GGML types kept packed
+_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # per 32-value block
+
+
+def _lib() -> ctypes.CDLL | None:
+    from glassbox.kernels.native import library
+
+    return library()
+
+
+@dataclass
+class BlockWeights:
+    """A weight matrix (N x K) in blocks: ``codes`` uint8 (N, Kp/2) for 4 bits or (N, Kp) for 8,
+    ``scales`` and ``offsets`` float32 (N, Kp/32); columns past K are zero."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor
+    bits: int
+    in_features: int  # K
+    label: str  # the format, for logs and the trace ("Q4_1", "int4", ...)
+
+    @property
+    def out_features(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def padded(self) -> int:  # Kp
+        return int(self.scales.shape[1]) * BLOCK
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.offsets))
+
+    def unpacked_codes(self) -> torch.Tensor:
+        """(N, Kp) uint8 codes in value order."""
+        if self.bits == 8:
+            return self.codes
+        groups = self.codes.view(self.out_features, -1, GROUP // 2)  # (N, Kp/64, 32)
+        lo, hi = groups & 15, groups >> 4
+        return torch.cat([lo, hi], dim=-1).reshape(self.out_features, self.padded)
+
+    def dequantize_reference(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(N, K) in ``dtype``: d q + o in float32, rounded once (PyTorch ops)."""
+        q = self.unpacked_codes().float().view(self.out_features, -1, BLOCK)
+        w = q * self.scales.unsqueeze(-1) + self.offsets.unsqueeze(-1)
+        return w.reshape(self.out_features, self.padded)[:, : self.in_features].to(dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(N, K) in ``dtype`` (float32 or bf16): the kernels' dequantization, else the reference."""
+        lib = _lib()
+        if lib is None or dtype not in (torch.float32, torch.bfloat16):
+            return self.dequantize_reference(dtype)
+        out = torch.empty(self.out_features, self.in_features, dtype=dtype)
+        lib.gb_dequant_blocks(
+            self.codes.data_ptr(), self.scales.data_ptr(), self.offsets.data_ptr(), self.out_features,
+            self.padded, self.in_features, self.bits, out.data_ptr(), int(dtype == torch.bfloat16),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The dequantized rows ``ids`` (an embedding lookup), (len(ids), K) in ``dtype``."""
+        picked = BlockWeights(
+            self.codes[ids], self.scales[ids], self.offsets[ids], self.bits, self.in_features, self.label
+        )
+        return picked.dequantize_reference(dtype)
+
+
+def _padded(k: int) -> int:
+    return -(-k // GROUP) * GROUP
+
+
+def _pack(
+    q: np.ndarray, scales: np.ndarray, offsets: np.ndarray, bits: int, k: int, label: str
+) -> BlockWeights:
+    """From codes (N, nb, 32) uint8 and per-block scales/offsets (N, nb): pad to Kp, pack nibbles."""
+    n, nb = scales.shape
+    kp = _padded(k)
+    pad = kp // BLOCK - nb
+    if pad:  # zero blocks: scale and offset 0, so any code gives 0
+        q = np.concatenate([q, np.zeros((n, pad, BLOCK), np.uint8)], axis=1)
+        scales = np.concatenate([scales, np.zeros((n, pad), np.float32)], axis=1)
+        offsets = np.concatenate([offsets, np.zeros((n, pad), np.float32)], axis=1)
+    codes = q.reshape(n, kp)
+    if bits == 4:  # per group of 64 codes: byte i = code i | code (32 + i) << 4
+        g = codes.reshape(n, kp // GROUP, 2, BLOCK)
+        codes = (g[:, :, 0, :] | (g[:, :, 1, :] << 4)).reshape(n, kp // 2)
+    return BlockWeights(
+        torch.from_numpy(np.ascontiguousarray(codes, dtype=np.uint8)),
+        torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)),
+        torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.float32)),
+        bits,
+        k,
+        label,
+    )
+
+
+def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> BlockWeights:
+    """A GGUF tensor's block bytes (rows, row bytes), HF shape (N, K), repacked."""
+    if ggml_type not in _BYTES:
+        raise ValueError(f"GGML type {ggml_type} is not kept packed (packed types: {', '.join(GGUF_TYPES)})")
+    n, k = shape
+    nb = k // BLOCK
+    blocks = np.ascontiguousarray(raw).reshape(n, nb, _BYTES[ggml_type])
+    d = blocks[:, :, 0:2].copy().view(np.float16).reshape(n, nb).astype(np.float32)
+    if ggml_type == "Q8_0":
+        s = blocks[:, :, 2:].copy().view(np.int8).astype(np.int16)
+        return _pack((s + 128).astype(np.uint8), d, -128.0 * d, 8, k, ggml_type)
+    head = 4 if ggml_type == "Q4_1" else 2
+    qs = blocks[:, :, head:]  # (n, nb, 16): low nibbles values 0..15, high nibbles 16..31
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.uint8)
+    if ggml_type == "Q4_1":
+        m = blocks[:, :, 2:4].copy().view(np.float16).reshape(n, nb).astype(np.float32)
+        return _pack(q, d, m, 4, k, ggml_type)
+    return _pack(q, d, -8.0 * d, 4, k, ggml_type)
+
+
+def quantize(weight: torch.Tensor, bits: int) -> BlockWeights:
+    """Symmetric 32-value blocks of a float weight (N, K), rounded as llama.cpp's reference quantization:
+    int4 as Q4_0 (d = the block's extreme value / -8), int8 as Q8_0 (d = max|w| / 127); codes from the
+    float32 scale, the scale stored in float16."""
+    w = weight.detach().float()
+    n, k = w.shape
+    kp = -(-k // BLOCK) * BLOCK
+    blocks = F.pad(w, (0, kp - k)).view(n, -1, BLOCK)
+    if bits == 8:
+        d = blocks.abs().amax(-1) / 127.0
+        s = torch.where(d[..., None] > 0, blocks / d[..., None], 0.0).round().clamp(-127, 127)
+        q = (s + 128).to(torch.uint8)
+        d = d.half().float()  # stored in float16, as GGUF does (the codes come from the float32 scale)
+        return _pack(q.numpy(), d.numpy(), (-128.0 * d).numpy(), 8, k, "int8")
+    if bits != 4:
+        raise ValueError(f"--quantization: block weights are 4 or 8 bits, got {bits}")
+    idx = blocks.abs().argmax(-1, keepdim=True)
+    extreme = blocks.gather(-1, idx).squeeze(-1)  # the signed value of largest magnitude
+    d = extreme / -8.0
+    inv = torch.where(d != 0, 1.0 / d, 0.0)
+    q = (blocks * inv[..., None] + 8.5).floor().clamp(0, 15).to(torch.uint8)
+    d = d.half().float()
+    return _pack(q.numpy(), d.numpy(), (-8.0 * d).numpy(), 4, k, "int4")
+
+
+def concat(parts: list[BlockWeights]) -> BlockWeights | None:
+    """The parts stacked by rows (a fused q/k/v or gate/up), or None when their bits or widths differ."""
+    first = parts[0]
+    if any(p.bits != first.bits or p.in_features != first.in_features for p in parts):
+        return None
+    labels = "+".join(dict.fromkeys(p.label for p in parts))
+    return BlockWeights(
+        torch.cat([p.codes for p in parts]),
+        torch.cat([p.scales for p in parts]),
+        torch.cat([p.offsets for p in parts]),
+        first.bits,
+        first.in_features,
+        labels,
+    )
+
+
+def _register(module: nn.Module, w: BlockWeights) -> None:
+    """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold."""
+    module.register_buffer("codes", w.codes, persistent=False)
+    module.register_buffer("scales", w.scales, persistent=False)
+    module.register_buffer("offsets", w.offsets, persistent=False)
+
+
+def block_weights(model: nn.Module) -> list[BlockWeights]:
+    """Every distinct BlockWeights of a model (a tied table counted once)."""
+    seen: dict[int, BlockWeights] = {}
+    for m in model.modules():
+        if isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
+            seen.setdefault(id(m.w), m.w)
+    return list(seen.values())
+
+
+class BlockQuantLinear(nn.Module):
+    """y = x W^T + b with W in ``BlockWeights`` (CPU)."""
+
+    def __init__(self, weights: BlockWeights, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.w = weights
+        _register(self, weights)
+        self.in_features, self.out_features = weights.in_features, weights.out_features
+        # float32 whatever the model's dtype (the kernels add it in float); a parameter, so that a
+        # checkpoint's bias loads into it by name
+        self.bias = (
+            None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
+        )
+        self.nbytes = weights.nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        rows = x2.shape[0]
+        lib = _lib()
+        if lib is None or x.dtype != torch.bfloat16 or rows > DECODE_ROWS or x.device.type != "cpu":
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return F.linear(x, self.w.dequantize(x.dtype).to(x.device), bias)
+        return self._gemv(lib, x2.contiguous()).view(*lead, self.out_features)
+
+    def _gemv(self, lib: ctypes.CDLL, x: torch.Tensor) -> torch.Tensor:
+        """Decode rows: activations to int8 blocks, then the kernels' GEMV, output in x's dtype."""
+        w, m, kp = self.w, x.shape[0], self.w.padded
+        threads = torch.get_num_threads()
+        qx = torch.empty(m, kp, dtype=torch.int8)
+        dx = torch.empty(m, kp // BLOCK, dtype=torch.float32)
+        cx = torch.empty(m, kp // BLOCK, dtype=torch.float32)
+        dt = int(x.dtype == torch.bfloat16)
+        lib.gb_quantize_rows_q8(
+            x.data_ptr(), m, self.in_features, kp, qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), dt, threads
+        )
+        out = torch.empty(m, self.out_features, dtype=x.dtype)
+        bias = None if self.bias is None else self.bias.data_ptr()
+        lib.gb_gemv_blocks(
+            w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr(), bias, self.out_features, kp, w.bits,
+            qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), m, out.data_ptr(), self.out_features, dt, threads,
+        )  # fmt: skip
+        return out
+
+
+class BlockQuantEmbedding(nn.Module):
+    """An embedding table in ``BlockWeights``: looked-up rows are dequantized (to the model's dtype)."""
+
+    def __init__(self, weights: BlockWeights, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.w = weights
+        _register(self, weights)
+        self.dtype = dtype
+        self.num_embeddings, self.embedding_dim = weights.out_features, weights.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.w.rows(ids, self.dtype)
