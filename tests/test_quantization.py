@@ -71,7 +71,7 @@ def _int8_activation_reference(x: torch.Tensor, w: BlockWeights) -> torch.Tensor
     q = w.unpacked_codes().double().view(w.out_features, -1, BLOCK)
     ip = torch.einsum("mbj,nbj->mnb", qx.double(), q)  # exact
     y = (dx[:, None, :].double() * w.scales[None].double() * ip).sum(-1)
-    return (y + cx.double() @ w.offsets.double().t()).float()
+    return (y + cx.double() @ w.offset_values().double().t()).float()
 
 
 def _gemv(w: BlockWeights, x: torch.Tensor, generic: bool = False) -> torch.Tensor:
@@ -89,7 +89,7 @@ def _gemv(w: BlockWeights, x: torch.Tensor, generic: bool = False) -> torch.Tens
     out = torch.empty(m, w.out_features)
     fn = lib.gb_gemv_blocks_generic if generic else lib.gb_gemv_blocks
     fn(
-        w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr(), None, w.out_features, kp, w.bits,
+        *w.pointers(), None, w.out_features, kp, w.bits,
         qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), m, out.data_ptr(), w.out_features, 0, 2,
     )  # fmt: skip
     return out

@@ -2,9 +2,11 @@
  * --quantization int4/int8), compiled with cpu_kernels.c by glassbox/kernels/native.py.
  *
  * One weight layout for every format (repacked at load by layers/block_quant.py): row n of K values
- * (K padded to Kp, a multiple of 64) holds unsigned codes q, and per 32-value block b a scale d[n,b] and
- * an offset o[n,b]:  W[n,k] = d[n,b] * q[n,k] + o[n,b],  b = k / 32.
- *   Q4_0: q in 0..15, o = -8 d.   Q4_1: o = the block's min m.   Q8_0: q = s + 128 (s the int8), o = -128 d.
+ * (K padded to Kp, a multiple of 64) holds unsigned codes q, and per 32-value block b a float16 scale
+ * d[n,b] and an offset o[n,b]:  W[n,k] = d[n,b] * q[n,k] + o[n,b],  b = k / 32.  The offset is either
+ * stored (float16, Q4_1: the block's min m) or c d[n,b] for one constant c (o16 == NULL):
+ *   Q4_0 and int4: q in 0..15, c = -8.   Q8_0 and int8: q = s + 128 (s the int8), c = -128.
+ * So a Q4_0 row costs 4.5 bits per weight, Q4_1 5, Q8_0 8.5: the file's own sizes.
  * 4-bit codes: each 32-byte group holds 64 codes, the low nibbles codes 0..31, the high nibbles 32..63.
  * 8-bit codes: one byte each, in order.
  *
@@ -23,6 +25,28 @@
 #endif
 
 typedef int64_t i64;
+
+static inline float h2f(uint16_t h) { /* IEEE half to float, exact */
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0x1fu) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        u = sign;
+    } else { /* subnormal half: normalize */
+        exp = 113u;
+        while (!(man & 0x400u)) {
+            man <<= 1;
+            exp--;
+        }
+        u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 static inline float q_bf2f(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -92,11 +116,14 @@ static inline int32_t block_dot_u8(const uint8_t *w, const int8_t *a) {
     return s;
 }
 
-/* sum_b o[b] c[b]: the offsets' share of one output */
-static inline float offset_dot(const float *o, const float *c, i64 nb) {
+/* sum_b o[b] cx[b]: the offsets' share of one output (o = c d when o16 is NULL) */
+static inline float offset_dot(const uint16_t *d, const uint16_t *o16, float c, const float *cx, i64 nb) {
     float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (i64 b = 0; b < nb; b++) s += o[b] * c[b];
+    if (o16 == NULL) {
+        for (i64 b = 0; b < nb; b++) s += h2f(d[b]) * cx[b];
+        return c * s;
+    }
+    for (i64 b = 0; b < nb; b++) s += h2f(o16[b]) * cx[b];
     return s;
 }
 
@@ -111,18 +138,20 @@ static inline __m512i codes_u4(const uint8_t *group) {
 }
 
 /* two blocks: their exact code products (lanes 0-7 block b, 8-15 block b + 1) times dx d, added to acc */
-static inline __m512 pair_fma(__m512i wq, const int8_t *a, const float *d, const float *dx, __m512 acc) {
+static inline __m512 pair_fma(__m512i wq, const int8_t *a, const uint16_t *d, const float *dx, __m512 acc) {
     const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i ip = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, _mm512_loadu_si512((const void *)a));
-    const __m128 dd = _mm_castpd_ps(_mm_load_sd((const double *)d));
+    int32_t d2;
+    memcpy(&d2, d, 4);
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(d2));
     const __m128 xx = _mm_castpd_ps(_mm_load_sd((const double *)dx));
     const __m512 sc = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_mul_ps(dd, xx)));
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), sc, acc);
 }
 
 /* y[m] for one weight row against every activation row; bits = 4 or 8 */
-static inline void row_dot_vnni(const uint8_t *w, const float *d, const float *o, i64 Kp, const int8_t *qx,
-                                const float *dx, const float *cx, i64 M, int bits, float *y) {
+static inline void row_dot_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 Kp,
+                                const int8_t *qx, const float *dx, const float *cx, i64 M, int bits, float *y) {
     const i64 nb = Kp / 32;
     for (i64 m = 0; m < M; m++) {
         const int8_t *a = qx + m * Kp;
@@ -145,13 +174,13 @@ static inline void row_dot_vnni(const uint8_t *w, const float *d, const float *o
             for (; b < nb; b += 2)
                 acc0 = pair_fma(_mm512_loadu_si512((const void *)(w + b * 32)), a + b * 32, d + b, dxm + b, acc0);
         }
-        y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offset_dot(o, cx + m * nb, nb);
+        y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offset_dot(d, o, c, cx + m * nb, nb);
     }
 }
 #endif
 
-static void row_dot_generic(const uint8_t *w, const float *d, const float *o, i64 Kp, const int8_t *qx,
-                            const float *dx, const float *cx, i64 M, int bits, float *y) {
+static void row_dot_generic(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 Kp,
+                            const int8_t *qx, const float *dx, const float *cx, i64 M, int bits, float *y) {
     const i64 nb = Kp / 32;
     for (i64 m = 0; m < M; m++) {
         const int8_t *a = qx + m * Kp;
@@ -162,15 +191,16 @@ static void row_dot_generic(const uint8_t *w, const float *d, const float *o, i6
                 ip = block_dot_u4(w + (b / 2) * 32, (int)(b & 1), a + b * 32);
             else
                 ip = block_dot_u8(w + b * 32, a + b * 32);
-            total += dx[m * nb + b] * d[b] * (float)ip;
+            total += dx[m * nb + b] * h2f(d[b]) * (float)ip;
         }
-        y[m] = total + offset_dot(o, cx + m * nb, nb);
+        y[m] = total + offset_dot(d, o, c, cx + m * nb, nb);
     }
 }
 
 /* out[m * out_stride + n] = sum_b dx[m,b] d[n,b] ip + o[n,b] cx[m,b] (+ bias[n]) for n < N, m < M.
  * w: N rows of Kp / 2 (bits 4) or Kp (bits 8) bytes; d, o: N x Kp / 32; M <= 64. */
-void gb_gemv_blocks(const uint8_t *w, const float *d, const float *o, const float *bias, i64 N, i64 Kp, int bits,
+void gb_gemv_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, const float *bias, i64 N,
+                    i64 Kp, int bits,
                     const int8_t *qx, const float *dx, const float *cx, i64 M, void *out, i64 out_stride,
                     int out_dt, int threads) {
     const i64 row_bytes = bits == 4 ? Kp / 2 : Kp;
@@ -179,9 +209,9 @@ void gb_gemv_blocks(const uint8_t *w, const float *d, const float *o, const floa
     for (i64 n = 0; n < N; n++) {
         float y[64];
 #ifdef GB_VNNI
-        row_dot_vnni(w + n * row_bytes, d + n * nb, o + n * nb, Kp, qx, dx, cx, M, bits, y);
+        row_dot_vnni(w + n * row_bytes, d + n * nb, o ? o + n * nb : NULL, c, Kp, qx, dx, cx, M, bits, y);
 #else
-        row_dot_generic(w + n * row_bytes, d + n * nb, o + n * nb, Kp, qx, dx, cx, M, bits, y);
+        row_dot_generic(w + n * row_bytes, d + n * nb, o ? o + n * nb : NULL, c, Kp, qx, dx, cx, M, bits, y);
 #endif
         const float bn = bias ? bias[n] : 0.0f;
         for (i64 m = 0; m < M; m++) store_out(out, m * out_stride + n, y[m] + bn, out_dt);
@@ -189,23 +219,23 @@ void gb_gemv_blocks(const uint8_t *w, const float *d, const float *o, const floa
 }
 
 /* The same product computed block by block without any vector path (the kernels' own reference). */
-void gb_gemv_blocks_generic(const uint8_t *w, const float *d, const float *o, const float *bias, i64 N, i64 Kp,
-                            int bits, const int8_t *qx, const float *dx, const float *cx, i64 M, void *out,
+void gb_gemv_blocks_generic(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, const float *bias,
+                            i64 N, i64 Kp, int bits, const int8_t *qx, const float *dx, const float *cx, i64 M, void *out,
                             i64 out_stride, int out_dt, int threads) {
     const i64 row_bytes = bits == 4 ? Kp / 2 : Kp;
     const i64 nb = Kp / 32;
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * Kp >= (1 << 16))
     for (i64 n = 0; n < N; n++) {
         float y[64];
-        row_dot_generic(w + n * row_bytes, d + n * nb, o + n * nb, Kp, qx, dx, cx, M, bits, y);
+        row_dot_generic(w + n * row_bytes, d + n * nb, o ? o + n * nb : NULL, c, Kp, qx, dx, cx, M, bits, y);
         const float bn = bias ? bias[n] : 0.0f;
         for (i64 m = 0; m < M; m++) store_out(out, m * out_stride + n, y[m] + bn, out_dt);
     }
 }
 
 /* W (N x K, float32 dt=0 or bf16 dt=1): the weight itself, d q + o per value, rounded once to the dtype. */
-void gb_dequant_blocks(const uint8_t *w, const float *d, const float *o, i64 N, i64 Kp, i64 K, int bits, void *out,
-                       int out_dt, int threads) {
+void gb_dequant_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 N, i64 Kp, i64 K,
+                       int bits, void *out, int out_dt, int threads) {
     const i64 row_bytes = bits == 4 ? Kp / 2 : Kp;
     const i64 nb = Kp / 32;
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
@@ -220,7 +250,9 @@ void gb_dequant_blocks(const uint8_t *w, const float *d, const float *o, i64 N, 
             } else {
                 q = row[k];
             }
-            store_out(out, n * K + k, d[n * nb + b] * (float)q + o[n * nb + b], out_dt);
+            const float db = h2f(d[n * nb + b]);
+            const float ob = o ? h2f(o[n * nb + b]) : c * db;
+            store_out(out, n * K + k, db * (float)q + ob, out_dt);
         }
     }
 }

@@ -2,8 +2,9 @@
 ``--quantization int4|int8`` of a 16/32-bit checkpoint.
 
 Every format is repacked at load into one layout (``BlockWeights``, read by kernels/cpu_quant.c):
-unsigned codes q, and per block b of row n a scale d and an offset o, W[n, k] = d[n, b] q[n, k] + o[n, b].
-Q4_0 is d (q - 8), Q4_1 d q + m, Q8_0 d s with s = q - 128. Decode rows run the kernels' int8-activation
+unsigned codes q, and per block b of row n a float16 scale d and an offset o, W[n, k] = d[n, b] q[n, k] +
+o[n, b], the offset stored (float16: Q4_1's min m) or c d for one constant c (Q4_0 and int4: c = -8,
+Q8_0 and int8: c = -128). The bytes per weight are the file's own (Q4_0 4.5 bits, Q4_1 5, Q8_0 8.5). Decode rows run the kernels' int8-activation
 GEMV (llama.cpp's arithmetic); other rows, and float32 models, multiply the dequantized weight
 (``dequantize``, exact in float32), so a float32 model gives what the dequantized model gives.
 ``dequantize_reference`` is the same dequantization in PyTorch ops: the kernels' reference and fallback.
@@ -35,11 +36,13 @@ def _lib() -> ctypes.CDLL | None:
 @dataclass
 class BlockWeights:
     """A weight matrix (N x K) in blocks: ``codes`` uint8 (N, Kp/2) for 4 bits or (N, Kp) for 8,
-    ``scales`` and ``offsets`` float32 (N, Kp/32); columns past K are zero."""
+    ``scales`` float16 (N, Kp/32), ``offsets`` float16 (N, Kp/32) or None (then o = offset_factor * d);
+    columns past K are zero."""
 
     codes: torch.Tensor
     scales: torch.Tensor
-    offsets: torch.Tensor
+    offsets: torch.Tensor | None
+    offset_factor: float
     bits: int
     in_features: int  # K
     label: str  # the format, for logs and the trace ("Q4_1", "int4", ...)
@@ -54,7 +57,18 @@ class BlockWeights:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.offsets))
+        parts = [self.codes, self.scales] + ([] if self.offsets is None else [self.offsets])
+        return sum(t.numel() * t.element_size() for t in parts)
+
+    def offset_values(self) -> torch.Tensor:
+        """(N, Kp/32) float32 offsets o."""
+        d = self.scales.float()
+        return self.offset_factor * d if self.offsets is None else self.offsets.float()
+
+    def pointers(self) -> tuple[int, int, int | None, float]:
+        """(codes, scales, offsets or None, offset factor): the kernels' weight arguments."""
+        offsets = None if self.offsets is None else self.offsets.data_ptr()
+        return self.codes.data_ptr(), self.scales.data_ptr(), offsets, self.offset_factor
 
     def unpacked_codes(self) -> torch.Tensor:
         """(N, Kp) uint8 codes in value order."""
@@ -67,7 +81,7 @@ class BlockWeights:
     def dequantize_reference(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(N, K) in ``dtype``: d q + o in float32, rounded once (PyTorch ops)."""
         q = self.unpacked_codes().float().view(self.out_features, -1, BLOCK)
-        w = q * self.scales.unsqueeze(-1) + self.offsets.unsqueeze(-1)
+        w = q * self.scales.float().unsqueeze(-1) + self.offset_values().unsqueeze(-1)
         return w.reshape(self.out_features, self.padded)[:, : self.in_features].to(dtype)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -77,16 +91,22 @@ class BlockWeights:
             return self.dequantize_reference(dtype)
         out = torch.empty(self.out_features, self.in_features, dtype=dtype)
         lib.gb_dequant_blocks(
-            self.codes.data_ptr(), self.scales.data_ptr(), self.offsets.data_ptr(), self.out_features,
-            self.padded, self.in_features, self.bits, out.data_ptr(), int(dtype == torch.bfloat16),
-            torch.get_num_threads(),
+            *self.pointers(), self.out_features, self.padded, self.in_features, self.bits, out.data_ptr(),
+            int(dtype == torch.bfloat16), torch.get_num_threads(),
         )  # fmt: skip
         return out
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The dequantized rows ``ids`` (an embedding lookup), (len(ids), K) in ``dtype``."""
+        offsets = None if self.offsets is None else self.offsets[ids]
         picked = BlockWeights(
-            self.codes[ids], self.scales[ids], self.offsets[ids], self.bits, self.in_features, self.label
+            self.codes[ids],
+            self.scales[ids],
+            offsets,
+            self.offset_factor,
+            self.bits,
+            self.in_features,
+            self.label,
         )
         return picked.dequantize_reference(dtype)
 
@@ -96,28 +116,34 @@ def _padded(k: int) -> int:
 
 
 def _pack(
-    q: np.ndarray, scales: np.ndarray, offsets: np.ndarray, bits: int, k: int, label: str
+    q: np.ndarray,
+    scales: np.ndarray,
+    offsets: np.ndarray | None,
+    factor: float,
+    bits: int,
+    k: int,
+    label: str,
 ) -> BlockWeights:
-    """From codes (N, nb, 32) uint8 and per-block scales/offsets (N, nb): pad to Kp, pack nibbles."""
+    """From codes (N, nb, 32) uint8 and per-block float16 scales (and offsets) (N, nb): pad to Kp, pack
+    nibbles."""
     n, nb = scales.shape
     kp = _padded(k)
     pad = kp // BLOCK - nb
     if pad:  # zero blocks: scale and offset 0, so any code gives 0
         q = np.concatenate([q, np.zeros((n, pad, BLOCK), np.uint8)], axis=1)
-        scales = np.concatenate([scales, np.zeros((n, pad), np.float32)], axis=1)
-        offsets = np.concatenate([offsets, np.zeros((n, pad), np.float32)], axis=1)
+        scales = np.concatenate([scales, np.zeros((n, pad), np.float16)], axis=1)
+        if offsets is not None:
+            offsets = np.concatenate([offsets, np.zeros((n, pad), np.float16)], axis=1)
     codes = q.reshape(n, kp)
     if bits == 4:  # per group of 64 codes: byte i = code i | code (32 + i) << 4
         g = codes.reshape(n, kp // GROUP, 2, BLOCK)
         codes = (g[:, :, 0, :] | (g[:, :, 1, :] << 4)).reshape(n, kp // 2)
-    return BlockWeights(
-        torch.from_numpy(np.ascontiguousarray(codes, dtype=np.uint8)),
-        torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)),
-        torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.float32)),
-        bits,
-        k,
-        label,
-    )
+
+    def tensor(a: np.ndarray, dtype: type) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
+
+    off = None if offsets is None else tensor(offsets, np.float16)
+    return BlockWeights(tensor(codes, np.uint8), tensor(scales, np.float16), off, factor, bits, k, label)
 
 
 def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> BlockWeights:
@@ -127,17 +153,17 @@ def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> BlockW
     n, k = shape
     nb = k // BLOCK
     blocks = np.ascontiguousarray(raw).reshape(n, nb, _BYTES[ggml_type])
-    d = blocks[:, :, 0:2].copy().view(np.float16).reshape(n, nb).astype(np.float32)
+    d = blocks[:, :, 0:2].copy().view(np.float16).reshape(n, nb)
     if ggml_type == "Q8_0":
         s = blocks[:, :, 2:].copy().view(np.int8).astype(np.int16)
-        return _pack((s + 128).astype(np.uint8), d, -128.0 * d, 8, k, ggml_type)
+        return _pack((s + 128).astype(np.uint8), d, None, -128.0, 8, k, ggml_type)
     head = 4 if ggml_type == "Q4_1" else 2
     qs = blocks[:, :, head:]  # (n, nb, 16): low nibbles values 0..15, high nibbles 16..31
     q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.uint8)
     if ggml_type == "Q4_1":
-        m = blocks[:, :, 2:4].copy().view(np.float16).reshape(n, nb).astype(np.float32)
-        return _pack(q, d, m, 4, k, ggml_type)
-    return _pack(q, d, -8.0 * d, 4, k, ggml_type)
+        m = blocks[:, :, 2:4].copy().view(np.float16).reshape(n, nb)
+        return _pack(q, d, m, 0.0, 4, k, ggml_type)
+    return _pack(q, d, None, -8.0, 4, k, ggml_type)
 
 
 def quantize(weight: torch.Tensor, bits: int) -> BlockWeights:
@@ -151,9 +177,8 @@ def quantize(weight: torch.Tensor, bits: int) -> BlockWeights:
     if bits == 8:
         d = blocks.abs().amax(-1) / 127.0
         s = torch.where(d[..., None] > 0, blocks / d[..., None], 0.0).round().clamp(-127, 127)
-        q = (s + 128).to(torch.uint8)
-        d = d.half().float()  # stored in float16, as GGUF does (the codes come from the float32 scale)
-        return _pack(q.numpy(), d.numpy(), (-128.0 * d).numpy(), 8, k, "int8")
+        q = (s + 128).to(torch.uint8)  # the scale is stored in float16, as GGUF does
+        return _pack(q.numpy(), d.half().numpy(), None, -128.0, 8, k, "int8")
     if bits != 4:
         raise ValueError(f"--quantization: block weights are 4 or 8 bits, got {bits}")
     idx = blocks.abs().argmax(-1, keepdim=True)
@@ -161,20 +186,27 @@ def quantize(weight: torch.Tensor, bits: int) -> BlockWeights:
     d = extreme / -8.0
     inv = torch.where(d != 0, 1.0 / d, 0.0)
     q = (blocks * inv[..., None] + 8.5).floor().clamp(0, 15).to(torch.uint8)
-    d = d.half().float()
-    return _pack(q.numpy(), d.numpy(), (-8.0 * d).numpy(), 4, k, "int4")
+    return _pack(q.numpy(), d.half().numpy(), None, -8.0, 4, k, "int4")
 
 
 def concat(parts: list[BlockWeights]) -> BlockWeights | None:
     """The parts stacked by rows (a fused q/k/v or gate/up), or None when their bits or widths differ."""
     first = parts[0]
-    if any(p.bits != first.bits or p.in_features != first.in_features for p in parts):
+    same_offsets = all(
+        (p.offsets is None) == (first.offsets is None) and p.offset_factor == first.offset_factor
+        for p in parts
+    )
+    if not same_offsets or any(p.bits != first.bits or p.in_features != first.in_features for p in parts):
         return None
     labels = "+".join(dict.fromkeys(p.label for p in parts))
+    offsets = (
+        None if first.offsets is None else torch.cat([p.offsets for p in parts if p.offsets is not None])
+    )
     return BlockWeights(
         torch.cat([p.codes for p in parts]),
         torch.cat([p.scales for p in parts]),
-        torch.cat([p.offsets for p in parts]),
+        offsets,
+        first.offset_factor,
         first.bits,
         first.in_features,
         labels,
@@ -185,7 +217,8 @@ def _register(module: nn.Module, w: BlockWeights) -> None:
     """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold."""
     module.register_buffer("codes", w.codes, persistent=False)
     module.register_buffer("scales", w.scales, persistent=False)
-    module.register_buffer("offsets", w.offsets, persistent=False)
+    if w.offsets is not None:
+        module.register_buffer("offsets", w.offsets, persistent=False)
 
 
 def block_weights(model: nn.Module) -> list[BlockWeights]:
@@ -236,7 +269,7 @@ class BlockQuantLinear(nn.Module):
         out = torch.empty(m, self.out_features, dtype=x.dtype)
         bias = None if self.bias is None else self.bias.data_ptr()
         lib.gb_gemv_blocks(
-            w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr(), bias, self.out_features, kp, w.bits,
+            *w.pointers(), bias, self.out_features, kp, w.bits,
             qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), m, out.data_ptr(), self.out_features, dt, threads,
         )  # fmt: skip
         return out
