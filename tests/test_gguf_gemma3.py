@@ -1,6 +1,6 @@
 """Gemma 3 GGUF files (synthetic, written with gguf.GGUFWriter as llama.cpp lays them out) read by glassbox:
 names, the (1 + w) norm offset and the config against transformers reading the same file; the facts llama.cpp
-hard-codes."""
+hard-codes; a chat that ends at <end_of_turn>. The real Gemma 3 270M file: tests/test_real_gemma3.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from gguf_factory import Spec, write_model
 from test_gguf_reader import assert_same_logits, assert_tensors_match, hf_model
 
+from glassbox import LLM, SamplingParams
 from glassbox.models.config_reader import facts_from_config
 from glassbox.models.gguf_config import build_config
 from glassbox.models.gguf_reader import open_gguf
@@ -160,3 +161,65 @@ def test_27b_attention_scale_and_logit_softcapping() -> None:
     assert cfg["final_logit_softcapping"] == 30.0 and cfg["attn_logit_softcapping"] is None
     with pytest.raises(ValueError, match="value length 32 != key length 64"):
         _config(_metadata(**{"attention.value_length": 32}))
+
+
+# ---- a chat ends at <end_of_turn> ----
+
+# A SentencePiece vocabulary with Gemma's control tokens (merges come from the scores, longer tokens first).
+_PIECES = ["u", "s", "e", "r", "us", "er", "user", "m", "o", "d", "l", "mo", "el", "del", "model"]
+_PIECES += ["H", "i", "Hi", "P", "a", "Pa", "is", "ris", "Paris"]
+_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "\n", *_PIECES]
+_TYPES = [3, 3, 3, 3, 3, 3, 4] + [1] * len(_PIECES)
+GEMMA_VOCAB: dict[str, Any] = {
+    "tokenizer.ggml.model": "llama",
+    "tokenizer.ggml.pre": "default",
+    "tokenizer.ggml.tokens": _TOKENS,
+    "tokenizer.ggml.scores": [0.0] * 7 + [-float(len(_PIECES) - len(p)) for p in _PIECES],
+    "tokenizer.ggml.token_type": _TYPES,
+    "tokenizer.ggml.bos_token_id": 2,
+    "tokenizer.ggml.eos_token_id": 1,
+    "tokenizer.ggml.unknown_token_id": 3,
+    "tokenizer.ggml.padding_token_id": 0,
+    "tokenizer.ggml.add_bos_token": True,
+    "tokenizer.ggml.add_space_prefix": False,
+}
+
+
+def scripted_weights(spec: Spec, script: dict[int, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Weights under which greedy decoding follows ``script`` (last token id -> next token id).
+
+    Attention and MLP write nothing back (o_proj, down_proj zero), so the final hidden state is the last
+    token's one-hot embedding scaled; lm_head row ``next`` picks out ``last``'s dimension."""
+    from gguf_factory import hf_weights
+
+    weights = hf_weights(spec, seed)
+    for name in weights:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[name] = np.zeros_like(weights[name])
+    weights["model.embed_tokens.weight"] = np.eye(spec.vocab, spec.hidden, dtype=np.float32)
+    weights["model.norm.weight"] = np.zeros(spec.hidden, np.float32)  # scale 1 + 0
+    head = np.zeros((spec.vocab, spec.hidden), np.float32)
+    for last, following in script.items():
+        head[following, last] = 1.0
+    weights["lm_head.weight"] = head
+    return weights
+
+
+def test_chat_answer_ends_at_end_of_turn(tmp_path: Path) -> None:
+    """A Gemma GGUF without a chat template is prompted in Gemma's turn format, and an answer ends where the
+    model emits <end_of_turn> (finish_reason "stop"), as Gemma's instruction-tuned models end theirs."""
+    tokens = {t: i for i, t in enumerate(_TOKENS)}
+    spec = Spec(arch="gemma3", hidden=64, layers=2, heads=2, kv_heads=1, head_dim=32, vocab=len(_TOKENS))
+    # after the generation prompt's "\n": "Paris", then <end_of_turn>, then (never reached) "Hi"
+    script = {tokens["\n"]: tokens["Paris"], tokens["Paris"]: tokens["<end_of_turn>"]}
+    script[tokens["<end_of_turn>"]] = tokens["Hi"]
+    path = tmp_path / "scripted-gemma3.gguf"
+    write_model(path, spec, weights=scripted_weights(spec, script), vocab=GEMMA_VOCAB)
+    llm = LLM(str(path), dtype="float32")
+    chat = [{"role": "user", "content": "Hi"}]
+    assert llm.tokenizer.apply_chat_template(chat) == (
+        "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    )
+    out = llm.chat(chat, SamplingParams(temperature=0, max_tokens=8))[0]
+    assert out.token_ids == [tokens["Paris"], tokens["<end_of_turn>"]]
+    assert out.text == "Paris" and out.finish_reason == "stop"
