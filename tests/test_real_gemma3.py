@@ -7,8 +7,9 @@ held here against the format written out by hand and encoded by transformers). T
 pretrained (not instruction-tuned) 270M: it ranks <end_of_turn> thousands of places down and so never ends a
 turn itself; tests/test_gguf_gemma3.py shows a chat ending at <end_of_turn> on a scripted Gemma 3 file.
 
-Skipped when the packages are not installed. Slow-ish (about two minutes on two cores): transformers'
-GGUF load and its unbatched greedy decoding are most of it.
+Skipped when the packages are not installed. Slow: two to four minutes on a shared two-core machine, most of
+it in reading the file (transformers reads it three times: config, weights, tokenizer; glassbox twice) and in
+transformers' unbatched greedy decoding.
 """
 
 from __future__ import annotations
