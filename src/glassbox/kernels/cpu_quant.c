@@ -7,7 +7,8 @@
  * stored (float16, Q4_1: the block's min m) or c d[n,b] for one constant c (o16 == NULL):
  *   Q4_0 and int4: q in 0..15, c = -8.   Q8_0 and int8: q = s + 128 (s the int8), c = -128.
  * So a Q4_0 row costs 4.5 bits per weight, Q4_1 5, Q8_0 8.5: the file's own sizes.
- * 4-bit codes: each 32-byte group holds 64 codes, the low nibbles codes 0..31, the high nibbles 32..63.
+ * 4-bit codes: groups of 128 codes in 64 bytes (low nibbles codes 0..63, high nibbles 64..127), and when
+ * Kp % 128 == 64 a last group of 64 codes in 32 bytes (low nibbles 0..31, high 32..63); see code_u4.
  * 8-bit codes: one byte each, in order.
  *
  * Decode rows (a few at a time) take llama.cpp's route: the activations are quantized to int8 per
@@ -18,6 +19,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
@@ -103,134 +105,162 @@ static inline void store_out(void *out, i64 i, float v, int dt) {
         ((float *)out)[i] = v;
 }
 
-/* sum over the codes of one 32-value block of row ``w`` times the activation codes ``a`` (exact int32) */
-static inline int32_t block_dot_u4(const uint8_t *group, int high, const int8_t *a) {
-    int32_t s = 0;
-    for (int j = 0; j < 32; j++) s += (int32_t)(high ? group[j] >> 4 : group[j] & 15) * a[j];
-    return s;
-}
-
-static inline int32_t block_dot_u8(const uint8_t *w, const int8_t *a) {
-    int32_t s = 0;
-    for (int j = 0; j < 32; j++) s += (int32_t)w[j] * a[j];
-    return s;
-}
-
-/* sum_b o[b] cx[b]: the offsets' share of one output (o = c d when o16 is NULL) */
-static inline float offset_dot(const uint16_t *d, const uint16_t *o16, float c, const float *cx, i64 nb) {
-    float s = 0.0f;
-    if (o16 == NULL) {
-        for (i64 b = 0; b < nb; b++) s += h2f(d[b]) * cx[b];
-        return c * s;
+/* The 4-bit code k of a row (see the layout above): Kp / 128 groups of 128 codes (64 bytes: the low nibble
+ * of byte i is code i, the high nibble code 64 + i), then, when Kp % 128 == 64, one group of 64 codes
+ * (32 bytes: low nibble code i, high nibble code 32 + i). */
+static inline int code_u4(const uint8_t *row, i64 k, i64 Kp) {
+    const i64 main = (Kp / 128) * 128;
+    if (k < main) {
+        const uint8_t byte = row[(k / 128) * 64 + (k % 64)];
+        return (k % 128) < 64 ? (byte & 15) : (byte >> 4);
     }
-    for (i64 b = 0; b < nb; b++) s += h2f(o16[b]) * cx[b];
+    const i64 j = k - main;
+    const uint8_t byte = row[main / 2 + (j % 32)];
+    return j < 32 ? (byte & 15) : (byte >> 4);
+}
+
+/* sum over one 32-value block's codes times the activation codes (exact int32) */
+static inline int32_t block_dot(const uint8_t *row, i64 b, i64 Kp, int bits, const int8_t *a) {
+    int32_t s = 0;
+    if (bits == 8) {
+        for (int j = 0; j < 32; j++) s += (int32_t)row[b * 32 + j] * a[j];
+    } else {
+        for (int j = 0; j < 32; j++) s += (int32_t)code_u4(row, b * 32 + j, Kp) * a[j];
+    }
     return s;
+}
+
+/* blocks [b0, nb) of one row against each activation row, added to y[m] (the plain-C path) */
+static void rows_tail(const uint8_t *row, const uint16_t *d, const uint16_t *o, float c, i64 Kp, int bits,
+                      const int8_t *qx, const float *dx, const float *cx, i64 M, i64 b0, float *y) {
+    const i64 nb = Kp / 32;
+    for (i64 m = 0; m < M; m++) {
+        float total = 0.0f;
+        for (i64 b = b0; b < nb; b++) {
+            const float db = h2f(d[b]);
+            const float ob = o ? h2f(o[b]) : c * db;
+            const int32_t ip = block_dot(row, b, Kp, bits, qx + m * Kp + b * 32);
+            total += dx[m * nb + b] * db * (float)ip + ob * cx[m * nb + b];
+        }
+        y[m] += total;
+    }
 }
 
 #ifdef GB_VNNI
-/* 64 codes of a 4-bit row (one 32-byte group) as 64 bytes in value order */
-static inline __m512i codes_u4(const uint8_t *group) {
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)group);
-    const __m256i mask = _mm256_set1_epi8(15);
-    const __m256i lo = _mm256_and_si256(raw, mask);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+#define CHUNK 16 /* blocks per vector step: 512 codes */
+
+/* 8 vectors of 16 int32 lanes, vector p holding block 2p in lanes 0-7 and 2p + 1 in lanes 8-15, summed per
+ * block: lane j of the result is block j's total. Three rounds of pairwise permute-and-add. */
+static inline __m512i sum_blocks(const __m512i ip[8]) {
+    const __m512i r1a = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i r1b = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const __m512i r2a = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+    const __m512i r2b = _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    const __m512i r3a = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i r3b = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    __m512i t[4], u[2];
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm512_add_epi32(_mm512_permutex2var_epi32(ip[2 * i], r1a, ip[2 * i + 1]),
+                                _mm512_permutex2var_epi32(ip[2 * i], r1b, ip[2 * i + 1]));
+    for (int i = 0; i < 2; i++)
+        u[i] = _mm512_add_epi32(_mm512_permutex2var_epi32(t[2 * i], r2a, t[2 * i + 1]),
+                                _mm512_permutex2var_epi32(t[2 * i], r2b, t[2 * i + 1]));
+    return _mm512_add_epi32(_mm512_permutex2var_epi32(u[0], r3a, u[1]), _mm512_permutex2var_epi32(u[0], r3b, u[1]));
 }
 
-/* two blocks: their exact code products (lanes 0-7 block b, 8-15 block b + 1) times dx d, added to acc */
-static inline __m512 pair_fma(__m512i wq, const int8_t *a, const uint16_t *d, const float *dx, __m512 acc) {
-    const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i ip = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, _mm512_loadu_si512((const void *)a));
-    int32_t d2;
-    memcpy(&d2, d, 4);
-    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(d2));
-    const __m128 xx = _mm_castpd_ps(_mm_load_sd((const double *)dx));
-    const __m512 sc = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_mul_ps(dd, xx)));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), sc, acc);
-}
-
-/* y[m] for one weight row against every activation row; bits = 4 or 8 */
-static inline void row_dot_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 Kp,
-                                const int8_t *qx, const float *dx, const float *cx, i64 M, int bits, float *y) {
+/* y[m] for one weight row: whole chunks of 16 blocks in vectors (codes unpacked once for all M rows), the
+ * remaining blocks by rows_tail. */
+static void row_dot_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 Kp, int bits,
+                         const int8_t *qx, const float *dx, const float *cx, i64 M, float *y) {
     const i64 nb = Kp / 32;
-    for (i64 m = 0; m < M; m++) {
-        const int8_t *a = qx + m * Kp;
-        const float *dxm = dx + m * nb;
-        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-        i64 b = 0;
+    const i64 chunks = bits == 4 ? (Kp / 512) : (nb / CHUNK); /* 4 bits: chunks lie in the 128-code groups */
+    __m512 acc[64], off[64];
+    for (i64 m = 0; m < M; m++) acc[m] = off[m] = _mm512_setzero_ps();
+    const __m512i mask = _mm512_set1_epi8(15);
+    for (i64 ch = 0; ch < chunks; ch++) {
+        const i64 b = ch * CHUNK;
+        __m512i codes[8];
         if (bits == 4) {
-            for (; b + 4 <= nb; b += 4) { /* two groups of 64 values per iteration, two accumulators */
-                acc0 = pair_fma(codes_u4(w + b * 16), a + b * 32, d + b, dxm + b, acc0);
-                acc1 = pair_fma(codes_u4(w + b * 16 + 32), a + b * 32 + 64, d + b + 2, dxm + b + 2, acc1);
+            for (int q = 0; q < 4; q++) { /* group of 128 codes: low nibbles blocks b+4q, +1; high +2, +3 */
+                const __m512i v = _mm512_loadu_si512((const void *)(w + (b / 4 + q) * 64));
+                codes[2 * q] = _mm512_and_si512(v, mask);
+                codes[2 * q + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
             }
-            for (; b < nb; b += 2) acc0 = pair_fma(codes_u4(w + b * 16), a + b * 32, d + b, dxm + b, acc0);
         } else {
-            for (; b + 4 <= nb; b += 4) {
-                const __m512i w0 = _mm512_loadu_si512((const void *)(w + b * 32));
-                const __m512i w1 = _mm512_loadu_si512((const void *)(w + b * 32 + 64));
-                acc0 = pair_fma(w0, a + b * 32, d + b, dxm + b, acc0);
-                acc1 = pair_fma(w1, a + b * 32 + 64, d + b + 2, dxm + b + 2, acc1);
-            }
-            for (; b < nb; b += 2)
-                acc0 = pair_fma(_mm512_loadu_si512((const void *)(w + b * 32)), a + b * 32, d + b, dxm + b, acc0);
+            for (int p = 0; p < 8; p++) codes[p] = _mm512_loadu_si512((const void *)(w + b * 32 + p * 64));
         }
-        y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offset_dot(d, o, c, cx + m * nb, nb);
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b)));
+        const __m512 ov = o ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + b)))
+                            : _mm512_mul_ps(dv, _mm512_set1_ps(c));
+        for (i64 m = 0; m < M; m++) {
+            const int8_t *a = qx + m * Kp + b * 32;
+            __m512i ip[8];
+            for (int p = 0; p < 8; p++)
+                ip[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[p], _mm512_loadu_si512((const void *)(a + p * 64)));
+            const __m512 sums = _mm512_cvtepi32_ps(sum_blocks(ip));
+            const __m512 scale = _mm512_mul_ps(dv, _mm512_loadu_ps(dx + m * nb + b));
+            acc[m] = _mm512_fmadd_ps(sums, scale, acc[m]);
+            off[m] = _mm512_fmadd_ps(ov, _mm512_loadu_ps(cx + m * nb + b), off[m]);
+        }
     }
+    for (i64 m = 0; m < M; m++) y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m], off[m]));
+    rows_tail(w, d, o, c, Kp, bits, qx, dx, cx, M, chunks * CHUNK, y);
 }
 #endif
-
-static void row_dot_generic(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 Kp,
-                            const int8_t *qx, const float *dx, const float *cx, i64 M, int bits, float *y) {
-    const i64 nb = Kp / 32;
-    for (i64 m = 0; m < M; m++) {
-        const int8_t *a = qx + m * Kp;
-        float total = 0.0f;
-        for (i64 b = 0; b < nb; b++) {
-            int32_t ip;
-            if (bits == 4)
-                ip = block_dot_u4(w + (b / 2) * 32, (int)(b & 1), a + b * 32);
-            else
-                ip = block_dot_u8(w + b * 32, a + b * 32);
-            total += dx[m * nb + b] * h2f(d[b]) * (float)ip;
-        }
-        y[m] = total + offset_dot(d, o, c, cx + m * nb, nb);
-    }
-}
 
 /* out[m * out_stride + n] = sum_b dx[m,b] d[n,b] ip + o[n,b] cx[m,b] (+ bias[n]) for n < N, m < M.
- * w: N rows of Kp / 2 (bits 4) or Kp (bits 8) bytes; d, o: N x Kp / 32; M <= 64. */
-void gb_gemv_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, const float *bias, i64 N,
-                    i64 Kp, int bits,
-                    const int8_t *qx, const float *dx, const float *cx, i64 M, void *out, i64 out_stride,
-                    int out_dt, int threads) {
+ * w: N rows of Kp / 2 (bits 4) or Kp (bits 8) bytes; d, o: N x Kp / 32; M <= 64. ``generic``: the plain-C
+ * path alone (the vector path's reference). */
+static void gemv(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, const float *bias, i64 N, i64 Kp,
+                 int bits, const int8_t *qx, const float *dx, const float *cx, i64 M, void *out, i64 out_stride,
+                 int out_dt, int threads, int generic) {
     const i64 row_bytes = bits == 4 ? Kp / 2 : Kp;
     const i64 nb = Kp / 32;
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * Kp >= (1 << 16))
     for (i64 n = 0; n < N; n++) {
         float y[64];
+        const uint16_t *on = o ? o + n * nb : NULL;
 #ifdef GB_VNNI
-        row_dot_vnni(w + n * row_bytes, d + n * nb, o ? o + n * nb : NULL, c, Kp, qx, dx, cx, M, bits, y);
-#else
-        row_dot_generic(w + n * row_bytes, d + n * nb, o ? o + n * nb : NULL, c, Kp, qx, dx, cx, M, bits, y);
+        if (!generic) {
+            row_dot_vnni(w + n * row_bytes, d + n * nb, on, c, Kp, bits, qx, dx, cx, M, y);
+        } else
 #endif
+        {
+            for (i64 m = 0; m < M; m++) y[m] = 0.0f;
+            rows_tail(w + n * row_bytes, d + n * nb, on, c, Kp, bits, qx, dx, cx, M, 0, y);
+        }
         const float bn = bias ? bias[n] : 0.0f;
         for (i64 m = 0; m < M; m++) store_out(out, m * out_stride + n, y[m] + bn, out_dt);
     }
 }
 
-/* The same product computed block by block without any vector path (the kernels' own reference). */
+void gb_gemv_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, const float *bias, i64 N,
+                    i64 Kp, int bits, const int8_t *qx, const float *dx, const float *cx, i64 M, void *out,
+                    i64 out_stride, int out_dt, int threads) {
+    gemv(w, d, o, c, bias, N, Kp, bits, qx, dx, cx, M, out, out_stride, out_dt, threads, 0);
+}
+
 void gb_gemv_blocks_generic(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, const float *bias,
-                            i64 N, i64 Kp, int bits, const int8_t *qx, const float *dx, const float *cx, i64 M, void *out,
-                            i64 out_stride, int out_dt, int threads) {
-    const i64 row_bytes = bits == 4 ? Kp / 2 : Kp;
+                            i64 N, i64 Kp, int bits, const int8_t *qx, const float *dx, const float *cx, i64 M,
+                            void *out, i64 out_stride, int out_dt, int threads) {
+    gemv(w, d, o, c, bias, N, Kp, bits, qx, dx, cx, M, out, out_stride, out_dt, threads, 1);
+}
+
+/* One decode-row linear in one call: x (M x K, dt 0 float32 / 1 bf16) to int8 blocks, then the GEMV into out
+ * (M x N, same dtype). M <= 64. */
+void gb_linear_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint16_t *d, const uint16_t *o, float c,
+                      const float *bias, i64 N, i64 Kp, int bits, void *out, int dt, int threads) {
     const i64 nb = Kp / 32;
-#pragma omp parallel for schedule(static) num_threads(threads) if (N * Kp >= (1 << 16))
-    for (i64 n = 0; n < N; n++) {
-        float y[64];
-        row_dot_generic(w + n * row_bytes, d + n * nb, o ? o + n * nb : NULL, c, Kp, qx, dx, cx, M, bits, y);
-        const float bn = bias ? bias[n] : 0.0f;
-        for (i64 m = 0; m < M; m++) store_out(out, m * out_stride + n, y[m] + bn, out_dt);
+    int8_t *qx = (int8_t *)malloc((size_t)(M * Kp));
+    float *dx = (float *)malloc((size_t)(M * nb) * sizeof(float));
+    float *cx = (float *)malloc((size_t)(M * nb) * sizeof(float));
+    if (qx && dx && cx) {
+        gb_quantize_rows_q8(x, M, K, Kp, qx, dx, cx, dt, threads);
+        gemv(w, d, o, c, bias, N, Kp, bits, qx, dx, cx, M, out, N, dt, threads, 0);
     }
+    free(qx);
+    free(dx);
+    free(cx);
 }
 
 /* W (N x K, float32 dt=0 or bf16 dt=1): the weight itself, d q + o per value, rounded once to the dtype. */
@@ -243,13 +273,7 @@ void gb_dequant_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, f
         const uint8_t *row = w + n * row_bytes;
         for (i64 k = 0; k < K; k++) {
             const i64 b = k / 32;
-            int q;
-            if (bits == 4) {
-                const uint8_t byte = row[(k / 64) * 32 + (k % 32)];
-                q = (k % 64) < 32 ? (byte & 15) : (byte >> 4);
-            } else {
-                q = row[k];
-            }
+            const int q = bits == 4 ? code_u4(row, k, Kp) : row[k];
             const float db = h2f(d[n * nb + b]);
             const float ob = o ? h2f(o[n * nb + b]) : c * db;
             store_out(out, n * K + k, db * (float)q + ob, out_dt);

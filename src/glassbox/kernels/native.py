@@ -44,6 +44,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_gemv_blocks": [_P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
     "gb_gemv_blocks_generic": [_P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
     "gb_dequant_blocks": [_P, _P, _P, _F, _I, _I, _I, _C, _P, _C, _C],
+    "gb_linear_blocks": [_P, _I, _I, _P, _P, _P, _F, _P, _I, _I, _C, _P, _C, _C],
 }
 
 

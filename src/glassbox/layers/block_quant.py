@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 BLOCK = 32
-GROUP = 64  # codes per repacked group: Kp (the padded row length) is a multiple of it
+GROUP = 64  # Kp (the padded row length) is a multiple of it
 DECODE_ROWS = 16  # at most this many rows run the int8-activation GEMV; more multiply the dequantized weight
 GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # GGML types kept packed
 _BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # per 32-value block
@@ -74,9 +74,7 @@ class BlockWeights:
         """(N, Kp) uint8 codes in value order."""
         if self.bits == 8:
             return self.codes
-        groups = self.codes.view(self.out_features, -1, GROUP // 2)  # (N, Kp/64, 32)
-        lo, hi = groups & 15, groups >> 4
-        return torch.cat([lo, hi], dim=-1).reshape(self.out_features, self.padded)
+        return _unpack_nibbles(self.codes, self.padded)
 
     def dequantize_reference(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(N, K) in ``dtype``: d q + o in float32, rounded once (PyTorch ops)."""
@@ -115,6 +113,31 @@ def _padded(k: int) -> int:
     return -(-k // GROUP) * GROUP
 
 
+def _pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """(N, Kp) 4-bit codes to (N, Kp/2) bytes: groups of 128 codes (byte i = code i | code 64 + i << 4), then
+    a last group of 64 when Kp % 128 == 64 (byte i = code i | code 32 + i << 4)."""
+    n, kp = codes.shape
+    main = kp // 128 * 128
+    g = codes[:, :main].reshape(n, main // 128, 2, 64)
+    parts = [(g[:, :, 0, :] | (g[:, :, 1, :] << 4)).reshape(n, main // 2)]
+    if kp > main:
+        t = codes[:, main:].reshape(n, 2, 32)
+        parts.append(t[:, 0, :] | (t[:, 1, :] << 4))
+    return np.concatenate(parts, axis=1)
+
+
+def _unpack_nibbles(packed: torch.Tensor, kp: int) -> torch.Tensor:
+    """The inverse of _pack_nibbles: (N, Kp/2) bytes to (N, Kp) codes."""
+    n = packed.shape[0]
+    main = kp // 128 * 128
+    g = packed[:, : main // 2].reshape(n, main // 128, 64)
+    parts = [torch.stack([g & 15, g >> 4], dim=2).reshape(n, main)]
+    if kp > main:
+        t = packed[:, main // 2 :]
+        parts.append(torch.cat([t & 15, t >> 4], dim=1))
+    return torch.cat(parts, dim=1)
+
+
 def _pack(
     q: np.ndarray,
     scales: np.ndarray,
@@ -135,9 +158,8 @@ def _pack(
         if offsets is not None:
             offsets = np.concatenate([offsets, np.zeros((n, pad), np.float16)], axis=1)
     codes = q.reshape(n, kp)
-    if bits == 4:  # per group of 64 codes: byte i = code i | code (32 + i) << 4
-        g = codes.reshape(n, kp // GROUP, 2, BLOCK)
-        codes = (g[:, :, 0, :] | (g[:, :, 1, :] << 4)).reshape(n, kp // 2)
+    if bits == 4:
+        codes = _pack_nibbles(codes)
 
     def tensor(a: np.ndarray, dtype: type) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
@@ -245,6 +267,10 @@ class BlockQuantLinear(nn.Module):
         )
         self.nbytes = weights.nbytes
 
+    @property
+    def _bias_ptr(self) -> int | None:
+        return None if self.bias is None else self.bias.data_ptr()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
@@ -256,21 +282,12 @@ class BlockQuantLinear(nn.Module):
         return self._gemv(lib, x2.contiguous()).view(*lead, self.out_features)
 
     def _gemv(self, lib: ctypes.CDLL, x: torch.Tensor) -> torch.Tensor:
-        """Decode rows: activations to int8 blocks, then the kernels' GEMV, output in x's dtype."""
-        w, m, kp = self.w, x.shape[0], self.w.padded
-        threads = torch.get_num_threads()
-        qx = torch.empty(m, kp, dtype=torch.int8)
-        dx = torch.empty(m, kp // BLOCK, dtype=torch.float32)
-        cx = torch.empty(m, kp // BLOCK, dtype=torch.float32)
-        dt = int(x.dtype == torch.bfloat16)
-        lib.gb_quantize_rows_q8(
-            x.data_ptr(), m, self.in_features, kp, qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), dt, threads
-        )
+        """Decode rows in one kernel call: activations to int8 blocks, then the GEMV; output in x's dtype."""
+        w, m = self.w, x.shape[0]
         out = torch.empty(m, self.out_features, dtype=x.dtype)
-        bias = None if self.bias is None else self.bias.data_ptr()
-        lib.gb_gemv_blocks(
-            *w.pointers(), bias, self.out_features, kp, w.bits,
-            qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), m, out.data_ptr(), self.out_features, dt, threads,
+        lib.gb_linear_blocks(
+            x.data_ptr(), m, self.in_features, *w.pointers(), self._bias_ptr, self.out_features, w.padded, w.bits,
+            out.data_ptr(), int(x.dtype == torch.bfloat16), torch.get_num_threads(),
         )  # fmt: skip
         return out
 
