@@ -7,9 +7,12 @@
  * stored (float16, Q4_1: the block's min m) or c d[n,b] for one constant c (o16 == NULL):
  *   Q4_0 and int4: q in 0..15, c = -8.   Q8_0 and int8: q = s + 128 (s the int8), c = -128.
  * So a Q4_0 row costs 4.5 bits per weight, Q4_1 5, Q8_0 8.5: the file's own sizes.
- * 4-bit codes: groups of 128 codes in 64 bytes (low nibbles codes 0..63, high nibbles 64..127), and when
- * Kp % 128 == 64 a last group of 64 codes in 32 bytes (low nibbles 0..31, high 32..63); see code_u4.
- * 8-bit codes: one byte each, in order.
+ * Codes come in chunks of 16 blocks (512 codes), interleaved so that one 64-byte vector holds 4 codes of
+ * each of the 16 blocks: vector p, lane j (4 bytes) = block j's codes 4p .. 4p+3. 8-bit: a chunk is vectors
+ * 0..7 (512 bytes). 4-bit: 4 vectors of 64 bytes whose low nibbles are vectors 0..3 and high nibbles 4..7
+ * (256 bytes). Blocks past the last whole chunk follow in plain order (4-bit: 32-byte groups of 64 codes,
+ * low nibbles codes 0..31, high 32..63). The activation codes use the same 8-bit arrangement, so that
+ * AVX-512 VNNI sums each block's 32 products into one int32 lane with no reduction (see code_index).
  *
  * Decode rows (a few at a time) take llama.cpp's route: the activations are quantized to int8 per
  * 32-value block (scale dx = max|x| / 127, codes qx summing to sx; cx = dx sx), and
@@ -65,6 +68,21 @@ static inline uint16_t q_f2bf(float f) { /* round to nearest even, NaN kept quie
     return (uint16_t)(u >> 16);
 }
 
+#define CHUNK 16 /* blocks per interleaved chunk: 512 codes */
+
+/* Where code k of a row lives (see the layout above): its byte, times 2 plus the nibble (1: high) for 4 bits. */
+static inline i64 code_index(i64 k, i64 Kp, int bits) {
+    const i64 b = k / 32, pos = k % 32, chunks = Kp / 32 / CHUNK;
+    if (b < chunks * CHUNK) {
+        const i64 ch = b / CHUNK, j = b % CHUNK, p = pos / 4, t = pos % 4;
+        if (bits == 8) return ch * 512 + p * 64 + j * 4 + t;
+        return 2 * (ch * 256 + (p % 4) * 64 + j * 4 + t) + p / 4;
+    }
+    if (bits == 8) return k;
+    const i64 tail = k - chunks * CHUNK * 32;
+    return 2 * (chunks * 256 + (tail / 64) * 32 + (tail % 32)) + (tail % 64) / 32;
+}
+
 /* Activations (M x K, float32 dt=0 or bf16 dt=1, row stride K) to int8 blocks: qx (M x Kp, zero past K),
  * dx and cx = dx * sum(codes) (M x Kp/32). A block of zeros gets dx = 0. Codes round half away from 0. */
 void gb_quantize_rows_q8(const void *x, i64 M, i64 K, i64 Kp, int8_t *qx, float *dx, float *cx, int dt,
@@ -86,10 +104,10 @@ void gb_quantize_rows_q8(const void *x, i64 M, i64 K, i64 Kp, int8_t *qx, float 
             const float d = amax / 127.0f;
             const float id = d > 0.0f ? 1.0f / d : 0.0f;
             int32_t s = 0;
-            int8_t *q = qx + m * Kp + b * 32;
+            int8_t *q = qx + m * Kp;
             for (int j = 0; j < 32; j++) {
                 const int c = (int)roundf(v[j] * id);
-                q[j] = (int8_t)c;
+                q[code_index(b * 32 + j, Kp, 8)] = (int8_t)c;
                 s += c;
             }
             dx[m * nb + b] = d;
@@ -105,28 +123,16 @@ static inline void store_out(void *out, i64 i, float v, int dt) {
         ((float *)out)[i] = v;
 }
 
-/* The 4-bit code k of a row (see the layout above): Kp / 128 groups of 128 codes (64 bytes: the low nibble
- * of byte i is code i, the high nibble code 64 + i), then, when Kp % 128 == 64, one group of 64 codes
- * (32 bytes: low nibble code i, high nibble code 32 + i). */
-static inline int code_u4(const uint8_t *row, i64 k, i64 Kp) {
-    const i64 main = (Kp / 128) * 128;
-    if (k < main) {
-        const uint8_t byte = row[(k / 128) * 64 + (k % 64)];
-        return (k % 128) < 64 ? (byte & 15) : (byte >> 4);
-    }
-    const i64 j = k - main;
-    const uint8_t byte = row[main / 2 + (j % 32)];
-    return j < 32 ? (byte & 15) : (byte >> 4);
+static inline int code_at(const uint8_t *row, i64 k, i64 Kp, int bits) {
+    if (bits == 8) return row[code_index(k, Kp, 8)];
+    const i64 i = code_index(k, Kp, 4);
+    return (i & 1) ? (row[i >> 1] >> 4) : (row[i >> 1] & 15);
 }
 
-/* sum over one 32-value block's codes times the activation codes (exact int32) */
+/* sum over block b's codes times the activation codes (exact int32; both in their interleaved order) */
 static inline int32_t block_dot(const uint8_t *row, i64 b, i64 Kp, int bits, const int8_t *a) {
     int32_t s = 0;
-    if (bits == 8) {
-        for (int j = 0; j < 32; j++) s += (int32_t)row[b * 32 + j] * a[j];
-    } else {
-        for (int j = 0; j < 32; j++) s += (int32_t)code_u4(row, b * 32 + j, Kp) * a[j];
-    }
+    for (i64 k = b * 32; k < b * 32 + 32; k++) s += (int32_t)code_at(row, k, Kp, bits) * a[code_index(k, Kp, 8)];
     return s;
 }
 
@@ -139,7 +145,7 @@ static void rows_tail(const uint8_t *row, const uint16_t *d, const uint16_t *o, 
         for (i64 b = b0; b < nb; b++) {
             const float db = h2f(d[b]);
             const float ob = o ? h2f(o[b]) : c * db;
-            const int32_t ip = block_dot(row, b, Kp, bits, qx + m * Kp + b * 32);
+            const int32_t ip = block_dot(row, b, Kp, bits, qx + m * Kp);
             total += dx[m * nb + b] * db * (float)ip + ob * cx[m * nb + b];
         }
         y[m] += total;
@@ -147,33 +153,12 @@ static void rows_tail(const uint8_t *row, const uint16_t *d, const uint16_t *o, 
 }
 
 #ifdef GB_VNNI
-#define CHUNK 16 /* blocks per vector step: 512 codes */
-
-/* 8 vectors of 16 int32 lanes, vector p holding block 2p in lanes 0-7 and 2p + 1 in lanes 8-15, summed per
- * block: lane j of the result is block j's total. Three rounds of pairwise permute-and-add. */
-static inline __m512i sum_blocks(const __m512i ip[8]) {
-    const __m512i r1a = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-    const __m512i r1b = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    const __m512i r2a = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
-    const __m512i r2b = _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    const __m512i r3a = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i r3b = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    __m512i t[4], u[2];
-    for (int i = 0; i < 4; i++)
-        t[i] = _mm512_add_epi32(_mm512_permutex2var_epi32(ip[2 * i], r1a, ip[2 * i + 1]),
-                                _mm512_permutex2var_epi32(ip[2 * i], r1b, ip[2 * i + 1]));
-    for (int i = 0; i < 2; i++)
-        u[i] = _mm512_add_epi32(_mm512_permutex2var_epi32(t[2 * i], r2a, t[2 * i + 1]),
-                                _mm512_permutex2var_epi32(t[2 * i], r2b, t[2 * i + 1]));
-    return _mm512_add_epi32(_mm512_permutex2var_epi32(u[0], r3a, u[1]), _mm512_permutex2var_epi32(u[0], r3b, u[1]));
-}
-
-/* y[m] for one weight row: whole chunks of 16 blocks in vectors (codes unpacked once for all M rows), the
- * remaining blocks by rows_tail. */
+/* y[m] for one weight row: whole chunks in vectors (codes unpacked once for all M rows; one int32 lane per
+ * block, so no reduction), the remaining blocks by rows_tail. */
 static void row_dot_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 Kp, int bits,
                          const int8_t *qx, const float *dx, const float *cx, i64 M, float *y) {
     const i64 nb = Kp / 32;
-    const i64 chunks = bits == 4 ? (Kp / 512) : (nb / CHUNK); /* 4 bits: chunks lie in the 128-code groups */
+    const i64 chunks = nb / CHUNK;
     __m512 acc[64], off[64];
     for (i64 m = 0; m < M; m++) acc[m] = off[m] = _mm512_setzero_ps();
     const __m512i mask = _mm512_set1_epi8(15);
@@ -181,23 +166,25 @@ static void row_dot_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o,
         const i64 b = ch * CHUNK;
         __m512i codes[8];
         if (bits == 4) {
-            for (int q = 0; q < 4; q++) { /* group of 128 codes: low nibbles blocks b+4q, +1; high +2, +3 */
-                const __m512i v = _mm512_loadu_si512((const void *)(w + (b / 4 + q) * 64));
-                codes[2 * q] = _mm512_and_si512(v, mask);
-                codes[2 * q + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+            for (int q = 0; q < 4; q++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(w + ch * 256 + q * 64));
+                codes[q] = _mm512_and_si512(v, mask);
+                codes[q + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
             }
         } else {
-            for (int p = 0; p < 8; p++) codes[p] = _mm512_loadu_si512((const void *)(w + b * 32 + p * 64));
+            for (int p = 0; p < 8; p++) codes[p] = _mm512_loadu_si512((const void *)(w + ch * 512 + p * 64));
         }
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b)));
         const __m512 ov = o ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + b)))
                             : _mm512_mul_ps(dv, _mm512_set1_ps(c));
         for (i64 m = 0; m < M; m++) {
-            const int8_t *a = qx + m * Kp + b * 32;
-            __m512i ip[8];
-            for (int p = 0; p < 8; p++)
-                ip[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[p], _mm512_loadu_si512((const void *)(a + p * 64)));
-            const __m512 sums = _mm512_cvtepi32_ps(sum_blocks(ip));
+            const int8_t *a = qx + m * Kp + ch * 512;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            for (int p = 0; p < 8; p += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, codes[p], _mm512_loadu_si512((const void *)(a + p * 64)));
+                s1 = _mm512_dpbusd_epi32(s1, codes[p + 1], _mm512_loadu_si512((const void *)(a + p * 64 + 64)));
+            }
+            const __m512 sums = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)); /* lane j: block b + j */
             const __m512 scale = _mm512_mul_ps(dv, _mm512_loadu_ps(dx + m * nb + b));
             acc[m] = _mm512_fmadd_ps(sums, scale, acc[m]);
             off[m] = _mm512_fmadd_ps(ov, _mm512_loadu_ps(cx + m * nb + b), off[m]);
@@ -273,7 +260,7 @@ void gb_dequant_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, f
         const uint8_t *row = w + n * row_bytes;
         for (i64 k = 0; k < K; k++) {
             const i64 b = k / 32;
-            const int q = bits == 4 ? code_u4(row, k, Kp) : row[k];
+            const int q = code_at(row, k, Kp, bits);
             const float db = h2f(d[n * nb + b]);
             const float ob = o ? h2f(o[n * nb + b]) : c * db;
             store_out(out, n * K + k, db * (float)q + ob, out_dt);

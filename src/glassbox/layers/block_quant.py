@@ -72,9 +72,7 @@ class BlockWeights:
 
     def unpacked_codes(self) -> torch.Tensor:
         """(N, Kp) uint8 codes in value order."""
-        if self.bits == 8:
-            return self.codes
-        return _unpack_nibbles(self.codes, self.padded)
+        return _deinterleave(self.codes, self.padded, self.bits)
 
     def dequantize_reference(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(N, K) in ``dtype``: d q + o in float32, rounded once (PyTorch ops)."""
@@ -113,29 +111,38 @@ def _padded(k: int) -> int:
     return -(-k // GROUP) * GROUP
 
 
-def _pack_nibbles(codes: np.ndarray) -> np.ndarray:
-    """(N, Kp) 4-bit codes to (N, Kp/2) bytes: groups of 128 codes (byte i = code i | code 64 + i << 4), then
-    a last group of 64 when Kp % 128 == 64 (byte i = code i | code 32 + i << 4)."""
+CHUNK = 16  # blocks per interleaved chunk (kernels/cpu_quant.c): 512 codes
+
+
+def _interleave(codes: np.ndarray, bits: int) -> np.ndarray:
+    """(N, Kp) codes in value order to the kernels' bytes: whole chunks of 16 blocks with vector p, lane j
+    holding block j's codes 4p..4p+3 (4 bits: vectors 0-3 in the low nibbles, 4-7 in the high), then the
+    remaining blocks in order (4 bits: 64 codes per 32 bytes, codes 0..31 low, 32..63 high)."""
     n, kp = codes.shape
-    main = kp // 128 * 128
-    g = codes[:, :main].reshape(n, main // 128, 2, 64)
-    parts = [(g[:, :, 0, :] | (g[:, :, 1, :] << 4)).reshape(n, main // 2)]
-    if kp > main:
-        t = codes[:, main:].reshape(n, 2, 32)
-        parts.append(t[:, 0, :] | (t[:, 1, :] << 4))
-    return np.concatenate(parts, axis=1)
+    chunks = kp // BLOCK // CHUNK
+    cut = chunks * CHUNK * BLOCK
+    c = codes[:, :cut].reshape(n, chunks, CHUNK, 8, 4).transpose(0, 1, 3, 2, 4)  # (n, chunk, p, j, t)
+    tail = codes[:, cut:]
+    if bits == 8:
+        return np.concatenate([c.reshape(n, cut), tail], axis=1)
+    head = (c[:, :, :4] | (c[:, :, 4:] << 4)).reshape(n, cut // 2)
+    t = tail.reshape(n, -1, 2, BLOCK)
+    return np.concatenate([head, (t[:, :, 0] | (t[:, :, 1] << 4)).reshape(n, -1)], axis=1)
 
 
-def _unpack_nibbles(packed: torch.Tensor, kp: int) -> torch.Tensor:
-    """The inverse of _pack_nibbles: (N, Kp/2) bytes to (N, Kp) codes."""
+def _deinterleave(packed: torch.Tensor, kp: int, bits: int) -> torch.Tensor:
+    """The inverse of _interleave: the kernels' bytes to (N, Kp) codes in value order."""
     n = packed.shape[0]
-    main = kp // 128 * 128
-    g = packed[:, : main // 2].reshape(n, main // 128, 64)
-    parts = [torch.stack([g & 15, g >> 4], dim=2).reshape(n, main)]
-    if kp > main:
-        t = packed[:, main // 2 :]
-        parts.append(torch.cat([t & 15, t >> 4], dim=1))
-    return torch.cat(parts, dim=1)
+    chunks = kp // BLOCK // CHUNK
+    cut = chunks * CHUNK * BLOCK
+    if bits == 8:
+        c, tail = packed[:, :cut].reshape(n, chunks, 8, CHUNK, 4), packed[:, cut:]
+    else:
+        h = packed[:, : cut // 2].reshape(n, chunks, 4, CHUNK, 4)
+        c = torch.cat([h & 15, h >> 4], dim=2)  # (n, chunk, p, j, t)
+        t = packed[:, cut // 2 :].reshape(n, -1, BLOCK)
+        tail = torch.stack([t & 15, t >> 4], dim=2).reshape(n, -1)
+    return torch.cat([c.permute(0, 1, 3, 2, 4).reshape(n, cut), tail], dim=1)
 
 
 def _pack(
@@ -157,9 +164,7 @@ def _pack(
         scales = np.concatenate([scales, np.zeros((n, pad), np.float16)], axis=1)
         if offsets is not None:
             offsets = np.concatenate([offsets, np.zeros((n, pad), np.float16)], axis=1)
-    codes = q.reshape(n, kp)
-    if bits == 4:
-        codes = _pack_nibbles(codes)
+    codes = _interleave(q.reshape(n, kp), bits)
 
     def tensor(a: np.ndarray, dtype: type) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
