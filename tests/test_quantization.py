@@ -25,7 +25,7 @@ from glassbox.layers.block_quant import (
 from glassbox.layers.quantization import quantize_model
 
 needs_kernels = pytest.mark.skipif(library() is None, reason="no C compiler: the kernels are not built")
-SHAPES = [(7, 64), (5, 96), (33, 160), (3, 576), (4, 1024)]  # K % 64 pads a zero block; 512-code chunks + tails
+SHAPES = [(7, 64), (5, 96), (33, 160), (3, 576), (4, 1024), (20, 1024), (17, 576)]  # K % 64 pads a zero block; 512-code chunks + tails
 
 
 def _weights(n: int, k: int, seed: int = 0) -> np.ndarray:

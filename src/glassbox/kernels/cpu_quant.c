@@ -195,6 +195,77 @@ static void row_dot_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o,
 }
 #endif
 
+#ifdef GB_VNNI
+/* Lane r of the result: the sum of the 16 lanes of v[r] (16 vectors in, one out: a tree of permute-adds). */
+static inline __m512 sum_lanes16(__m512 v[16]) {
+    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    const __m512i lo2 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+    const __m512i hi2 = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    const __m512i lo3 = _mm512_setr_epi32(0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    const __m512i hi3 = _mm512_setr_epi32(2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    const __m512i lo4 = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+    const __m512i hi4 = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    __m512 a[8], b[4], e[2];
+    /* pair (r, r + 8): halves 8 lanes wide; then 4, 2, 1 */
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_permutex2var_ps(v[i], lo, v[i + 8]), _mm512_permutex2var_ps(v[i], hi, v[i + 8]));
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm512_add_ps(_mm512_permutex2var_ps(a[i], lo2, a[i + 4]), _mm512_permutex2var_ps(a[i], hi2, a[i + 4]));
+    for (int i = 0; i < 2; i++)
+        e[i] = _mm512_add_ps(_mm512_permutex2var_ps(b[i], lo3, b[i + 2]), _mm512_permutex2var_ps(b[i], hi3, b[i + 2]));
+    return _mm512_add_ps(_mm512_permutex2var_ps(e[0], lo4, e[1]), _mm512_permutex2var_ps(e[0], hi4, e[1]));
+}
+
+/* One activation row against 16 weight rows n0..n0+15 whose blocks all lie in whole chunks: y[r] for row
+ * n0 + r (per-row horizontal sums done together at the end). */
+static void rows16_m1(const uint8_t *w, i64 row_bytes, const uint16_t *d, const uint16_t *o, float c, i64 Kp,
+                      int bits, const int8_t *qx, const float *dx, const float *cx, float *y) {
+    const i64 nb = Kp / 32, chunks = nb / CHUNK;
+    const __m512i mask = _mm512_set1_epi8(15);
+    __m512 acc[16];
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+    for (i64 ch = 0; ch < chunks; ch++) {
+        const i64 b = ch * CHUNK;
+        const __m512 dxv = _mm512_loadu_ps(dx + b), cxv = _mm512_loadu_ps(cx + b);
+        const int8_t *a = qx + ch * 512;
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *wr = w + r * row_bytes;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            if (bits == 4) {
+                for (int q = 0; q < 4; q += 2) {
+                    const __m512i v0 = _mm512_loadu_si512((const void *)(wr + ch * 256 + q * 64));
+                    const __m512i v1 = _mm512_loadu_si512((const void *)(wr + ch * 256 + q * 64 + 64));
+                    s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(v0, mask), _mm512_loadu_si512((const void *)(a + q * 64)));
+                    s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(v1, mask), _mm512_loadu_si512((const void *)(a + q * 64 + 64)));
+                    s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(_mm512_srli_epi16(v0, 4), mask),
+                                             _mm512_loadu_si512((const void *)(a + q * 64 + 256)));
+                    s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(v1, 4), mask),
+                                             _mm512_loadu_si512((const void *)(a + q * 64 + 320)));
+                }
+            } else {
+                for (int p = 0; p < 8; p += 2) {
+                    s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512((const void *)(wr + ch * 512 + p * 64)),
+                                             _mm512_loadu_si512((const void *)(a + p * 64)));
+                    s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512((const void *)(wr + ch * 512 + p * 64 + 64)),
+                                             _mm512_loadu_si512((const void *)(a + p * 64 + 64)));
+                }
+            }
+            const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + r * nb + b)));
+            const __m512 ov = o ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + r * nb + b)))
+                                : _mm512_mul_ps(dv, _mm512_set1_ps(c));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dv, dxv), acc[r]);
+            acc[r] = _mm512_fmadd_ps(ov, cxv, acc[r]);
+        }
+    }
+    _mm512_storeu_ps(y, sum_lanes16(acc));
+    if (chunks * CHUNK < nb) /* blocks past the last whole chunk */
+        for (int r = 0; r < 16; r++)
+            rows_tail(w + r * row_bytes, d + r * nb, o ? o + r * nb : NULL, c, Kp, bits, qx, dx, cx, 1, chunks * CHUNK,
+                      y + r);
+}
+#endif
+
 /* out[m * out_stride + n] = sum_b dx[m,b] d[n,b] ip + o[n,b] cx[m,b] (+ bias[n]) for n < N, m < M.
  * w: N rows of Kp / 2 (bits 4) or Kp (bits 8) bytes; d, o: N x Kp / 32; M <= 64. ``generic``: the plain-C
  * path alone (the vector path's reference). */
@@ -203,6 +274,23 @@ static void gemv(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c
                  int out_dt, int threads, int generic) {
     const i64 row_bytes = bits == 4 ? Kp / 2 : Kp;
     const i64 nb = Kp / 32;
+#ifdef GB_VNNI
+    if (!generic && M == 1 && N >= 16) { /* batch 1: rows in tiles of 16 */
+        const i64 tiles = N / 16;
+#pragma omp parallel for schedule(static) num_threads(threads) if (N * Kp >= (1 << 16))
+        for (i64 t = 0; t < tiles; t++) {
+            float y[16];
+            const i64 n0 = t * 16;
+            rows16_m1(w + n0 * row_bytes, row_bytes, d + n0 * nb, o ? o + n0 * nb : NULL, c, Kp, bits, qx, dx, cx, y);
+            for (int r = 0; r < 16; r++) store_out(out, n0 + r, y[r] + (bias ? bias[n0 + r] : 0.0f), out_dt);
+        }
+        if (tiles * 16 == N) return;
+        const i64 done = tiles * 16; /* the last rows one by one */
+        gemv(w + done * row_bytes, d + done * nb, o ? o + done * nb : NULL, c, bias ? bias + done : NULL, N - done,
+             Kp, bits, qx, dx, cx, M, (char *)out + done * (out_dt ? 2 : 4), out_stride, out_dt, threads, 0);
+        return;
+    }
+#endif
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * Kp >= (1 << 16))
     for (i64 n = 0; n < N; n++) {
         float y[64];
