@@ -153,6 +153,36 @@ static void rows_tail(const uint8_t *row, const uint16_t *d, const uint16_t *o, 
 }
 
 #ifdef GB_VNNI
+/* Blocks [b0, nb) of one row (the plain-order tail, nb - b0 even) against one activation row: sum_b dx d ip
+ * + o cx, with 256-bit VNNI per pair of blocks. */
+static inline float tail_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 Kp, int bits,
+                              const int8_t *a, const float *dx, const float *cx, i64 b0) {
+    const i64 nb = Kp / 32, chunks = nb / CHUNK;
+    const __m256i mask = _mm256_set1_epi8(15);
+    float total = 0.0f;
+    for (i64 b = b0; b < nb; b += 2) {
+        __m256i c0, c1;
+        if (bits == 4) { /* 32 bytes after the chunks per pair: low nibbles block b, high b + 1 */
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + chunks * 256 + (b - chunks * CHUNK) * 16));
+            c0 = _mm256_and_si256(v, mask);
+            c1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+        } else {
+            c0 = _mm256_loadu_si256((const __m256i *)(w + b * 32));
+            c1 = _mm256_loadu_si256((const __m256i *)(w + b * 32 + 32));
+        }
+        const __m256i i0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c0, _mm256_loadu_si256((const __m256i *)(a + b * 32)));
+        const __m256i i1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c1, _mm256_loadu_si256((const __m256i *)(a + b * 32 + 32)));
+        const __m256i h = _mm256_hadd_epi32(i0, i1); /* lanes: i0 pairs (0-1, 4-5), i1 pairs (2-3, 6-7) */
+        const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        const int32_t ip0 = _mm_extract_epi32(q, 0) + _mm_extract_epi32(q, 1);
+        const int32_t ip1 = _mm_extract_epi32(q, 2) + _mm_extract_epi32(q, 3);
+        const float d0 = h2f(d[b]), d1 = h2f(d[b + 1]);
+        const float o0 = o ? h2f(o[b]) : c * d0, o1 = o ? h2f(o[b + 1]) : c * d1;
+        total += dx[b] * d0 * (float)ip0 + o0 * cx[b] + dx[b + 1] * d1 * (float)ip1 + o1 * cx[b + 1];
+    }
+    return total;
+}
+
 /* y[m] for one weight row: whole chunks in vectors (codes unpacked once for all M rows; one int32 lane per
  * block, so no reduction), the remaining blocks by rows_tail. */
 static void row_dot_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 Kp, int bits,
@@ -190,8 +220,9 @@ static void row_dot_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o,
             off[m] = _mm512_fmadd_ps(ov, _mm512_loadu_ps(cx + m * nb + b), off[m]);
         }
     }
-    for (i64 m = 0; m < M; m++) y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m], off[m]));
-    rows_tail(w, d, o, c, Kp, bits, qx, dx, cx, M, chunks * CHUNK, y);
+    for (i64 m = 0; m < M; m++)
+        y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m], off[m])) +
+               tail_vnni(w, d, o, c, Kp, bits, qx + m * Kp, dx + m * nb, cx + m * nb, chunks * CHUNK);
 }
 #endif
 
@@ -261,8 +292,8 @@ static void rows16_m1(const uint8_t *w, i64 row_bytes, const uint16_t *d, const 
     _mm512_storeu_ps(y, sum_lanes16(acc));
     if (chunks * CHUNK < nb) /* blocks past the last whole chunk */
         for (int r = 0; r < 16; r++)
-            rows_tail(w + r * row_bytes, d + r * nb, o ? o + r * nb : NULL, c, Kp, bits, qx, dx, cx, 1, chunks * CHUNK,
-                      y + r);
+            y[r] += tail_vnni(w + r * row_bytes, d + r * nb, o ? o + r * nb : NULL, c, Kp, bits, qx, dx, cx,
+                              chunks * CHUNK);
 }
 #endif
 
