@@ -83,7 +83,9 @@ def build_model(
     where: str = "the checkpoint",
 ) -> CausalLM:
     """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None;
-    then fused."""
+    then fused, in eval mode, and with no parameter requiring grad (an inference engine never trains: a
+    forward run outside ``torch.inference_mode`` on inference tensors, such as a CUDA graph's outputs,
+    would otherwise fail to save them for a backward that never comes)."""
     with torch.device("meta"):
         model = MODEL_CLASSES[cfg.architecture](cfg)
     model.to(dtype)  # still on meta: free
@@ -100,6 +102,7 @@ def build_model(
         load_weights(model, weights, where)
     model.fuse()
     model.eval()
+    model.requires_grad_(False)  # after fuse(): the fused linears are new parameters
     return model
 
 
