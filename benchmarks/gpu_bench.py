@@ -367,7 +367,9 @@ def part_kernels(args: argparse.Namespace) -> dict[str, Any]:
     cache = torch.randn(2, nb, bs, hk, d, device="cuda", dtype=torch.bfloat16)
     q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16)
     flops = 4 * n * n * d * hq / 2
-    pp = build_paged_prefill([(0, n, list(range(nb)))], ta.prefill_block_m(d, cache.dtype), q.device)
+    pp = build_paged_prefill(
+        [(0, n, list(range(nb)))], ta.prefill_block_m(d, cache.dtype, q.device), q.device
+    )
     out = torch.empty_like(q)
 
     def tri() -> None:

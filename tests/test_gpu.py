@@ -110,7 +110,7 @@ def test_triton_attention_matches_reference(case: int, dtype: torch.dtype) -> No
     if pre:
         tri.paged_prefill = build_paged_prefill(
             [(s, n, t) for (s, n), t in zip(pre, ptabs, strict=True)],
-            ta.prefill_block_m(d, cache.dtype),
+            ta.prefill_block_m(d, cache.dtype, q.device),
             q.device,
         )
     out = paged_attention(q, k, v, cache, tri, d**-0.5, window).float()

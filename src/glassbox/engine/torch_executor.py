@@ -30,6 +30,7 @@ from glassbox.engine.device import (
 from glassbox.engine.kv_plan import GiB, KVCachePlan, plan_kv_cache
 from glassbox.engine.sampler import SampledBatch, sample_on_device, to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
+from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
@@ -207,10 +208,8 @@ class TorchExecutor:
             shape = (2, nb, self.block_size, mc.num_kv_heads, mc.head_dim)
             cache = [torch.zeros(shape, dtype=self.kv_dtype, device=dev)] * mc.num_layers
             meta = AttentionMetadata(slot_mapping=torch.arange(n, device=dev), backend="triton")
-            from glassbox.kernels.triton_attention import prefill_block_m
-
             meta.paged_prefill = build_paged_prefill(
-                [(0, n, list(range(nb)))], prefill_block_m(mc.head_dim, self.kv_dtype), dev
+                [(0, n, list(range(nb)))], prefill_block_m(mc.head_dim, self.kv_dtype, dev), dev
             )
         else:
             cache = [torch.zeros((2, 1, 1, mc.num_kv_heads, mc.head_dim), dtype=self.kv_dtype, device=dev)]
@@ -333,13 +332,11 @@ class TorchExecutor:
             meta.decode_context_lens = torch.tensor(lens, dtype=torch.long, device=dev)
         if self.attn_backend == "triton":
             if prefills:
-                from glassbox.kernels.triton_attention import prefill_block_m
-
                 seqs = []
                 for s in prefills:
                     end = s.start + s.num_new_tokens
                     seqs.append((s.start, s.num_new_tokens, s.seq.block_table[: (end + bs - 1) // bs]))
-                block_m = prefill_block_m(self.model_config.head_dim, self.kv_dtype)
+                block_m = prefill_block_m(self.model_config.head_dim, self.kv_dtype, dev)
                 meta.paged_prefill = build_paged_prefill(seqs, block_m, dev)
             return meta
         row = len(decodes)
