@@ -22,7 +22,10 @@ from glassbox.config import EngineConfig
 from glassbox.dtypes import element_bytes
 from glassbox.engine.device import (
     available_ram_bytes,
+    is_unified_memory,
     keep_large_allocations_in_heap,
+    kv_budget,
+    read_device_memory,
     resolve_device,
     resolve_dtype,
     triton_usable,
@@ -82,6 +85,19 @@ class TorchExecutor:
         self.block_size = config.block_size
         self.attn_backend = "triton" if triton_usable(self.device) else "torch"
         self.use_graphs = self.attn_backend == "triton" and not config.enforce_eager
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(self.device)
+            logger.info(
+                "CUDA device %s (sm_%d%d%s): attention on %s, decode %s",
+                props.name,
+                props.major,
+                props.minor,
+                ", unified memory: KV budget from the host's MemAvailable"
+                if is_unified_memory(props)
+                else "",
+                "triton kernels" if self.attn_backend == "triton" else "the torch SDPA reference",
+                "in CUDA graphs" if self.use_graphs else "eager",
+            )
         if self.device.type == "cpu":
             from glassbox.kernels import native
 
@@ -178,23 +194,22 @@ class TorchExecutor:
         return plan_kv_cache(budget, per_token, self.block_size)
 
     def _cuda_kv_budget(self, max_num_batched_tokens: int) -> int:
-        """Device memory x utilization, less the weights and a measured activation peak."""
+        """Device memory x utilization, less the weights and a measured activation peak (on unified
+        memory: available host RAM x utilization; device.kv_budget)."""
         torch.cuda.synchronize()
-        free, total = torch.cuda.mem_get_info(self.device)
-        used_by_others = total - free - torch.cuda.memory_reserved(self.device)  # other processes, context
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         self._profile_run(max_num_batched_tokens)
         peak = torch.cuda.max_memory_allocated(self.device) - before
-        budget = int(total * self.config.memory_utilization) - torch.cuda.memory_allocated(self.device) - peak
-        budget -= max(0, used_by_others)
-        if self.use_graphs:
-            budget -= GRAPH_RESERVE_BYTES
+        torch.cuda.empty_cache()  # the profile's blocks back: on unified memory, back to the host too
+        mem = read_device_memory(self.device)
+        util = self.config.memory_utilization
+        budget, how = kv_budget(mem, util, peak, GRAPH_RESERVE_BYTES if self.use_graphs else 0)
+        logger.info("KV cache budget: %s", how)
         if budget <= 0:
             raise ValueError(
                 f"no memory left for the KV cache: weights {self.weight_bytes / GiB:.2f} GiB + activations "
-                f"{peak / GiB:.2f} GiB exceed --memory-utilization {self.config.memory_utilization} of "
-                f"{total / GiB:.1f} GiB"
+                f"{peak / GiB:.2f} GiB exceed --memory-utilization {util} ({how})"
             )
         return budget
 
