@@ -11,15 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from glassbox.engine.sequence import Sequence
+from glassbox.layers.host import to_device
 from glassbox.outputs import SampleResult
 
-
-def to_device(values: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list on ``device`` without synchronizing: pinned and non-blocking on CUDA."""
-    t = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
+__all__ = ["SampledBatch", "make_generator", "sample_on_device", "to_device"]
 
 
 def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence], vocab: int) -> None:

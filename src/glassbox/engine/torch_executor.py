@@ -35,6 +35,7 @@ from glassbox.engine.sampler import SampledBatch, sample_on_device, to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
 from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
+from glassbox.layers.host import parts_to_device
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
 from glassbox.models.model_config import TORCH_DTYPES, ModelConfig, dtype_name
@@ -339,12 +340,14 @@ class TorchExecutor:
         if decodes:
             lens = [s.start + 1 for s in decodes]
             max_blocks = (max(lens) + bs - 1) // bs
-            tables = [
-                s.seq.block_table[:max_blocks] + [0] * (max_blocks - min(max_blocks, len(s.seq.block_table)))
-                for s in decodes
-            ]
-            meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=dev)
-            meta.decode_context_lens = torch.tensor(lens, dtype=torch.long, device=dev)
+            tables: list[int] = []
+            for s in decodes:
+                t = s.seq.block_table[:max_blocks]
+                tables += t
+                tables += [0] * (max_blocks - len(t))
+            flat, ctx = parts_to_device([tables, lens], torch.long, dev)  # one copy, not two
+            meta.decode_block_tables = flat.view(len(decodes), max_blocks)
+            meta.decode_context_lens = ctx
         if self.attn_backend == "triton":
             if prefills:
                 seqs = []
@@ -358,7 +361,7 @@ class TorchExecutor:
         for s in prefills:
             end = s.start + s.num_new_tokens
             nblocks = (end + bs - 1) // bs
-            table = torch.tensor(s.seq.block_table[:nblocks], dtype=torch.long, device=dev)
+            table = to_device(s.seq.block_table[:nblocks], torch.long, dev)
             meta.prefills.append(PrefillSeq(row, s.num_new_tokens, s.start, table))
             row += s.num_new_tokens
         return meta
