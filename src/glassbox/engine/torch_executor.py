@@ -151,6 +151,9 @@ class TorchExecutor:
                 logger.warning("glassbox's CPU kernels cannot run this model (%s): using PyTorch ops", e)
                 self.attn_backend = "torch"
         self.eos_ids: set[int] = set()
+        # the draws of every request without a seed of its own, in one batched call per step
+        self.sample_generator = torch.Generator(device=self.device)
+        self.sample_generator.manual_seed(config.seed)
         self.graphs: DecodeGraphs | None = None
         if self.use_graphs:
             self._capture_graphs(max_model_len)
@@ -289,7 +292,9 @@ class TorchExecutor:
             if rows is None:
                 return DevicePendingStep([], None)
             logits = self.model.compute_logits(hidden.index_select(0, rows))
-            sampled = sample_on_device(logits, [s.seq for s in sample_seqs], self.eos_ids, self.config.seed)
+            sampled = sample_on_device(
+                logits, [s.seq for s in sample_seqs], self.eos_ids, self.sample_generator
+            )
         return DevicePendingStep([s.seq.seq_id for s in sample_seqs], sampled)
 
     def _execute_graph(self, decodes: list[ScheduledSeq]) -> DevicePendingStep:
@@ -313,7 +318,7 @@ class TorchExecutor:
                 hidden = hidden.index_select(0, to_device(rows, torch.long, self.device))
             seqs = [decodes[i] for i in rows]
             logits = self.model.compute_logits(hidden)
-            sampled = sample_on_device(logits, [s.seq for s in seqs], self.eos_ids, self.config.seed)
+            sampled = sample_on_device(logits, [s.seq for s in seqs], self.eos_ids, self.sample_generator)
         return DevicePendingStep([s.seq.seq_id for s in seqs], sampled)
 
     def _flatten(self, ordered: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
