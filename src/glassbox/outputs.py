@@ -113,7 +113,8 @@ class CompletionOutput:
 
     def __repr__(self) -> str:
         names = ("index", "text", "token_ids", "logprobs", "finish_reason", "stop_reason")
-        return "CompletionOutput(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self._fields(), strict=True)) + ")"
+        fields = ", ".join(f"{n}={v!r}" for n, v in zip(names, self._fields(), strict=True))
+        return f"CompletionOutput({fields})"
 
 
 @dataclass
