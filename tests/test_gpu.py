@@ -262,6 +262,41 @@ def test_graphs_and_eager_agree_bf16(tiny_root: Path) -> None:
 
 
 @needs_cuda
+def test_eager_launches_never_synchronize(tiny_root: Path) -> None:
+    """An eager step's launch (inputs, metadata, forward, sampling) queues device work without waiting for
+    the stream: every host value goes through pinned non-blocking copies. Mixed steps (a chunked prefill
+    beside decodes), top-k/top-p, a seeded request, logprobs; only reading the draws may synchronize."""
+    d = build_tiny_model("llama", tiny_root)
+
+    def use(llm: LLM) -> None:
+        eng = llm.engine
+        launch = eng.executor.launch
+
+        def checked(batch: Any) -> Any:
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return launch(batch)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+
+        eng.executor.launch = checked  # type: ignore[method-assign]
+        kinds = [
+            SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_tokens=8, ignore_eos=True),
+            SamplingParams(temperature=1.0, seed=3, max_tokens=8, ignore_eos=True, logprobs=2),
+            SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+        ]
+        for i, p in enumerate(_prompts(400)):
+            eng.add_request(f"r{i}", p, kinds[i % 3])
+        while eng.has_work:
+            eng.step()
+        assert any(r.phase == "mixed" for r in eng.step_records)
+
+    with_engine(
+        d, use, dtype="bfloat16", device=DEV, enforce_eager=True, max_num_seqs=4, max_num_batched_tokens=64
+    )
+
+
+@needs_cuda
 def test_memory_budget_respects_utilization(tiny_root: Path) -> None:
     """KV cache = total x utilization - what is allocated - the profiled peak: reserved stays under it."""
     d = build_tiny_model("llama", tiny_root)
