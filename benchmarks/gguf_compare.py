@@ -71,7 +71,8 @@ def agreement(path: Path, new_tokens: int) -> dict[str, Any]:
     lcpp = load_llama(path, 512)
     try:
         same_ids = [
-            lcpp.tokenize(tok.apply_chat_template([{"role": "user", "content": c}]).encode(), False, True) == p
+            lcpp.tokenize(tok.apply_chat_template([{"role": "user", "content": c}]).encode(), False, True)
+            == p
             for c, p in zip(CHATS, prompts, strict=True)
         ]
     finally:
