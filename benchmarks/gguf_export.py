@@ -1,8 +1,10 @@
 """Write a Hugging Face checkpoint (Llama, Qwen2 or Qwen3 layout) as a GGUF file that llama.cpp can load.
 
 The benchmark compares glassbox with llama.cpp on *the same* weights, so this exporter copies every tensor
-unchanged (no quantization): 2-D weights keep the checkpoint's dtype (bf16 stays bf16, f32 stays f32) unless
-``dtype`` asks for another, and 1-D tensors (norms, biases) are always written as f32, as llama.cpp expects.
+unchanged: 2-D weights keep the checkpoint's dtype (bf16 stays bf16, f32 stays f32) unless ``dtype`` asks for
+another (also q8_0 / q4_0: quantized by the gguf package, llama.cpp's reference quantization in Python, all
+2-D weights including the embedding), and 1-D tensors (norms, biases) are always written as f32, as
+llama.cpp expects.
 
 Three things matter for greedy outputs to match transformers:
 
@@ -60,6 +62,8 @@ _DTYPES = {
     "bf16": (torch.bfloat16, gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
     "f16": (torch.float16, gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
     "f32": (torch.float32, gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
+    "q8_0": (torch.float32, gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "q4_0": (torch.float32, gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
 }
 _TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
@@ -278,6 +282,9 @@ def export_gguf(model_dir: Path, out_path: Path, dtype: str = "auto") -> Path:
             raise ValueError(f"embedding has {tensor.shape[0]} rows but config.vocab_size is {n_vocab}")
         if tensor.ndim == 1:
             writer.add_tensor(name, tensor.float().contiguous().numpy())
+        elif dtype in ("q8_0", "q4_0"):
+            packed = gguf.quants.quantize(tensor.float().contiguous().numpy(), ggml_type)
+            writer.add_tensor(name, packed, raw_dtype=ggml_type)  # the element shape comes from the bytes
         elif torch_dtype == torch.bfloat16:  # numpy has no bf16: hand over the raw 16-bit patterns
             bits = tensor.to(torch.bfloat16).contiguous().view(torch.int16).numpy()
             writer.add_tensor(name, bits, raw_dtype=ggml_type)
@@ -292,7 +299,7 @@ def export_gguf(model_dir: Path, out_path: Path, dtype: str = "auto") -> Path:
 
 
 def main() -> None:
-    """``python benchmarks/gguf_export.py MODEL_DIR OUT.gguf [auto|bf16|f16|f32]``."""
+    """``python benchmarks/gguf_export.py MODEL_DIR OUT.gguf [auto|bf16|f16|f32|q8_0|q4_0]``."""
     import sys
 
     if len(sys.argv) not in (3, 4):

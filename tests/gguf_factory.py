@@ -2,7 +2,8 @@
 
 The weights are drawn in Hugging Face layout first (returned, so tests can compare against them) and then
 converted the way llama.cpp's converter does: GGUF tensor names, Q/K rows of llama-family models with the
-rotary pairs interleaved, 2-D weights in the requested GGML type, 1-D norms and biases in F32.
+rotary pairs interleaved, Gemma 3's (1 + w) norm weights with the 1 added, 2-D weights in the requested GGML
+type, 1-D norms and biases in F32.
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ HF_TO_GGUF_LAYER = {
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }
+# Gemma 3: four norms per layer; its ffn_norm is the one before the MLP
+GEMMA3_TO_GGUF_LAYER = {
+    **HF_TO_GGUF_LAYER,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 
 
 @dataclass
@@ -90,6 +98,13 @@ def hf_weights(spec: Spec, seed: int = 0) -> dict[str, np.ndarray]:
     def w(*shape: int, scale: float = 0.05) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
+    def norm(n: int) -> np.ndarray:
+        """A norm's weight: around 1 (x * w), or around 0 for Gemma's (1 + w) norms, there in steps of
+        2**-12 so that w + 1 is exact in float32 (as llama.cpp stores it) and the reader gets w back."""
+        if spec.arch != "gemma3":
+            return 1 + w(n)
+        return (np.round(w(n, scale=0.5) * 4096) / 4096).astype(np.float32)
+
     out = {"model.embed_tokens.weight": w(spec.vocab, h)}
     for i in range(spec.layers):
         p = f"model.layers.{i}."
@@ -101,27 +116,31 @@ def hf_weights(spec: Spec, seed: int = 0) -> dict[str, np.ndarray]:
             out[p + "self_attn.q_proj.bias"] = w(spec.heads * d)
             out[p + "self_attn.k_proj.bias"] = w(spec.kv_heads * d)
             out[p + "self_attn.v_proj.bias"] = w(spec.kv_heads * d)
-        if spec.qk_norm:
-            out[p + "self_attn.q_norm.weight"] = 1 + w(d)
-            out[p + "self_attn.k_norm.weight"] = 1 + w(d)
+        if spec.qk_norm or spec.arch == "gemma3":
+            out[p + "self_attn.q_norm.weight"] = norm(d)
+            out[p + "self_attn.k_norm.weight"] = norm(d)
         out[p + "mlp.gate_proj.weight"] = w(f, h)
         out[p + "mlp.up_proj.weight"] = w(f, h)
         out[p + "mlp.down_proj.weight"] = w(h, f)
-        out[p + "input_layernorm.weight"] = 1 + w(h)
-        out[p + "post_attention_layernorm.weight"] = 1 + w(h)
-    out["model.norm.weight"] = 1 + w(h)
+        out[p + "input_layernorm.weight"] = norm(h)
+        out[p + "post_attention_layernorm.weight"] = norm(h)
+        if spec.arch == "gemma3":
+            out[p + "pre_feedforward_layernorm.weight"] = norm(h)
+            out[p + "post_feedforward_layernorm.weight"] = norm(h)
+    out["model.norm.weight"] = norm(h)
     if not spec.tie:
         out["lm_head.weight"] = w(spec.vocab, h)
     return out
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
     top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
     stem, kind = hf_name.rsplit(".", 1)
     if stem in top:
         return f"{top[stem]}.{kind}"
     _, _, layer, rest = stem.split(".", 3)
-    return f"blk.{layer}.{HF_TO_GGUF_LAYER[rest]}.{kind}"
+    names = GEMMA3_TO_GGUF_LAYER if arch == "gemma3" else HF_TO_GGUF_LAYER
+    return f"blk.{layer}.{names[rest]}.{kind}"
 
 
 def interleave_rotary_rows(w: np.ndarray, heads: int) -> np.ndarray:
@@ -177,13 +196,17 @@ def write_model(
     seed: int = 0,
     split_max_tensors: int = 0,
     extra: dict[str, np.ndarray] | None = None,
+    weights: dict[str, np.ndarray] | None = None,
+    vocab: dict[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """Write ``spec`` as a GGUF file at ``path`` (shards beside it when split); return the HF-layout weights.
 
-    For a K-quant the file holds random blocks instead of the returned 2-D weights (see random_blocks).
+    ``weights`` (HF names and layout) replace the random ones; ``vocab`` (``tokenizer.*`` keys, see
+    write_vocab) replaces the tiny byte-level one. For a K-quant the file holds random blocks instead of the
+    returned 2-D weights (see random_blocks).
     """
     rng = np.random.default_rng(seed + 1)
-    weights = hf_weights(spec, seed)
+    weights = hf_weights(spec, seed) if weights is None else weights
     writer = gguf.GGUFWriter(path, spec.arch, split_max_tensors=split_max_tensors)
     a = spec.arch
     if spec.name is not None:
@@ -209,18 +232,23 @@ def write_model(
             writer.add_float32(f"{a}.{key}", value)
         else:
             writer.add_uint32(f"{a}.{key}", value)
-    add_tiny_vocab(writer, spec.vocab)
+    if vocab is None:
+        add_tiny_vocab(writer, spec.vocab)
+    else:
+        add_metadata(writer, vocab)
     permuted = a in ("llama", "mistral")
     for name, values in weights.items():
+        if a == "gemma3" and name.endswith("norm.weight"):
+            values = values + np.float32(1)  # llama.cpp stores Gemma's (1 + w) scale
         if permuted and ".q_proj." in name:
             values = interleave_rotary_rows(values, spec.heads)
         elif permuted and ".k_proj." in name:
             values = interleave_rotary_rows(values, spec.kv_heads)
         if values.ndim == 2:
             data, raw = encode_tensor(values, spec.qtype, rng)
-            writer.add_tensor(gguf_name(name), data, raw_dtype=raw)
+            writer.add_tensor(gguf_name(name, a), data, raw_dtype=raw)
         else:
-            writer.add_tensor(gguf_name(name), values)
+            writer.add_tensor(gguf_name(name, a), values)
     for name, values in (extra or {}).items():
         writer.add_tensor(name, values)
     writer.write_header_to_file()
@@ -230,9 +258,8 @@ def write_model(
     return weights
 
 
-def write_vocab(path: Path, meta: dict[str, Any], arch: str = "llama") -> Path:
-    """A GGUF file holding only tokenizer metadata (``tokenizer.*`` keys with Python values) and one tensor."""
-    writer = gguf.GGUFWriter(path, arch)
+def add_metadata(writer: gguf.GGUFWriter, meta: dict[str, Any]) -> None:
+    """Key/values with Python values: bool, str, int (UINT32), or a list (of str, float32 or int32)."""
     for key, value in meta.items():
         if isinstance(value, bool):
             writer.add_bool(key, value)
@@ -240,8 +267,14 @@ def write_vocab(path: Path, meta: dict[str, Any], arch: str = "llama") -> Path:
             writer.add_string(key, value)
         elif isinstance(value, int):
             writer.add_uint32(key, value)
-        else:  # a list: of str, of float (written FLOAT32) or of int (INT32)
+        else:
             writer.add_array(key, value)
+
+
+def write_vocab(path: Path, meta: dict[str, Any], arch: str = "llama") -> Path:
+    """A GGUF file holding only tokenizer metadata (``tokenizer.*`` keys with Python values) and one tensor."""
+    writer = gguf.GGUFWriter(path, arch)
+    add_metadata(writer, meta)
     writer.add_tensor("token_embd.weight", np.zeros((len(meta["tokenizer.ggml.tokens"]), 8), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

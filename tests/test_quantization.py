@@ -1,55 +1,167 @@
-"""Weight-only int8: close to the unquantized model, through the real engine."""
+"""Weights in 32-value blocks (layers/block_quant.py, kernels/cpu_quant.c): GGUF Q4_0/Q4_1/Q8_0 kept as
+stored and --quantization int4/int8, each checked against the format's own definition (the gguf package,
+llama.cpp's reference implementation in Python), the kernels against their arithmetic in PyTorch."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
 from tiny_models import build_tiny_model
 
 from glassbox import LLM, SamplingParams
-from glassbox.layers.quantization import Int8Linear, quantize_int8
+from glassbox.kernels.native import library
+from glassbox.layers.block_quant import (
+    BLOCK,
+    BlockQuantEmbedding,
+    BlockQuantLinear,
+    BlockWeights,
+    from_gguf,
+    quantize,
+)
+from glassbox.layers.quantization import quantize_model
+
+needs_kernels = pytest.mark.skipif(library() is None, reason="no C compiler: the kernels are not built")
+SHAPES = [(7, 64), (5, 96), (33, 160), (3, 576), (4, 1024)]  # K % 64 pads a zero block; 512-code chunks + tails
 
 
-def test_int8_linear_matches_dequantized_reference() -> None:
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(64, 48, bias=True)
-    q = Int8Linear(lin)
-    x = torch.randn(5, 64)
-    ref = x @ (q.weight.float() * q.scale[:, None]).t() + lin.bias
-    assert torch.allclose(q(x), ref, atol=1e-4)
-    # and the quantization error itself is small against the float weights
-    err = (q(x) - lin(x)).norm() / lin(x).norm()
-    assert err < 0.02
+def _weights(n: int, k: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+    w[0, :BLOCK] = 0.0  # an all-zero block
+    return w
 
 
-def test_quantize_replaces_every_linear() -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
-    assert quantize_int8(model) == 2
-    assert all(not isinstance(m, torch.nn.Linear) for m in model.modules())
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_gguf_blocks_dequantize_as_gguf_does(qtype: Q, n: int, k: int) -> None:
+    raw = gguf_quantize(_weights(n, k), qtype)
+    ref = gguf_dequantize(raw, qtype).reshape(n, k)
+    blocks = from_gguf(qtype.name, raw, (n, k))
+    assert np.array_equal(blocks.dequantize_reference().numpy(), ref)
+    assert np.array_equal(blocks.dequantize(torch.float32).numpy(), ref)
+    bf16 = torch.from_numpy(ref).bfloat16()
+    assert torch.equal(blocks.dequantize(torch.bfloat16), bf16)
+    ids = torch.tensor([n - 1, 0, n // 2])
+    assert torch.equal(blocks.rows(ids, torch.float32), torch.from_numpy(ref)[ids])
+
+
+@pytest.mark.parametrize(("bits", "qtype"), [(4, Q.Q4_0), (8, Q.Q8_0)])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_int4_int8_quantize_as_llama_cpp(bits: int, qtype: Q, n: int, k: int) -> None:
+    """--quantization int4/int8 round exactly as llama.cpp's Q4_0/Q8_0 reference quantization."""
+    w = _weights(n, k, seed=1)
+    ref = gguf_dequantize(gguf_quantize(w, qtype), qtype).reshape(n, k)
+    ours = quantize(torch.from_numpy(w), bits).dequantize_reference().numpy()
+    assert np.array_equal(ours, ref)
+
+
+def _int8_activation_reference(x: torch.Tensor, w: BlockWeights) -> torch.Tensor:
+    """The kernels' arithmetic in PyTorch: x in int8 blocks (round half away from zero), exact integer
+    block products, then sum_b dx d ip + o cx."""
+    kp = w.padded
+    xb = torch.nn.functional.pad(x.float(), (0, kp - x.shape[1])).view(x.shape[0], -1, BLOCK)
+    dx = xb.abs().amax(-1) / 127.0
+    scaled = xb * torch.where(dx > 0, 1.0 / dx, 0.0)[..., None]
+    qx = torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)
+    cx = dx * qx.sum(-1)
+    q = w.unpacked_codes().double().view(w.out_features, -1, BLOCK)
+    ip = torch.einsum("mbj,nbj->mnb", qx.double(), q)  # exact
+    y = (dx[:, None, :].double() * w.scales[None].double() * ip).sum(-1)
+    return (y + cx.double() @ w.offset_values().double().t()).float()
+
+
+def _gemv(w: BlockWeights, x: torch.Tensor, generic: bool = False) -> torch.Tensor:
+    """gb_gemv_blocks (or its plain-C twin) with a float32 output."""
+    lib = library()
+    assert lib is not None
+    m, kp = x.shape[0], w.padded
+    qx = torch.empty(m, kp, dtype=torch.int8)
+    dx = torch.empty(m, kp // BLOCK)
+    cx = torch.empty(m, kp // BLOCK)
+    xb = x.to(torch.bfloat16).contiguous()
+    lib.gb_quantize_rows_q8(
+        xb.data_ptr(), m, w.in_features, kp, qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), 1, 2
+    )
+    out = torch.empty(m, w.out_features)
+    fn = lib.gb_gemv_blocks_generic if generic else lib.gb_gemv_blocks
+    fn(
+        *w.pointers(), None, w.out_features, kp, w.bits,
+        qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), m, out.data_ptr(), w.out_features, 0, 2,
+    )  # fmt: skip
+    return out
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_gemv_matches_its_arithmetic(qtype: str, n: int, k: int, m: int) -> None:
+    w = from_gguf(qtype, gguf_quantize(_weights(n, k, 2), Q[qtype]), (n, k))
+    x = torch.randn(m, k).bfloat16().float()
+    ref = _int8_activation_reference(x, w)
+    scale = ref.abs().max().item() + 1e-6
+    for generic in (False, True):
+        assert (_gemv(w, x, generic) - ref).abs().max().item() <= 1e-5 * scale * k**0.5
+    # and the int8 activations cost little against the exact product with the same weights
+    exact = x @ w.dequantize_reference().t()
+    assert ((ref - exact).norm() / exact.norm()).item() < 0.02
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_forward(dtype: torch.dtype) -> None:
+    """Decode rows (bf16) run the GEMV, other rows and float32 the dequantized weight; bias added."""
+    n, k = 24, 96
+    w = from_gguf("Q4_1", gguf_quantize(_weights(n, k, 3), Q.Q4_1), (n, k))
+    bias = torch.randn(n)
+    lin = BlockQuantLinear(w, bias)
+    for rows in (1, 5, 40):
+        x = torch.randn(rows, k).to(dtype)
+        exact = x.float() @ w.dequantize_reference().t() + bias
+        y = lin(x)
+        assert y.dtype == dtype and y.shape == (rows, n)
+        tol = 1e-5 if dtype == torch.float32 else 0.03
+        assert ((y.float() - exact).norm() / exact.norm()).item() < tol
+
+
+def test_quantize_model_shares_a_tied_table() -> None:
+    emb = torch.nn.Embedding(50, 64)
+    head = torch.nn.Linear(64, 50, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.ModuleDict({"emb": emb, "mid": torch.nn.Linear(64, 64), "head": head})
+    assert quantize_model(model, 4) == 3
+    assert isinstance(model["emb"], BlockQuantEmbedding) and isinstance(model["head"], BlockQuantLinear)
+    assert model["emb"].w is model["head"].w  # one copy of the blocks
+    assert not any(isinstance(m, torch.nn.Linear | torch.nn.Embedding) for m in model.modules())
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_int8_greedy_stays_close_to_full_precision(tmp_path, arch: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_logprobs_stay_close_to_full_precision(tmp_path, arch: str, quantization: str) -> None:  # type: ignore[no-untyped-def]
+    """Through the engine (embedding and tied head quantized too). A random tiny model's next-token
+    distribution is nearly flat, so greedy tokens may swap places; its logprobs may not move much."""
     d = build_tiny_model(arch, tmp_path)
     prompts = ["def fibonacci(n):", "import os\nimport sys\n", "你好，世界", "class Foo:\n    def"]
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=5)
     full = LLM(str(d), dtype="float32").generate(prompts, params)
-    q = LLM(str(d), dtype="float32", quantization="int8")
-    assert isinstance(q.engine.executor.model.lm_head, Int8Linear)
+    q = LLM(str(d), dtype="float32", quantization=quantization)
+    assert isinstance(q.engine.executor.model.lm_head, BlockQuantLinear)
     quant = q.generate(prompts, params)
-    # the first token agrees everywhere and most continuations agree token for token
-    assert all(a.token_ids[0] == b.token_ids[0] for a, b in zip(full, quant, strict=True))
-    same = sum(a.token_ids == b.token_ids for a, b in zip(full, quant, strict=True))
-    assert same >= len(prompts) - 1
-    # the quantized model's logprob of the full-precision first token stays close
+    limit = 0.05 if quantization == "int8" else 0.6  # 4-bit blocks of random weights: ~0.4 nats seen
     for a, b in zip(full, quant, strict=True):
-        t = a.token_ids[0]
-        assert b.logprobs is not None and a.logprobs is not None
-        assert abs(b.logprobs[0][t] - a.logprobs[0][t]) < 0.1
+        assert a.logprobs is not None and b.logprobs is not None
+        ref, got = a.logprobs[0], b.logprobs[0]
+        for t in set(ref) & set(got):
+            assert abs(ref[t] - got[t]) < limit
+        assert max(got.values()) == pytest.approx(max(ref.values()), abs=limit)
 
 
-def test_int8_keeps_the_demo_models_greedy_output() -> None:
-    """On a trained model (the demo), int8 weights leave greedy continuations almost unchanged vs bf16."""
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_demo_model_keeps_its_greedy_output(quantization: str) -> None:
+    """On a trained model (the demo), block weights leave greedy continuations close to bf16's."""
     prompts = [
         "def fibonacci(n):",
         "import os\nimport sys\n",
@@ -58,9 +170,11 @@ def test_int8_keeps_the_demo_models_greedy_output() -> None:
     ]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     ref = LLM("glassbox-demo", dtype="bfloat16").generate(prompts, params)
-    quant = LLM("glassbox-demo", dtype="bfloat16", quantization="int8").generate(prompts, params)
+    quant = LLM("glassbox-demo", dtype="bfloat16", quantization=quantization).generate(prompts, params)
     same = sum(
         a == b for r, q in zip(ref, quant, strict=True) for a, b in zip(r.token_ids, q.token_ids, strict=True)
     )
-    assert all(r.token_ids[0] == q.token_ids[0] for r, q in zip(ref, quant, strict=True))
-    assert same >= 0.75 * 16 * len(prompts)
+    first = sum(r.token_ids[0] == q.token_ids[0] for r, q in zip(ref, quant, strict=True))
+    # a 5.8M-parameter model in 4 bits loses more than a large one: measured 3 of 4 first tokens, 36 of 64
+    assert first >= (len(prompts) if quantization == "int8" else len(prompts) - 1)
+    assert same >= (0.75 if quantization == "int8" else 0.4) * 16 * len(prompts)

@@ -92,6 +92,17 @@ def run_trace(
     return result
 
 
+def weight_quant(engine: LLMEngine) -> str:
+    """The planner's --quant for the weights this engine reads: its dtype, a GGUF file's own blocks
+    ("native"), or the blocks --quantization made (as GGUF's Q4_0/Q8_0)."""
+    quantization = engine.config.quantization
+    if quantization in ("int4", "int8"):
+        return "q4_0" if quantization == "int4" else "q8_0"
+    if engine.executor.block_formats and engine.facts.native_quant is not None:
+        return "native"
+    return dtype_name(engine.executor.dtype)
+
+
 def _add_roofline(
     result: dict[str, Any],
     engine: LLMEngine,
@@ -104,7 +115,7 @@ def _add_roofline(
     `plan --hardware local` hold a run against one and the same roofline."""
     key = result["dtype"]
     facts = engine.facts
-    scheme = resolve_scheme(key, None, facts.dtype, False, None)
+    scheme = resolve_scheme(weight_quant(engine), facts.native_quant, key, False, None)
     ideal = get_engine("ideal")
     kv_bytes = element_bytes(dtype_name(engine.executor.kv_dtype))
     computed = prompt_tokens - cached_tokens  # a prefix-cache hit is not prefilled
@@ -126,5 +137,6 @@ def _add_roofline(
         "bandwidth_gbs": hw.bandwidth_gbs,
         "tflops": hw.peak_flops(key) / 1e12,
         "dtype": key,
+        "weights": scheme.label,
         "source": hw.source,
     }

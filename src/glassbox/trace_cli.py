@@ -91,6 +91,7 @@ def render(r: dict[str, Any]) -> None:
         rf = r["roofline"]
         console.print(
             f"roofline: {rf['bandwidth_gbs']:.1f} GB/s, {rf['tflops']:.2f} TFLOP/s {rf['dtype']} "
-            f"({rf['source']}); decode reads {dec['bytes_per_token'] / 1e6:,.1f} MB per token"
+            f"({rf['source']}); weights {rf['weights']}; decode reads {dec['bytes_per_token'] / 1e6:,.1f} MB "
+            "per token"
         )
     console.print(f"[bold]output:[/bold] {r['prompt']}{r['text']}")

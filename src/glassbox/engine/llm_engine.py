@@ -15,13 +15,13 @@ from dataclasses import dataclass, field, replace
 
 from glassbox.config import EngineConfig
 from glassbox.engine.block_manager import BlockManager
+from glassbox.engine.checkpoint import open_checkpoint
 from glassbox.engine.core import Appended, CoreStep, EngineCore
 from glassbox.engine.device import resolve_device
 from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence, merge_metrics
 from glassbox.engine.torch_executor import TorchExecutor
-from glassbox.models.checkpoint import open_checkpoint
 from glassbox.models.facts import ModelFacts
 from glassbox.models.sources import resolve_model
 from glassbox.outputs import CompletionOutput, RequestOutput
@@ -100,7 +100,7 @@ class LLMEngine:
         self.max_num_batched_tokens = config.max_num_batched_tokens or default_batch
         self.executor = TorchExecutor(
             config,
-            None if config.load_format == "dummy" else checkpoint.tensors(),
+            None if config.load_format == "dummy" else checkpoint,
             self.facts,
             self.max_model_len,
             self.max_num_batched_tokens,

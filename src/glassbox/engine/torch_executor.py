@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,6 +19,7 @@ import torch
 
 from glassbox.config import EngineConfig
 from glassbox.dtypes import element_bytes
+from glassbox.engine.checkpoint import Checkpoint
 from glassbox.engine.device import (
     available_ram_bytes,
     is_unified_memory,
@@ -35,6 +35,7 @@ from glassbox.engine.sampler import SampledBatch, sample_on_device, to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
 from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
+from glassbox.layers.block_quant import block_weights
 from glassbox.layers.host import parts_to_device
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
@@ -72,7 +73,7 @@ class TorchExecutor:
     def __init__(
         self,
         config: EngineConfig,
-        weights: Iterable[tuple[str, torch.Tensor]] | None,  # (HF name, tensor); None: random weights
+        checkpoint: Checkpoint | None,  # None: random weights (--load-format dummy)
         facts: ModelFacts,
         max_model_len: int,
         max_num_batched_tokens: int,
@@ -107,17 +108,37 @@ class TorchExecutor:
             if "GLASSBOX_NUM_THREADS" in os.environ:
                 torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
             keep_large_allocations_in_heap()
-        self.model = build_model(model_config, weights, self.dtype, self.device, seed=config.seed)
-        if config.quantization == "int8":
-            from glassbox.layers.quantization import quantize_int8
+        bits = {"int8": 8, "int4": 4}.get(config.quantization or "")
+        if bits is not None and self.device.type != "cpu":
+            raise ValueError(
+                f"--quantization {config.quantization} runs on the CPU only so far (not on CUDA)"
+            )
+        # GGUF Q4_0/Q4_1/Q8_0 stay in their blocks where the C kernels run them (CPU, bf16 activations)
+        keep_packed = (
+            config.quantization is None and self.attn_backend == "native" and self.dtype == torch.bfloat16
+        )
+        weights, packed = checkpoint.weights(keep_packed) if checkpoint is not None else (None, {})
+        where = "the checkpoint" if checkpoint is None else str(checkpoint.source.path)
+        self.model = build_model(
+            model_config, weights, self.dtype, self.device, seed=config.seed, where=where, packed=packed
+        )
+        if bits is not None:
+            from glassbox.layers.quantization import quantize_model
 
-            quantize_int8(self.model)
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        self.flops_per_token = 2 * sum(p.numel() for p in self.model.parameters())  # roughly: GEMMs only
+            quantize_model(self.model, bits)
+        in_blocks = block_weights(self.model)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + sum(
+            b.nbytes for b in in_blocks
+        )
+        elements = sum(p.numel() for p in self.model.parameters()) + sum(
+            b.out_features * b.in_features for b in in_blocks
+        )
+        self.flops_per_token = 2 * elements  # roughly: GEMMs only
+        self.block_formats = sorted({b.label for b in in_blocks})  # weights kept in blocks ("Q4_1", "int4")
         self.max_threads = torch.get_num_threads()
         self.light_threads = self.max_threads  # reserve_frontend_core() lowers it
         self.packed = 0
-        if self.device.type == "cpu" and self.dtype != torch.float32 and config.quantization is None:
+        if self.device.type == "cpu" and self.dtype != torch.float32:
             from glassbox.layers.linear import pack_linears, packing_available
 
             if packing_available(self.dtype):

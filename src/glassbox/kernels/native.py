@@ -22,7 +22,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.c", "cpu_quant.c")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 MAX_ROW = 1 << 16  # the kernels keep a few rows per thread on the stack
@@ -39,6 +39,12 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _C, _C],
     "gb_prefill_softmax_bf16": [_P, _I, _I, _I, _I, _I, _F, _C],
     "gb_prefill_row_offsets_bf16": [_P, _I, _I, _I, _I, _I, _P, _I, _C],
+    # cpu_quant.c: weights in 32-value blocks of 4 or 8 bits
+    "gb_quantize_rows_q8": [_P, _I, _I, _I, _P, _P, _P, _C, _C],
+    "gb_gemv_blocks": [_P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
+    "gb_gemv_blocks_generic": [_P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
+    "gb_dequant_blocks": [_P, _P, _P, _F, _I, _I, _I, _C, _P, _C, _C],
+    "gb_linear_blocks": [_P, _I, _I, _P, _P, _P, _F, _P, _I, _I, _C, _P, _C, _C],
 }
 
 
@@ -58,7 +64,7 @@ def _cache_dir() -> Path:
 
 
 def _build(cc: str) -> Path:
-    source = SOURCE.read_bytes()
+    source = b"".join(src.read_bytes() for src in SOURCES)
     key = hashlib.sha256(source + " ".join([cc, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"cpu_kernels-{key}.so"
     if out.exists():
@@ -66,7 +72,8 @@ def _build(cc: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_so = Path(tmp) / out.name
-        subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp_so), "-lm"], check=True, capture_output=True)
+        sources = [str(src) for src in SOURCES]
+        subprocess.run([cc, *FLAGS, *sources, "-o", str(tmp_so), "-lm"], check=True, capture_output=True)
         os.replace(tmp_so, out)  # atomic: concurrent builders leave one complete file
     return out
 
@@ -86,7 +93,8 @@ def library() -> ctypes.CDLL | None:
         path = _build(cc)
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", b"") or b""
-        logger.warning("building %s failed, using PyTorch ops: %s %s", SOURCE.name, e, detail.decode()[-500:])
+        names = ", ".join(src.name for src in SOURCES)
+        logger.warning("building %s failed, using PyTorch ops: %s %s", names, e, detail.decode()[-500:])
         return None
     lib = ctypes.CDLL(str(path))  # torch is loaded first, so OpenMP resolves to torch's own runtime
     for name, args in _SIGNATURES.items():

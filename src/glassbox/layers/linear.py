@@ -55,20 +55,44 @@ def pack_linears(model: nn.Module) -> int:
     return count
 
 
-def concat_linears(*linears: nn.Linear) -> nn.Linear:
-    """One nn.Linear computing ``linears`` side by side: weights (and biases) concatenated along the output
-    dim, so that ``fused(x).split([l.out_features ...], -1)`` gives each one's output. All share in_features
-    and either all carry a bias or none does."""
-    first = linears[0]
+class ConcatLinear(nn.Module):
+    """Linears side by side that cannot share one weight (block weights of different bits): their
+    outputs concatenated along the last dim."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def concat_linears(*linears: nn.Module) -> nn.Module:
+    """One module computing ``linears`` side by side, so that ``fused(x).split([out_features ...], -1)``
+    gives each one's output: nn.Linear weights (and biases) concatenated along the output dim, block
+    weights stacked by rows when they share their bits, else a ConcatLinear. All share in_features and
+    either all carry a bias or none does."""
+    from glassbox.layers.block_quant import BlockQuantLinear, concat
+
+    quantized = [lin for lin in linears if isinstance(lin, BlockQuantLinear)]
+    if len(quantized) == len(linears):
+        blocks = concat([lin.w for lin in quantized])
+        biases = [lin.bias for lin in quantized]
+        bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
+        return BlockQuantLinear(blocks, bias) if blocks is not None else ConcatLinear(list(linears))
+    if not all(type(lin) is nn.Linear for lin in linears):
+        return ConcatLinear(list(linears))
+    dense = [lin for lin in linears if isinstance(lin, nn.Linear)]
+    first = dense[0]
     fused = nn.Linear(
         first.in_features,
-        sum(lin.out_features for lin in linears),
+        sum(lin.out_features for lin in dense),
         bias=first.bias is not None,
         device=first.weight.device,
         dtype=first.weight.dtype,
     )
     with torch.no_grad():
-        fused.weight.copy_(torch.cat([lin.weight for lin in linears]))
+        fused.weight.copy_(torch.cat([lin.weight for lin in dense]))
         if fused.bias is not None:
-            fused.bias.copy_(torch.cat([lin.bias for lin in linears if lin.bias is not None]))
+            fused.bias.copy_(torch.cat([lin.bias for lin in dense if lin.bias is not None]))
     return fused

@@ -48,7 +48,7 @@ class Gemma3Attention(nn.Module):
         self.rotary = [rotary]  # a list: the model owns the table, not each layer
         self.scale = cfg.attn_scale
         self.sliding_window = cfg.layer_windows[layer]
-        self.qkv_proj: nn.Linear | None = None  # set by fuse(): [q | k | v] along the output dim
+        self.qkv_proj: nn.Module | None = None  # set by fuse(): [q | k | v] along the output dim
 
     def fuse(self) -> None:
         self.qkv_proj = concat_linears(self.q_proj, self.k_proj, self.v_proj)
@@ -87,7 +87,7 @@ class Gemma3MLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=bias)
         self.act = get_activation(cfg.hidden_act)
         self.intermediate = i
-        self.gate_up_proj: nn.Linear | None = None  # set by fuse(): [gate | up] along the output dim
+        self.gate_up_proj: nn.Module | None = None  # set by fuse(): [gate | up] along the output dim
 
     def fuse(self) -> None:
         self.gate_up_proj = concat_linears(self.gate_proj, self.up_proj)

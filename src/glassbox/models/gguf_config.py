@@ -1,8 +1,11 @@
-"""An HF config.json-equivalent dict from a GGUF file's metadata (llama, mistral, qwen2, qwen3).
+"""An HF config.json-equivalent dict from a GGUF file's metadata (llama, mistral, qwen2, qwen3, gemma3).
 
 llama.cpp writes the model's hyperparameters under ``<architecture>.<key>`` (``llama.block_count``, ...).
 This module turns them into the keys transformers' config classes use, so that the engine can build the
 model from a GGUF file exactly as from a Hugging Face directory.
+
+Gemma 3 files leave out facts that llama.cpp hard-codes for the architecture (src/llama-model.cpp); they
+are filled in as llama.cpp assumes them (see :func:`_gemma3_fields`).
 """
 
 from __future__ import annotations
@@ -21,11 +24,21 @@ _HF_ARCHITECTURES = {
     "mistral": ("MistralForCausalLM", "mistral"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
 }
 SUPPORTED_ARCHITECTURES = tuple(_HF_ARCHITECTURES)
 # llama.cpp interleaves the rotary pairs of Q/K rows (its "normal" rope) for these; qwen2/qwen3 use the
 # NEOX rope, whose half-split layout is transformers' own, so their rows are stored unchanged.
 PERMUTED_QK_ARCHITECTURES = frozenset({"llama", "mistral"})
+# llama.cpp's converter stores Gemma's (1 + w) RMSNorm weights with the 1 added (every tensor whose HF name
+# ends in "norm.weight"); the reader subtracts it again so that the tensors equal the HF parameters.
+NORM_OFFSETS = {"gemma3": 1.0}
+
+# Gemma 3 facts that GGUF files do not record and llama.cpp hard-codes (llama-model.cpp, LLM_ARCH_GEMMA3):
+GEMMA3_GLOBAL_EVERY = 6  # set_swa_pattern(6): layers 5, 11, 17, ... (0-based) attend globally, the rest slide
+GEMMA3_LOCAL_ROPE_BASE = 10000.0  # rope_freq_base_train_swa; the sliding layers' rope is never scaled
+GEMMA3_27B_LAYERS = 62  # the 27B model scales attention by (hidden / heads) ** -0.5, the others by head_dim
+
 # What GGUF files were dequantized from is not recorded; bfloat16 is what nearly all of them were published
 # in, and it halves the memory of float32 (the engine's --dtype overrides it).
 QUANTIZED_FILE_DTYPE = "bfloat16"
@@ -101,7 +114,7 @@ def build_config(
     heads = int(get("attention.head_count"))
     kv_heads = int(get("attention.head_count_kv", heads))
     head_dim = _head_dim(arch, get, shapes, hidden, heads)
-    rope_theta = float(get("rope.freq_base", 10000.0))
+    rope_theta = float(get("rope.freq_base", 10000.0))  # llama.cpp's default for every architecture
     config: dict[str, Any] = {
         "architectures": [hf_class],
         "model_type": model_type,
@@ -131,7 +144,9 @@ def build_config(
     if scaling is not None:
         config["rope_scaling"] = scaling
     window = get("attention.sliding_window", None)
-    if window is not None:
+    if arch == "gemma3":
+        config.update(_gemma3_fields(get, config))
+    elif window is not None:
         config["sliding_window"] = int(window)
     elif model_type == "mistral":
         config["sliding_window"] = None  # llama.cpp runs these without one, and GGUF does not record it
@@ -140,6 +155,38 @@ def build_config(
         if token_id is not None:
             config[f"{'pad' if name == 'padding' else name}_token_id"] = int(token_id)
     return config
+
+
+def _gemma3_fields(get: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's settings in transformers' Gemma3TextConfig spelling, as llama.cpp reads the file.
+
+    - ``layer_types``: every GEMMA3_GLOBAL_EVERY-th layer global, the others sliding over
+      ``attention.sliding_window`` tokens (transformers' default pattern too); no window (or 0): all global,
+      as llama.cpp then runs the model without sliding-window attention.
+    - ``rope_local_base_freq``: GEMMA3_LOCAL_ROPE_BASE. ``rope.freq_base`` and any ``rope.scaling.*`` are the
+      global layers' rope (rope_theta, rope_scaling), which transformers applies to full-attention layers only.
+    - ``query_pre_attn_scalar``: head_dim, or hidden / heads for the 62-layer (27B) model, as llama.cpp
+      scales attention. (transformers' GGUF loader keeps its default of 256 for every size.)
+    - ``final_logit_softcapping`` when the file carries it; attention soft-capping never (Gemma 3 has none).
+    """
+    layers, head_dim = int(config["num_hidden_layers"]), int(config["head_dim"])
+    value_length = int(get("attention.value_length", head_dim))
+    if value_length != head_dim:
+        raise ValueError(f"GGUF gemma3 file has value length {value_length} != key length {head_dim}")
+    window = int(get("attention.sliding_window", 0) or 0)
+    global_layer = [window == 0 or (i + 1) % GEMMA3_GLOBAL_EVERY == 0 for i in range(layers)]
+    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    softcap = get("final_logit_softcapping", None)
+    return {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": window or None,
+        "layer_types": ["full_attention" if g else "sliding_attention" for g in global_layer],
+        "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE,
+        "query_pre_attn_scalar": hidden // heads if layers == GEMMA3_27B_LAYERS else head_dim,
+        "final_logit_softcapping": float(softcap) if softcap else None,
+        "attn_logit_softcapping": None,
+    }
 
 
 def _head_dim(arch: str, get: Any, shapes: dict[str, tuple[int, ...]], hidden: int, heads: int) -> int:

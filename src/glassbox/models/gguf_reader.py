@@ -4,7 +4,8 @@
 config (see :mod:`glassbox.models.gguf_config`) and maps each tensor name to its Hugging Face parameter name.
 ``GGUFCheckpoint.tensors()`` then dequantizes one tensor at a time to float32, in the Hugging Face shape and
 row order (llama.cpp stores the Q/K projections of llama-family models with the rotary pairs interleaved;
-they are put back in the half-split order transformers uses).
+they are put back in the half-split order transformers uses; Gemma's (1 + w) norm weights, stored with the 1
+added, get it taken off again).
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField, ReaderTensor
 from gguf.quants import dequantize
 
-from glassbox.models.gguf_config import PERMUTED_QK_ARCHITECTURES, build_config, hf_architecture
+from glassbox.models.gguf_config import (
+    NORM_OFFSETS,
+    PERMUTED_QK_ARCHITECTURES,
+    build_config,
+    hf_architecture,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +54,14 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 norms around both the attention and the MLP: its ffn_norm is the norm *before* the MLP.
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES}
 # Tensors with no Hugging Face parameter that carry nothing the config does not already hold:
 # rope_freqs (llama 3.x) is the llama3 rope scaling, turned into config["rope_scaling"] and checked there;
 # attn_rot_embd (old llama conversions) is the rotary inverse-frequency buffer, recomputed from rope_theta.
@@ -166,8 +180,9 @@ def supported_tensor_types() -> list[str]:
     return [t.name for t in GGMLQuantizationType if _can_dequantize(t)]
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The Hugging Face parameter name of a GGUF tensor; None for a known-redundant tensor (rope_freqs).
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The Hugging Face parameter name of a GGUF tensor of an ``arch`` model; None for a known-redundant
+    tensor (rope_freqs).
 
     Raises ValueError for a tensor this reader does not know.
     """
@@ -177,8 +192,9 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     if stem in _TOP_LEVEL_NAMES and kind in ("weight", "bias"):
         return f"{_TOP_LEVEL_NAMES[stem]}.{kind}"
     m = _LAYER_TENSOR.match(gguf_name)
-    if m and m["part"] in _LAYER_NAMES:
-        return f"model.layers.{int(m['layer'])}.{_LAYER_NAMES[m['part']]}.{m['kind']}"
+    names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
+    if m and m["part"] in names:
+        return f"model.layers.{int(m['layer'])}.{names[m['part']]}.{m['kind']}"
     raise ValueError(f"GGUF tensor {gguf_name!r} has no known Hugging Face parameter name")
 
 
@@ -231,8 +247,31 @@ class GGUFCheckpoint:
         """The GGUF ``general.architecture`` ("llama", "qwen2", ...)."""
         return str(self.metadata["general.architecture"])
 
-    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
-        """(HF name, float32 array in HF shape) for every weight, dequantized one at a time, in file order."""
+    def tensors(self, skip: set[str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
+        """(HF name, float32 array in HF shape) for every weight (but those named in ``skip``), dequantized
+        one at a time, in file order."""
+        permuted = self.architecture in PERMUTED_QK_ARCHITECTURES
+        norm_offset = NORM_OFFSETS.get(self.architecture, 0.0)
+        heads = {
+            "attn_q": int(self.config["num_attention_heads"]),
+            "attn_k": int(self.config["num_key_value_heads"]),
+        }
+        for reader in self._readers:
+            for t in reader.tensors:
+                name = self._names.get(t.name)
+                if name is None or (skip is not None and name in skip):
+                    continue
+                values = dequantize_tensor(t)
+                part = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+                if permuted and part in heads:
+                    values = unpermute_rotary_rows(values, heads[part])
+                if norm_offset and name.endswith("norm.weight"):
+                    values -= np.float32(norm_offset)  # float32, as the file stores it
+                yield name, values
+
+    def stored_tensors(self, types: set[str]) -> Iterator[tuple[str, str, np.ndarray, tuple[int, ...]]]:
+        """(HF name, GGML type, raw block bytes (rows, row bytes), HF shape) of the 2-D tensors whose type is in
+        ``types``, as stored (no dequantization), rows in the Hugging Face order (Q/K un-permuted)."""
         permuted = self.architecture in PERMUTED_QK_ARCHITECTURES
         heads = {
             "attn_q": int(self.config["num_attention_heads"]),
@@ -241,13 +280,13 @@ class GGUFCheckpoint:
         for reader in self._readers:
             for t in reader.tensors:
                 name = self._names.get(t.name)
-                if name is None:
+                if name is None or t.tensor_type.name not in types or len(t.shape) != 2:
                     continue
-                values = dequantize_tensor(t)
+                raw = np.asarray(t.data)
                 part = t.name.split(".")[2] if t.name.startswith("blk.") else ""
                 if permuted and part in heads:
-                    values = unpermute_rotary_rows(values, heads[part])
-                yield name, values
+                    raw = unpermute_rotary_rows(raw, heads[part])
+                yield name, t.tensor_type.name, raw, hf_shape(t)
 
     def stored_sizes(self) -> dict[str, tuple[int, int]]:
         """HF name -> (elements, bytes as stored in the file): what the planner costs a GGUF by."""
@@ -288,7 +327,7 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
             if t.name in shapes:
                 raise ValueError(f"GGUF tensor {t.name!r} appears twice (second time in {p.name})")
             shapes[t.name] = hf_shape(t)
-            hf = hf_tensor_name(t.name)
+            hf = hf_tensor_name(t.name, arch)
             if t.name == "rope_freqs.weight":
                 rope_freqs = dequantize_tensor(t)
             if hf is None:

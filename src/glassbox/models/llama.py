@@ -7,6 +7,7 @@ from torch import nn
 
 from glassbox.layers.activation import get_activation
 from glassbox.layers.attention import AttentionMetadata, paged_attention, write_kv
+from glassbox.layers.linear import concat_linears
 from glassbox.layers.norm import RMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models.causal_lm import CausalLM
@@ -27,22 +28,11 @@ class LlamaAttention(nn.Module):
         self.rotary = [rotary]  # a list so the shared table is not registered once per layer
         self.scale = self.head_dim**-0.5
         self.sliding_window = cfg.layer_windows[layer]
-        self.qkv_proj: nn.Linear | None = None  # set by fuse()
+        self.qkv_proj: nn.Module | None = None  # set by fuse()
 
     def fuse(self) -> None:
         """Replace q/k/v projections with one matmul (weights concatenated along the output dim)."""
-        fused = nn.Linear(
-            self.q_proj.in_features,
-            self.q_proj.out_features + 2 * self.k_proj.out_features,
-            bias=self.q_proj.bias is not None,
-            device=self.q_proj.weight.device,
-            dtype=self.q_proj.weight.dtype,
-        )
-        with torch.no_grad():
-            fused.weight.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
-            if fused.bias is not None:
-                fused.bias.copy_(torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]))  # type: ignore[list-item]
-        self.qkv_proj = fused
+        self.qkv_proj = concat_linears(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(
@@ -77,22 +67,11 @@ class LlamaMLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
         self.act = get_activation(cfg.hidden_act)
-        self.gate_up_proj: nn.Linear | None = None  # set by fuse()
+        self.gate_up_proj: nn.Module | None = None  # set by fuse()
         self.intermediate = i
 
     def fuse(self) -> None:
-        fused = nn.Linear(
-            self.gate_proj.in_features,
-            2 * self.intermediate,
-            bias=self.gate_proj.bias is not None,
-            device=self.gate_proj.weight.device,
-            dtype=self.gate_proj.weight.dtype,
-        )
-        with torch.no_grad():
-            fused.weight.copy_(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
-            if fused.bias is not None:
-                fused.bias.copy_(torch.cat([self.gate_proj.bias, self.up_proj.bias]))  # type: ignore[list-item]
-        self.gate_up_proj = fused
+        self.gate_up_proj = concat_linears(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from safetensors import safe_open
 from torch import nn
 
 from glassbox.layers.attention import AttentionMetadata
+from glassbox.layers.block_quant import BlockQuantEmbedding, BlockQuantLinear, BlockWeights
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
@@ -81,11 +82,13 @@ def build_model(
     device: torch.device,
     seed: int = 0,
     where: str = "the checkpoint",
+    packed: dict[str, BlockWeights] | None = None,
 ) -> CausalLM:
-    """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None;
-    then fused, in eval mode, and with no parameter requiring grad (an inference engine never trains: a
-    forward run outside ``torch.inference_mode`` on inference tensors, such as a CUDA graph's outputs,
-    would otherwise fail to save them for a backward that never comes)."""
+    """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None,
+    and the ``packed`` weights (HF name -> blocks) kept in their blocks; then fused, in eval mode, and with
+    no parameter requiring grad (an inference engine never trains: a forward run outside
+    ``torch.inference_mode`` on inference tensors, such as a CUDA graph's outputs, would otherwise fail to
+    save them for a backward that never comes)."""
     with torch.device("meta"):
         model = MODEL_CLASSES[cfg.architecture](cfg)
     model.to(dtype)  # still on meta: free
@@ -94,7 +97,12 @@ def build_model(
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.materialize(device)
-    if cfg.tie_word_embeddings:
+    if packed:
+        _swap_in_blocks(model, packed, dtype)
+    embed = model.get_submodule("model.embed_tokens")
+    if cfg.tie_word_embeddings and isinstance(embed, BlockQuantEmbedding):
+        model.lm_head = BlockQuantLinear(embed.w)  # type: ignore[assignment]
+    elif cfg.tie_word_embeddings:
         model.tie_weights()
     if weights is None:
         _fill_random(model, seed)
@@ -104,6 +112,28 @@ def build_model(
     model.eval()
     model.requires_grad_(False)  # after fuse(): the fused linears are new parameters
     return model
+
+
+def _swap_in_blocks(model: nn.Module, packed: dict[str, BlockWeights], dtype: torch.dtype) -> None:
+    """Replace each module whose weight is in ``packed`` by its block-quantized form (a bias stays a
+    parameter, loaded from the checkpoint by name)."""
+    for name, blocks in packed.items():
+        parent_name, _, child = name.removesuffix(".weight").rpartition(".")
+        parent = model.get_submodule(parent_name)
+        old = getattr(parent, child)
+        new: nn.Module
+        if isinstance(old, nn.Embedding):
+            new = BlockQuantEmbedding(blocks, dtype)
+        elif isinstance(old, nn.Linear):
+            bias = None if old.bias is None else torch.zeros(old.out_features)
+            new = BlockQuantLinear(blocks, bias)
+        else:
+            raise ValueError(f"{name}: packed weights for a {type(old).__name__}, not a linear or embedding")
+        if (
+            new.out_features if isinstance(new, BlockQuantLinear) else new.num_embeddings
+        ) != blocks.out_features:
+            raise ValueError(f"{name}: packed shape does not match the model")
+        setattr(parent, child, new)
 
 
 def _fill_random(model: nn.Module, seed: int) -> None:

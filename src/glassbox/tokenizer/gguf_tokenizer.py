@@ -11,6 +11,8 @@ and wraps it in :class:`glassbox.tokenizer.hf_tokenizer.Tokenizer`:
   token scores when the file has none.
 
 Control tokens become special added tokens and user-defined tokens plain added tokens, so both stay whole.
+A file without a chat template gets its architecture's built-in one where glassbox has it
+(:mod:`glassbox.tokenizer.builtin_templates`: Gemma 3).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as BackendTokenizer
 
 from glassbox.models.gguf_reader import GGUFCheckpoint, gguf_shard_paths, read_metadata
+from glassbox.tokenizer.builtin_templates import BUILTIN_CHAT_TEMPLATES
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -264,16 +267,26 @@ def tokenizer_from_gguf(source: GGUFCheckpoint | GGUFReader | Mapping[str, Any])
     }
     kind = meta.get("tokenizer.ggml.model")
     default_bos = kind == "llama" or meta.get("tokenizer.ggml.pre") in _IGNORE_MERGES
-    template = meta.get("tokenizer.chat_template")
     return Tokenizer(
         backend,
         special_tokens=special,
-        chat_template=template if isinstance(template, str) else None,
+        chat_template=chat_template(meta),
         extra_eos_token_ids=sorted(end_of_generation_ids(meta)),
         fallback_bos_token_id=_token_id(meta, "bos", len(tokens)),
         add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", default_bos)),
         add_eos_token=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
     )
+
+
+def chat_template(meta: Mapping[str, Any]) -> str | None:
+    """The file's ``tokenizer.chat_template``, else its architecture's built-in template, else None."""
+    template = meta.get("tokenizer.chat_template")
+    if isinstance(template, str):
+        return template
+    builtin = BUILTIN_CHAT_TEMPLATES.get(str(meta.get("general.architecture")))
+    if builtin is not None:
+        logger.info("GGUF file has no chat template; using glassbox's %s one", meta["general.architecture"])
+    return builtin
 
 
 def tokenizer_from_gguf_path(path: str | Path) -> Tokenizer:

@@ -1,0 +1,54 @@
+"""A checkpoint opened for the engine: its description, tokenizer and weights, from a Hugging Face
+directory (config.json, tokenizer files, safetensors) or a GGUF file (metadata, vocabulary, tensors:
+Q4_0, Q4_1 and Q8_0 kept in their blocks when the engine can run them so, the rest dequantized)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from glassbox.layers.block_quant import GGUF_TYPES, BlockWeights, from_gguf
+from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
+from glassbox.models.facts import ModelFacts
+from glassbox.models.gguf_reader import GGUFCheckpoint, open_gguf
+from glassbox.models.loader import safetensors_tensors
+from glassbox.models.sources import ModelSource
+from glassbox.tokenizer.gguf_tokenizer import tokenizer_from_gguf
+from glassbox.tokenizer.hf_tokenizer import Tokenizer
+
+Tensors = Iterator[tuple[str, torch.Tensor]]  # (HF name, tensor), one at a time
+
+
+@dataclass
+class Checkpoint:
+    source: ModelSource
+    facts: ModelFacts
+    tokenizer: Tokenizer
+    gguf: GGUFCheckpoint | None = None
+
+    def weights(self, keep_packed: bool) -> tuple[Tensors, dict[str, BlockWeights]]:
+        """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
+        tensors of the packed types (layers/block_quant.py) stay in their blocks; all else is float."""
+        if self.gguf is None:
+            return safetensors_tensors(self.source.path), {}
+        gguf = self.gguf
+        packed: dict[str, BlockWeights] = {}
+        if keep_packed:
+            for name, ggml_type, raw, shape in gguf.stored_tensors(set(GGUF_TYPES)):
+                packed[name] = from_gguf(ggml_type, raw, shape)
+
+        def floats() -> Tensors:
+            for name, array in gguf.tensors(skip=set(packed)):
+                yield name, torch.from_numpy(array)
+
+        return floats(), packed
+
+
+def open_checkpoint(source: ModelSource) -> Checkpoint:
+    """Read a checkpoint's description and tokenizer (weights are read by ``weights()``)."""
+    if source.format == "gguf":
+        gguf = open_gguf(source.path)
+        return Checkpoint(source, facts_from_gguf(gguf, source.name), tokenizer_from_gguf(gguf), gguf)
+    return Checkpoint(source, facts_from_dir(source.path, source.name), Tokenizer.from_dir(source.path))

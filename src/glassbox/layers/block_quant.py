@@ -1,0 +1,311 @@
+"""Weights kept in 32-value blocks of 4 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 files as stored, and
+``--quantization int4|int8`` of a 16/32-bit checkpoint.
+
+Every format is repacked at load into one layout (``BlockWeights``, read by kernels/cpu_quant.c):
+unsigned codes q, and per block b of row n a float16 scale d and an offset o, W[n, k] = d[n, b] q[n, k] +
+o[n, b], the offset stored (float16: Q4_1's min m) or c d for one constant c (Q4_0 and int4: c = -8,
+Q8_0 and int8: c = -128). The bytes per weight are the file's own (Q4_0 4.5 bits, Q4_1 5, Q8_0 8.5). Decode rows run the kernels' int8-activation
+GEMV (llama.cpp's arithmetic); other rows, and float32 models, multiply the dequantized weight
+(``dequantize``, exact in float32), so a float32 model gives what the dequantized model gives.
+``dequantize_reference`` is the same dequantization in PyTorch ops: the kernels' reference and fallback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BLOCK = 32
+GROUP = 64  # Kp (the padded row length) is a multiple of it
+DECODE_ROWS = 16  # at most this many rows run the int8-activation GEMV; more multiply the dequantized weight
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # GGML types kept packed
+_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # per 32-value block
+
+
+def _lib() -> ctypes.CDLL | None:
+    from glassbox.kernels.native import library
+
+    return library()
+
+
+@dataclass
+class BlockWeights:
+    """A weight matrix (N x K) in blocks: ``codes`` uint8 (N, Kp/2) for 4 bits or (N, Kp) for 8,
+    ``scales`` float16 (N, Kp/32), ``offsets`` float16 (N, Kp/32) or None (then o = offset_factor * d);
+    columns past K are zero."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor | None
+    offset_factor: float
+    bits: int
+    in_features: int  # K
+    label: str  # the format, for logs and the trace ("Q4_1", "int4", ...)
+
+    @property
+    def out_features(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def padded(self) -> int:  # Kp
+        return int(self.scales.shape[1]) * BLOCK
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.codes, self.scales] + ([] if self.offsets is None else [self.offsets])
+        return sum(t.numel() * t.element_size() for t in parts)
+
+    def offset_values(self) -> torch.Tensor:
+        """(N, Kp/32) float32 offsets o."""
+        d = self.scales.float()
+        return self.offset_factor * d if self.offsets is None else self.offsets.float()
+
+    def pointers(self) -> tuple[int, int, int | None, float]:
+        """(codes, scales, offsets or None, offset factor): the kernels' weight arguments."""
+        offsets = None if self.offsets is None else self.offsets.data_ptr()
+        return self.codes.data_ptr(), self.scales.data_ptr(), offsets, self.offset_factor
+
+    def unpacked_codes(self) -> torch.Tensor:
+        """(N, Kp) uint8 codes in value order."""
+        return _deinterleave(self.codes, self.padded, self.bits)
+
+    def dequantize_reference(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(N, K) in ``dtype``: d q + o in float32, rounded once (PyTorch ops)."""
+        q = self.unpacked_codes().float().view(self.out_features, -1, BLOCK)
+        w = q * self.scales.float().unsqueeze(-1) + self.offset_values().unsqueeze(-1)
+        return w.reshape(self.out_features, self.padded)[:, : self.in_features].to(dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(N, K) in ``dtype`` (float32 or bf16): the kernels' dequantization, else the reference."""
+        lib = _lib()
+        if lib is None or dtype not in (torch.float32, torch.bfloat16):
+            return self.dequantize_reference(dtype)
+        out = torch.empty(self.out_features, self.in_features, dtype=dtype)
+        lib.gb_dequant_blocks(
+            *self.pointers(), self.out_features, self.padded, self.in_features, self.bits, out.data_ptr(),
+            int(dtype == torch.bfloat16), torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The dequantized rows ``ids`` (an embedding lookup), (len(ids), K) in ``dtype``."""
+        offsets = None if self.offsets is None else self.offsets[ids]
+        picked = BlockWeights(
+            self.codes[ids],
+            self.scales[ids],
+            offsets,
+            self.offset_factor,
+            self.bits,
+            self.in_features,
+            self.label,
+        )
+        return picked.dequantize_reference(dtype)
+
+
+def _padded(k: int) -> int:
+    return -(-k // GROUP) * GROUP
+
+
+CHUNK = 16  # blocks per interleaved chunk (kernels/cpu_quant.c): 512 codes
+
+
+def _interleave(codes: np.ndarray, bits: int) -> np.ndarray:
+    """(N, Kp) codes in value order to the kernels' bytes: whole chunks of 16 blocks with vector p, lane j
+    holding block j's codes 4p..4p+3 (4 bits: vectors 0-3 in the low nibbles, 4-7 in the high), then the
+    remaining blocks in order (4 bits: 64 codes per 32 bytes, codes 0..31 low, 32..63 high)."""
+    n, kp = codes.shape
+    chunks = kp // BLOCK // CHUNK
+    cut = chunks * CHUNK * BLOCK
+    c = codes[:, :cut].reshape(n, chunks, CHUNK, 8, 4).transpose(0, 1, 3, 2, 4)  # (n, chunk, p, j, t)
+    tail = codes[:, cut:]
+    if bits == 8:
+        return np.concatenate([c.reshape(n, cut), tail], axis=1)
+    head = (c[:, :, :4] | (c[:, :, 4:] << 4)).reshape(n, cut // 2)
+    t = tail.reshape(n, -1, 2, BLOCK)
+    return np.concatenate([head, (t[:, :, 0] | (t[:, :, 1] << 4)).reshape(n, -1)], axis=1)
+
+
+def _deinterleave(packed: torch.Tensor, kp: int, bits: int) -> torch.Tensor:
+    """The inverse of _interleave: the kernels' bytes to (N, Kp) codes in value order."""
+    n = packed.shape[0]
+    chunks = kp // BLOCK // CHUNK
+    cut = chunks * CHUNK * BLOCK
+    if bits == 8:
+        c, tail = packed[:, :cut].reshape(n, chunks, 8, CHUNK, 4), packed[:, cut:]
+    else:
+        h = packed[:, : cut // 2].reshape(n, chunks, 4, CHUNK, 4)
+        c = torch.cat([h & 15, h >> 4], dim=2)  # (n, chunk, p, j, t)
+        t = packed[:, cut // 2 :].reshape(n, -1, BLOCK)
+        tail = torch.stack([t & 15, t >> 4], dim=2).reshape(n, -1)
+    return torch.cat([c.permute(0, 1, 3, 2, 4).reshape(n, cut), tail], dim=1)
+
+
+def _pack(
+    q: np.ndarray,
+    scales: np.ndarray,
+    offsets: np.ndarray | None,
+    factor: float,
+    bits: int,
+    k: int,
+    label: str,
+) -> BlockWeights:
+    """From codes (N, nb, 32) uint8 and per-block float16 scales (and offsets) (N, nb): pad to Kp, pack
+    nibbles."""
+    n, nb = scales.shape
+    kp = _padded(k)
+    pad = kp // BLOCK - nb
+    if pad:  # zero blocks: scale and offset 0, so any code gives 0
+        q = np.concatenate([q, np.zeros((n, pad, BLOCK), np.uint8)], axis=1)
+        scales = np.concatenate([scales, np.zeros((n, pad), np.float16)], axis=1)
+        if offsets is not None:
+            offsets = np.concatenate([offsets, np.zeros((n, pad), np.float16)], axis=1)
+    codes = _interleave(q.reshape(n, kp), bits)
+
+    def tensor(a: np.ndarray, dtype: type) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
+
+    off = None if offsets is None else tensor(offsets, np.float16)
+    return BlockWeights(tensor(codes, np.uint8), tensor(scales, np.float16), off, factor, bits, k, label)
+
+
+def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> BlockWeights:
+    """A GGUF tensor's block bytes (rows, row bytes), HF shape (N, K), repacked."""
+    if ggml_type not in _BYTES:
+        raise ValueError(f"GGML type {ggml_type} is not kept packed (packed types: {', '.join(GGUF_TYPES)})")
+    n, k = shape
+    nb = k // BLOCK
+    blocks = np.ascontiguousarray(raw).reshape(n, nb, _BYTES[ggml_type])
+    d = blocks[:, :, 0:2].copy().view(np.float16).reshape(n, nb)
+    if ggml_type == "Q8_0":
+        s = blocks[:, :, 2:].copy().view(np.int8).astype(np.int16)
+        return _pack((s + 128).astype(np.uint8), d, None, -128.0, 8, k, ggml_type)
+    head = 4 if ggml_type == "Q4_1" else 2
+    qs = blocks[:, :, head:]  # (n, nb, 16): low nibbles values 0..15, high nibbles 16..31
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.uint8)
+    if ggml_type == "Q4_1":
+        m = blocks[:, :, 2:4].copy().view(np.float16).reshape(n, nb)
+        return _pack(q, d, m, 0.0, 4, k, ggml_type)
+    return _pack(q, d, None, -8.0, 4, k, ggml_type)
+
+
+def quantize(weight: torch.Tensor, bits: int) -> BlockWeights:
+    """Symmetric 32-value blocks of a float weight (N, K), rounded as llama.cpp's reference quantization:
+    int4 as Q4_0 (d = the block's extreme value / -8), int8 as Q8_0 (d = max|w| / 127); codes from the
+    float32 scale, the scale stored in float16."""
+    w = weight.detach().float()
+    n, k = w.shape
+    kp = -(-k // BLOCK) * BLOCK
+    blocks = F.pad(w, (0, kp - k)).view(n, -1, BLOCK)
+    if bits == 8:
+        d = blocks.abs().amax(-1) / 127.0
+        s = torch.where(d[..., None] > 0, blocks / d[..., None], 0.0).round().clamp(-127, 127)
+        q = (s + 128).to(torch.uint8)  # the scale is stored in float16, as GGUF does
+        return _pack(q.numpy(), d.half().numpy(), None, -128.0, 8, k, "int8")
+    if bits != 4:
+        raise ValueError(f"--quantization: block weights are 4 or 8 bits, got {bits}")
+    idx = blocks.abs().argmax(-1, keepdim=True)
+    extreme = blocks.gather(-1, idx).squeeze(-1)  # the signed value of largest magnitude
+    d = extreme / -8.0
+    inv = torch.where(d != 0, 1.0 / d, 0.0)
+    q = (blocks * inv[..., None] + 8.5).floor().clamp(0, 15).to(torch.uint8)
+    return _pack(q.numpy(), d.half().numpy(), None, -8.0, 4, k, "int4")
+
+
+def concat(parts: list[BlockWeights]) -> BlockWeights | None:
+    """The parts stacked by rows (a fused q/k/v or gate/up), or None when their bits or widths differ."""
+    first = parts[0]
+    same_offsets = all(
+        (p.offsets is None) == (first.offsets is None) and p.offset_factor == first.offset_factor
+        for p in parts
+    )
+    if not same_offsets or any(p.bits != first.bits or p.in_features != first.in_features for p in parts):
+        return None
+    labels = "+".join(dict.fromkeys(p.label for p in parts))
+    offsets = (
+        None if first.offsets is None else torch.cat([p.offsets for p in parts if p.offsets is not None])
+    )
+    return BlockWeights(
+        torch.cat([p.codes for p in parts]),
+        torch.cat([p.scales for p in parts]),
+        offsets,
+        first.offset_factor,
+        first.bits,
+        first.in_features,
+        labels,
+    )
+
+
+def _register(module: nn.Module, w: BlockWeights) -> None:
+    """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold."""
+    module.register_buffer("codes", w.codes, persistent=False)
+    module.register_buffer("scales", w.scales, persistent=False)
+    if w.offsets is not None:
+        module.register_buffer("offsets", w.offsets, persistent=False)
+
+
+def block_weights(model: nn.Module) -> list[BlockWeights]:
+    """Every distinct BlockWeights of a model (a tied table counted once)."""
+    seen: dict[int, BlockWeights] = {}
+    for m in model.modules():
+        if isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
+            seen.setdefault(id(m.w), m.w)
+    return list(seen.values())
+
+
+class BlockQuantLinear(nn.Module):
+    """y = x W^T + b with W in ``BlockWeights`` (CPU)."""
+
+    def __init__(self, weights: BlockWeights, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.w = weights
+        _register(self, weights)
+        self.in_features, self.out_features = weights.in_features, weights.out_features
+        # float32 whatever the model's dtype (the kernels add it in float); a parameter, so that a
+        # checkpoint's bias loads into it by name
+        self.bias = (
+            None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
+        )
+        self.nbytes = weights.nbytes
+
+    @property
+    def _bias_ptr(self) -> int | None:
+        return None if self.bias is None else self.bias.data_ptr()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        rows = x2.shape[0]
+        lib = _lib()
+        if lib is None or x.dtype != torch.bfloat16 or rows > DECODE_ROWS or x.device.type != "cpu":
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return F.linear(x, self.w.dequantize(x.dtype).to(x.device), bias)
+        return self._gemv(lib, x2.contiguous()).view(*lead, self.out_features)
+
+    def _gemv(self, lib: ctypes.CDLL, x: torch.Tensor) -> torch.Tensor:
+        """Decode rows in one kernel call: activations to int8 blocks, then the GEMV; output in x's dtype."""
+        w, m = self.w, x.shape[0]
+        out = torch.empty(m, self.out_features, dtype=x.dtype)
+        lib.gb_linear_blocks(
+            x.data_ptr(), m, self.in_features, *w.pointers(), self._bias_ptr, self.out_features, w.padded, w.bits,
+            out.data_ptr(), int(x.dtype == torch.bfloat16), torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+
+class BlockQuantEmbedding(nn.Module):
+    """An embedding table in ``BlockWeights``: looked-up rows are dequantized (to the model's dtype)."""
+
+    def __init__(self, weights: BlockWeights, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.w = weights
+        _register(self, weights)
+        self.dtype = dtype
+        self.num_embeddings, self.embedding_dim = weights.out_features, weights.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.w.rows(ids, self.dtype)
