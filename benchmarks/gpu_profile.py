@@ -1,5 +1,5 @@
 """Where a GPU decode step's time goes: torch.profiler over glassbox's decode steps, device kernels
-grouped (GEMM, attention, fused elementwise, logits and sampling, copies, other), the device's busy
+grouped (attention, GEMV, GEMM, fused elementwise, sampling, index kernels, copies, other), the device's busy
 share of the wall time, and the host time between steps.
 
 Two cases, each in its own process: batch-1 decode on the Llama-3.1-8B shape (what bounds the roofline
@@ -24,12 +24,17 @@ from typing import Any
 
 import torch
 
-# kernel name -> group, first match wins (names of cuBLAS/cuTLASS GEMMs, glassbox's triton kernels, inductor)
+# kernel name -> group, first match wins (glassbox's triton kernels, cuBLAS GEMV and GEMM kernels and
+# cuTLASS ones, inductor's fused kernels). The LM head is a GEMV at batch 1 and a GEMM beyond, so it counts
+# there; index kernels (KV cache writes, the rope and embedding lookups, the sampler's row selections) are
+# their own group, not sampling's.
 GROUPS: list[tuple[str, str]] = [
-    ("attention", r"_decode_kernel|_prefill_kernel|_merge_kernel|flash|attention"),
-    ("gemm", r"gemm|cutlass|nvjet|sm90_xmma|cublas|matmul|\bmm\b|addmm|linear"),
+    ("attention", r"_decode_kernel|_prefill_kernel|_reduce_kernel|flash|fmha|attention"),
+    ("gemv", r"gemv"),
+    ("gemm", r"gemm|cutlass|nvjet|sm90_xmma|cublas|matmul|\bmm\b|addmm|linear|splitkreduce"),
     ("elementwise (compiled)", r"^triton_"),
-    ("logits and sampling", r"argmax|argsort|sort|softmax|exponential|topk|gather|scatter|index"),
+    ("sampling", r"argmax|argsort|sort|softmax|exponential|topk|cumsum|distribution|philox"),
+    ("index (KV writes, rope, embedding, row selects)", r"index|gather|scatter|embedding"),
     ("copies", r"memcpy|memset|copy|fill"),
 ]
 

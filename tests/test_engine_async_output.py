@@ -26,7 +26,7 @@ def _engine(model_dir: Path, async_output: bool, **kw: object) -> LLM:
 
 def _workload(llm: LLM, seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
     """Requests that end every way: stop strings, stop tokens, EOS, length, the model length; n > 1,
-    logprobs, penalties, seeded sampling."""
+    logprobs, penalties, seeded sampling (every random request has a seed)."""
     rng = random.Random(seed)
     free = llm.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
     stop_text = free.text[5:8]
@@ -50,6 +50,9 @@ def _workload(llm: LLM, seed: int) -> tuple[list[list[int]], list[SamplingParams
             kw.update(max_tokens=160 - len(prompts[-1]), ignore_eos=True)  # to the model's length
         elif kind == 6:
             kw.update(stop_token_ids=[eos], include_stop_str_in_output=True, stop=["\n"])
+        # a request without a seed draws from the engine's shared generator, so its tokens depend on its
+        # batch mates, and an async step holds a stop-string-ended row one step longer: seed them all
+        kw.setdefault("seed", 1000 + i)
         params.append(SamplingParams(**kw))
     prompts[0] = list(free.prompt_token_ids)  # the stop string surely occurs in this one
     return prompts, params

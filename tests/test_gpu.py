@@ -8,11 +8,13 @@ with CUDA graph capture replaced by eager replays of the same static buffers.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -37,6 +39,35 @@ needs_triton = pytest.mark.skipif(
 )
 DEV = "cuda" if CUDA else "cpu"
 MAX_NEW = 12
+T = TypeVar("T")
+
+
+def _free_device_memory() -> None:
+    gc.collect()
+    if CUDA:
+        torch.compiler.reset()  # compiled code of a freed model's modules
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def with_engine(model_dir: Path, use: Callable[[LLM], T], **kw: Any) -> T:
+    """Build an engine, hand it to ``use``, free it, and return what ``use`` returned.
+
+    The only way the tests below get an engine: each sizes its KV cache from the device memory left (0.9 of
+    it by default), so a second one built while the first lives finds none, and one left alive starves the
+    next test. The engine never outlives the call; its memory must be back when it returns."""
+    _free_device_memory()
+    before = torch.cuda.memory_allocated() if CUDA else 0
+    llm = LLM(str(model_dir), **kw)
+    try:
+        result = use(llm)
+    finally:
+        del llm
+        _free_device_memory()
+    if CUDA:
+        left = torch.cuda.memory_allocated() - before
+        assert left < 64 << 20, f"a freed engine left {left / 2**20:.0f} MiB allocated"
+    return result
 
 
 def _batch(
@@ -110,7 +141,7 @@ def test_triton_attention_matches_reference(case: int, dtype: torch.dtype) -> No
     if pre:
         tri.paged_prefill = build_paged_prefill(
             [(s, n, t) for (s, n), t in zip(pre, ptabs, strict=True)],
-            ta.prefill_block_m(d, cache.dtype),
+            ta.prefill_block_m(d, cache.dtype, q.device),
             q.device,
         )
     out = paged_attention(q, k, v, cache, tri, d**-0.5, window).float()
@@ -177,16 +208,19 @@ def test_gpu_float32_greedy_parity(tiny_root: Path, arch: str) -> None:
     prompts = _prompts(vocab)
     ref = _hf_greedy_gpu(d, prompts, torch.float32)
     sp = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+
+    def rounds(llm: LLM) -> list[list[list[int]]]:
+        got = [[o.token_ids for o in llm.generate(prompts, sp)] for _ in range(2)]  # 2nd: prefix cache
+        llm.engine.check_integrity()
+        return got
+
     for kw in (
         dict(max_num_seqs=3),  # graphs for decode-only steps
         dict(max_num_seqs=5, max_num_batched_tokens=37, enforce_eager=True),  # chunked, mixed steps
         dict(max_num_seqs=4, num_kv_blocks=24),  # preemption
     ):
-        llm = LLM(str(d), dtype="float32", device=DEV, **kw)  # type: ignore[arg-type]
-        for _ in range(2):  # the second round hits the prefix cache
-            got = [o.token_ids for o in llm.generate(prompts, sp)]
-            assert got == ref, (arch, kw)
-        llm.engine.check_integrity()
+        got = with_engine(d, rounds, dtype="float32", device=DEV, **kw)
+        assert got == [ref, ref], (arch, kw)
 
 
 @needs_cuda
@@ -196,10 +230,8 @@ def test_gpu_bf16_logprobs_within_tolerance(tiny_root: Path) -> None:
 
     d = build_tiny_model("qwen3", tiny_root)
     prompts = _prompts(400, seed=1)
-    llm = LLM(str(d), dtype="bfloat16", device=DEV, max_num_seqs=4)
-    outs = llm.generate(
-        prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
-    )
+    sp = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+    outs = with_engine(d, lambda llm: llm.generate(prompts, sp), dtype="bfloat16", device=DEV, max_num_seqs=4)
     model = tf.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).cuda().eval()
     for p, o in zip(prompts, outs, strict=True):
         ids = torch.tensor([p + o.token_ids], device=DEV)
@@ -216,28 +248,67 @@ def test_graphs_and_eager_agree_bf16(tiny_root: Path) -> None:
     d = build_tiny_model("llama", tiny_root)
     prompts = _prompts(400, seed=2)
     sp = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
-    eager = LLM(str(d), dtype="bfloat16", device=DEV, enforce_eager=True)
-    graphs = LLM(str(d), dtype="bfloat16", device=DEV)
-    assert graphs.engine.executor.graphs is not None and eager.engine.executor.graphs is None
-    a = [o.token_ids for o in eager.generate(prompts, sp)]
-    b = [o.token_ids for o in graphs.generate(prompts, sp)]
-    assert a == b
+
+    def tokens(graphs: bool) -> Callable[[LLM], list[list[int]]]:
+        def use(llm: LLM) -> list[list[int]]:
+            assert (llm.engine.executor.graphs is not None) == graphs
+            return [o.token_ids for o in llm.generate(prompts, sp)]
+
+        return use
+
+    eager = with_engine(d, tokens(False), dtype="bfloat16", device=DEV, enforce_eager=True)
+    graphs = with_engine(d, tokens(True), dtype="bfloat16", device=DEV)
+    assert eager == graphs
+
+
+@needs_cuda
+def test_eager_launches_never_synchronize(tiny_root: Path) -> None:
+    """An eager step's launch (inputs, metadata, forward, sampling) queues device work without waiting for
+    the stream: every host value goes through pinned non-blocking copies. Mixed steps (a chunked prefill
+    beside decodes), top-k/top-p, a seeded request, logprobs; only reading the draws may synchronize."""
+    d = build_tiny_model("llama", tiny_root)
+
+    def use(llm: LLM) -> None:
+        eng = llm.engine
+        launch = eng.executor.launch
+
+        def checked(batch: Any) -> Any:
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return launch(batch)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+
+        eng.executor.launch = checked  # type: ignore[method-assign]
+        kinds = [
+            SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_tokens=8, ignore_eos=True),
+            SamplingParams(temperature=1.0, seed=3, max_tokens=8, ignore_eos=True, logprobs=2),
+            SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+        ]
+        for i, p in enumerate(_prompts(400)):
+            eng.add_request(f"r{i}", p, kinds[i % 3])
+        while eng.has_work:
+            eng.step()
+        assert any(r.phase == "mixed" for r in eng.step_records)
+
+    with_engine(
+        d, use, dtype="bfloat16", device=DEV, enforce_eager=True, max_num_seqs=4, max_num_batched_tokens=64
+    )
 
 
 @needs_cuda
 def test_memory_budget_respects_utilization(tiny_root: Path) -> None:
     """KV cache = total x utilization - what is allocated - the profiled peak: reserved stays under it."""
-    import gc
-
     d = build_tiny_model("llama", tiny_root)
-    gc.collect()
-    torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(0).total_memory
     util = 0.3
-    llm = LLM(str(d), dtype="bfloat16", device=DEV, memory_utilization=util, max_model_len=1024)
-    llm.generate(_prompts(400), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    assert llm.engine.executor.kv_plan.gib > 1.0, "the KV cache should take most of the budget"
-    assert torch.cuda.memory_reserved() <= util * total + (128 << 20)
+
+    def use(llm: LLM) -> None:
+        llm.generate(_prompts(400), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        assert llm.engine.executor.kv_plan.gib > 1.0, "the KV cache should take most of the budget"
+        assert torch.cuda.memory_reserved() <= util * total + (128 << 20)
+
+    with_engine(d, use, dtype="bfloat16", device=DEV, memory_utilization=util, max_model_len=1024)
 
 
 # -- without a GPU: the engine's triton path under the interpreter -------------------------------------
@@ -281,14 +352,20 @@ def test_interpreted_triton_engine_parity(tiny_root: Path, arch: str) -> None:
     prompts = _prompts(vocab)
     ref = [toks for toks, _ in hf_greedy(d, prompts, MAX_NEW)]
     sp = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+
+    def rounds(graphs: bool) -> Callable[[LLM], list[list[list[int]]]]:
+        def use(llm: LLM) -> list[list[list[int]]]:
+            _use_triton(llm, graphs)
+            got = [[o.token_ids for o in llm.generate(prompts, sp)] for _ in range(2)]  # 2nd: prefix cache
+            llm.engine.check_integrity()
+            return got
+
+        return use
+
     for kw, graphs in (
         (dict(max_num_seqs=5), True),  # decode steps on the graph runner, padded 3 -> 4 rows
         (dict(max_num_seqs=5, async_output=True), True),  # ... with CUDA's default async output
         (dict(max_num_seqs=5, max_num_batched_tokens=37), False),  # chunks with context, mixed steps
     ):
-        llm = LLM(str(d), dtype="float32", device="cpu", **kw)  # type: ignore[arg-type]
-        _use_triton(llm, graphs)
-        for _ in range(2):  # the second round starts from prefix-cache hits
-            got = [o.token_ids for o in llm.generate(prompts, sp)]
-            assert got == ref, (arch, kw)
-        llm.engine.check_integrity()
+        got = with_engine(d, rounds(graphs), dtype="float32", device="cpu", **kw)
+        assert got == [ref, ref], (arch, kw)

@@ -123,3 +123,23 @@ def test_the_api_schema_lists_every_reported_metric() -> None:
     from glassbox.server.protocol import RequestAnatomy
 
     assert tuple(RequestAnatomy.model_fields) == METRIC_KEYS
+
+
+def test_no_stream_synchronizing_host_copies_in_the_step_code() -> None:
+    """``torch.tensor(values, device=...)`` copies from pageable memory, which makes the host wait for the
+    CUDA stream; the code a step runs (engine/, layers/, models/, kernels/) sends host values through
+    layers/host.py's pinned, non-blocking copies instead."""
+    offenders = []
+    for sub in ("engine", "layers", "models", "kernels"):
+        for path in sorted((PACKAGE / sub).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("tensor", "as_tensor")
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "torch"
+                    and any(k.arg == "device" for k in node.keywords)
+                ):
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not offenders, f"torch.tensor(..., device=...) in step code: {offenders}"

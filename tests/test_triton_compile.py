@@ -1,8 +1,11 @@
-"""The triton attention kernels compile for real GPU targets, with no GPU: every launch configuration the
-host code picks (head sizes, GQA ratios, dtypes, windows, context splits) goes through Triton's whole
-compiler (to a cubin, with its bundled ptxas) for an H100 and a DGX Spark. The interpreter runs in
-tests/test_gpu.py check the arithmetic; this checks what only the compiler sees (it once rejected every
-kernel for an annotation no interpreter run could notice)."""
+"""The triton attention kernels compile for real GPU targets, with no GPU, into the cubins the device runs:
+every launch configuration the host code picks on an H100 and on a DGX Spark (its tiles, head sizes, GQA
+ratios, dtypes, windows, context splits, the graph path's int32 tables and the eager path's int64 ones)
+goes through Triton's whole compiler (to a cubin, with its bundled ptxas), specialized on its arguments
+as Triton's JIT specializes them on the device (tests/triton_aot.py). Each cubin must fit the target's
+shared memory and must not spill registers. The interpreter runs in tests/test_gpu.py check the
+arithmetic; this checks what only the compiler sees (it once rejected every kernel for an annotation no
+interpreter run could notice)."""
 
 from __future__ import annotations
 
@@ -11,17 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+pytest.importorskip("triton")
+from triton_aot import CAPABILITY, SMEM_LIMIT, SMS, TARGETS, compile_like_jit, resources  # noqa: E402
 
+from glassbox.kernels import attention_tiles  # noqa: E402
 from glassbox.kernels import triton_attention as ta  # noqa: E402
 from glassbox.layers.attention import build_paged_prefill  # noqa: E402
 
-TARGETS = {"h100": GPUTarget("cuda", 90, 32), "dgx-spark": GPUTarget("cuda", 121, 32)}
-SMEM_LIMIT = {"h100": 227 * 1024, "dgx-spark": 99 * 1024}  # shared memory a block may opt in to
-TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
-TYPES[torch.int64] = "i64"
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 # (dtype, (Hq, Hk, D), targets): bf16 of real models (Llama-3.1-8B, Qwen3, head sizes 64, 80, 256) on
 # both; float32 of the tiny models the GPU parity tests run, and a real shape where shared memory is
 # tightest (a float32 tile of 128 dims is the largest; it takes ~25 s to compile)
@@ -50,48 +50,38 @@ class _Launches:
         return _Kernel()
 
 
-def _arg_type(v: Any) -> str:
-    if isinstance(v, torch.Tensor):
-        return "*" + TYPES[v.dtype]
-    if isinstance(v, float):
-        return "fp32"
-    assert isinstance(v, int) and not isinstance(v, bool), v
-    return "i32"
-
-
-def _compile(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any) -> Any:
-    names = fn.arg_names
-    consts = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
-    sig = {n: _arg_type(a) for n, a in zip(names, args, strict=False)}
-    sig.update({n: "constexpr" for n in consts})
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
-    options = {"num_warps": kwargs["num_warps"], "num_stages": kwargs.get("num_stages", 3)}
-    return triton.compile(src, target=target, options=options)
-
-
-def _launches(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, shape: tuple[int, int, int]) -> list:
-    """Run the host side of decode (one context split and eight) and prefill on CPU tensors, with and
-    without a sliding window, keeping each kernel launch."""
+def _launches(
+    monkeypatch: pytest.MonkeyPatch, target: str, dtype: torch.dtype, shape: tuple[int, int, int]
+) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """Run the host side of decode and prefill on CPU tensors as on ``target`` (its compute capability
+    picks the tiles, its multiprocessors the context splits), keeping each kernel launch: decode as the
+    CUDA graphs run it (int32 tables as wide as the longest sequence, batch 1) and as an eager step does
+    (int64 tables, a batch that needs no split), prefill of two sequences; with and without a window."""
     rec = _Launches()
     for name in ("_decode_kernel", "_reduce_kernel", "_prefill_kernel"):
         monkeypatch.setattr(ta, name, rec.bind(getattr(ta, name)))
+    cap = CAPABILITY[target]
+    monkeypatch.setattr(attention_tiles, "device_capability", lambda device: cap)
+    monkeypatch.setattr(ta, "device_capability", lambda device: cap)
+    monkeypatch.setattr(ta, "_num_sms", lambda device: SMS[target])
     hq, hk, d = shape
-    bs, blocks = 16, 8
-    cache = torch.zeros(blocks, bs, hk, d, dtype=dtype)
-    tables = torch.zeros(2, 4, dtype=torch.int32)
-    lens = torch.tensor([30, 64], dtype=torch.int32)
-    q = torch.zeros(2, hq, d, dtype=dtype)
+    bs = 16
+    cache = torch.zeros(64, bs, hk, d, dtype=dtype)
     pp = build_paged_prefill(
-        [(0, 40, [0, 1, 2]), (16, 20, [3, 4, 5])], ta.prefill_block_m(d, dtype), q.device
+        [(0, 40, [0, 1, 2]), (16, 20, [3, 4, 5])], ta.prefill_block_m(d, dtype, cache.device), cache.device
     )
     qp = torch.zeros(60, hq, d, dtype=dtype)
     for window in (None, 24):
-        for splits in (None, 8):
-            ta.decode_attention(q, cache, cache, tables, lens, d**-0.5, window, torch.empty_like(q), splits)
+        q = torch.zeros(1, hq, d, dtype=dtype)  # graphs: batch 1 splits the context over the SMs
+        tables, lens = torch.zeros(1, 256, dtype=torch.int32), torch.tensor([64], dtype=torch.int32)
+        ta.decode_attention(q, cache, cache, tables, lens, d**-0.5, window, torch.empty_like(q))
         ta.prefill_attention(
             qp, cache, cache, pp.block_tables, pp.tile_seq, pp.tile_m, pp.q_start, pp.q_len, pp.ctx,
             d**-0.5, window, torch.empty_like(qp), pp.block_m,
         )  # fmt: skip
+    q = torch.zeros(2, hq, d, dtype=dtype)  # eager: int64 tables and lengths, no split
+    tables, lens = torch.zeros(2, 4, dtype=torch.long), torch.tensor([30, 64])
+    ta.decode_attention(q, cache, cache, tables, lens, d**-0.5, None, torch.empty_like(q), num_splits=1)
     return rec.calls
 
 
@@ -100,17 +90,33 @@ def _launches(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, shape: tuple[
     PARAMS,
     ids=[f"{t}-{TYPES[d]}-hq{a}-hk{b}-d{c}" for t, d, (a, b, c) in PARAMS],
 )
-def test_every_launch_compiles(
+def test_every_launch_compiles_without_spills(
     monkeypatch: pytest.MonkeyPatch, target: str, dtype: torch.dtype, shape: tuple[int, int, int]
 ) -> None:
-    calls = _launches(monkeypatch, dtype, shape)
+    calls = _launches(monkeypatch, target, dtype, shape)
     kernels = {fn.fn.__name__ for fn, _, _ in calls}
     assert kernels == {"_decode_kernel", "_reduce_kernel", "_prefill_kernel"}
     for fn, args, kwargs in calls:
-        compiled = _compile(fn, args, kwargs, TARGETS[target])
+        compiled = compile_like_jit(fn, args, kwargs, TARGETS[target])
         assert compiled.asm["cubin"], fn
-        assert compiled.metadata.shared <= SMEM_LIMIT[target], (
-            fn.fn.__name__,
-            kwargs,
-            compiled.metadata.shared,
-        )
+        r = resources(compiled)
+        consts = {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}
+        types = [a.dtype for a in args if isinstance(a, torch.Tensor)][3:5]  # tables, lengths (decode)
+        what = f"{fn.fn.__name__} {consts} {types}: {r}"
+        assert r.shared <= SMEM_LIMIT[target], what
+        assert not r.spills, what
+
+
+def test_the_jit_specialization_reaches_the_compile() -> None:
+    """16-byte-aligned pointers and integers divisible by 16 get ``tt.divisibility``; others do not."""
+    calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+    rec = _Launches()
+    rec.calls = calls
+    kernel = rec.bind(ta._reduce_kernel)
+    out = torch.zeros(2, 4, 80, dtype=torch.bfloat16)
+    part_o, part_lse = torch.zeros(2, 4, 8, 128), torch.zeros(2, 4, 8)
+    kernel[(2, 4)](part_o, part_lse, out[:, :, 8:], 4, 320, 80, HEAD_DIM=72, BLOCK_D=128, NUM_SPLITS=8)
+    kernel[(2, 4)](part_o, part_lse, out[:, :, 2:], 4, 320, 17, HEAD_DIM=72, BLOCK_D=128, NUM_SPLITS=8)
+    ttir = [compile_like_jit(fn, a, {**k, "num_warps": 4}, TARGETS["h100"]).asm["ttir"] for fn, a, k in calls]
+    # out_ptr at +16 bytes and stride_oh 80: both divisible; at +4 bytes and 17: neither
+    assert ttir[0].count("tt.divisibility = 16") == ttir[1].count("tt.divisibility = 16") + 2

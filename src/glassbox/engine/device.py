@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import platform
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -21,9 +24,73 @@ def triton_usable(device: torch.device) -> bool:
     try:
         import triton  # noqa: F401
     except ImportError:
-        logger.warning("triton is not installed: CUDA attention falls back to the torch SDPA reference")
+        logger.warning(
+            "triton is not installed (%s %s): CUDA attention falls back to the torch SDPA reference and "
+            "decode steps run without CUDA graphs, several times slower; pip install 'triton>=3.5' (Linux "
+            "x86_64 and aarch64 wheels)",
+            platform.system(),
+            platform.machine(),
+        )
         return False
     return True
+
+
+def is_unified_memory(props: Any) -> bool:
+    """Whether a CUDA device (its ``torch.cuda.get_device_properties``) shares the host's memory: an
+    integrated GPU, such as a DGX Spark's GB10 (compute capability 12.1) or a Jetson."""
+    return bool(getattr(props, "is_integrated", False)) or (props.major, props.minor) == (12, 1)
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """A CUDA device's memory as the KV budget sees it, after the weights and the profile run."""
+
+    total: int  # torch.cuda.mem_get_info
+    free: int
+    reserved: int  # torch's caching allocator: this process
+    allocated: int
+    unified: bool
+    mem_available: int | None = None  # /proc/meminfo MemAvailable (unified memory only)
+
+
+def read_device_memory(device: torch.device) -> DeviceMemory:
+    free, total = torch.cuda.mem_get_info(device)
+    unified = is_unified_memory(torch.cuda.get_device_properties(device))
+    return DeviceMemory(
+        total,
+        free,
+        torch.cuda.memory_reserved(device),
+        torch.cuda.memory_allocated(device),
+        unified,
+        available_ram_bytes() if unified else None,
+    )
+
+
+def kv_budget(mem: DeviceMemory, utilization: float, peak: int, reserve: int) -> tuple[int, str]:
+    """Bytes for the KV cache, and how they were reckoned (for the log).
+
+    A discrete GPU: ``utilization`` of its memory, less what this process holds (the weights), what
+    other processes hold, the activation ``peak`` and a ``reserve`` (the CUDA graphs). Unified memory
+    (host RAM): ``torch.cuda.mem_get_info`` there leaves out the page cache the kernel would reclaim and
+    counts the whole RAM as the device's, so the budget is ``utilization`` of /proc/meminfo's MemAvailable
+    (which the weights have already left), less the peak and the reserve: the OS keeps the rest."""
+    g = GiB
+    if mem.unified and mem.mem_available is not None:
+        budget = int(mem.mem_available * utilization) - peak - reserve
+        how = (
+            f"unified memory (integrated GPU): MemAvailable {mem.mem_available / g:.1f} GiB x {utilization} "
+            f"- activations {peak / g:.2f} GiB - graphs {reserve / g:.2f} GiB = {budget / g:.2f} GiB "
+            f"(mem_get_info says {mem.free / g:.1f} of {mem.total / g:.1f} GiB free, page cache excluded)"
+        )
+        return budget, how
+    others = max(0, mem.total - mem.free - mem.reserved)  # other processes, the CUDA context
+    budget = int(mem.total * utilization) - mem.allocated - peak - others - reserve
+    how = (
+        f"{mem.total / g:.1f} GiB x {utilization} - weights and buffers {mem.allocated / g:.2f} GiB - "
+        f"activations {peak / g:.2f} GiB - other processes {others / g:.2f} GiB - graphs {reserve / g:.2f} "
+        f"GiB = {budget / g:.2f} GiB"
+    )
+    return budget, how
 
 
 def resolve_device(name: str) -> torch.device:

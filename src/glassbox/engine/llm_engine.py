@@ -302,12 +302,13 @@ class LLMEngine:
         outs = []
         for st in req.states:
             seq = st.seq
-            outs.append(
-                CompletionOutput(
+            outs.append(  # the token and logprob lists are copied when read, not every step
+                CompletionOutput.snapshot(
                     seq.index,
                     st.text,
-                    seq.output_token_ids,
-                    list(seq.logprobs) if seq.logprobs is not None else None,
+                    seq.token_ids,
+                    len(seq.prompt_token_ids),
+                    seq.logprobs,
                     seq.finish_reason,
                     seq.stop_reason,
                 )

@@ -1,4 +1,5 @@
-"""Sampler: penalties, temperature, top-k/top-p/min-p, per-request seeded draws, logprobs.
+"""Sampler: penalties, temperature, top-k/top-p/min-p, one batched draw (per-request generators for
+seeded requests), logprobs.
 
 On CUDA nothing here waits for the device: host values travel through pinned non-blocking copies (a
 plain ``torch.tensor(..., device="cuda")`` synchronizes the stream) until the caller reads the draws.
@@ -11,15 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from glassbox.engine.sequence import Sequence
+from glassbox.layers.host import to_device
 from glassbox.outputs import SampleResult
 
-
-def to_device(values: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list on ``device`` without synchronizing: pinned and non-blocking on CUDA."""
-    t = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
+__all__ = ["SampledBatch", "make_generator", "sample_on_device", "to_device"]
 
 
 def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence], vocab: int) -> None:
@@ -58,27 +54,34 @@ def _suppress_stops(logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int
 
 
 def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Temperature, top-k, top-p and min-p over (S, V) float32 logits; returns probabilities."""
+    """Temperature, top-k, top-p and min-p over (S, V) float32 logits; returns probabilities.
+
+    Only the rows that cut (top-k or top-p) are ranked, and when each of them has a top-k, only their k
+    best tokens (``topk``), not the whole vocabulary; top-p alone needs the full order (a sort)."""
     dev = logits.device
-    temps = to_device([max(s.sampling_params.temperature, 1e-5) for s in seqs], torch.float32, dev)
-    logits = logits / temps[:, None]
-    top_ks = [s.sampling_params.top_k for s in seqs]
-    top_ps = [s.sampling_params.top_p for s in seqs]
     vocab = logits.shape[1]
-    if any(0 < k < vocab for k in top_ks) or any(p < 1.0 for p in top_ps):
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        ks = to_device([k if 0 < k < vocab else vocab for k in top_ks], torch.long, dev)
-        ranks = torch.arange(vocab, device=dev)[None, :]
-        drop = ranks >= ks[:, None]
-        probs_sorted = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    sps = [s.sampling_params for s in seqs]
+    temps = to_device([max(sp.temperature, 1e-5) for sp in sps], torch.float32, dev)
+    logits = logits / temps[:, None]
+    ks = [sp.top_k if 0 < sp.top_k < vocab else vocab for sp in sps]
+    cut = [i for i, sp in enumerate(sps) if ks[i] < vocab or sp.top_p < 1.0]
+    if cut:
+        whole = len(cut) == len(seqs)
+        idx = None if whole else to_device(cut, torch.long, dev)
+        sub = logits if idx is None else logits.index_select(0, idx)
+        width = max(ks[i] for i in cut)  # == vocab when a row cuts by top-p alone
+        vals, order = sub.sort(dim=-1, descending=True) if width == vocab else sub.topk(width, dim=-1)
+        ranks = torch.arange(width, device=dev)[None, :]
+        drop = ranks >= to_device([ks[i] for i in cut], torch.long, dev)[:, None]
+        probs_sorted = vals.masked_fill(drop, float("-inf")).softmax(dim=-1)
         cum = probs_sorted.cumsum(dim=-1)
-        ps = to_device(top_ps, torch.float32, dev)[:, None]
+        ps = to_device([sps[i].top_p for i in cut], torch.float32, dev)[:, None]
         drop |= (cum - probs_sorted) >= ps  # keep the smallest prefix whose mass reaches top_p
         drop[:, 0] = False
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
+        kept = torch.full_like(sub, float("-inf")).scatter_(1, order, vals.masked_fill(drop, float("-inf")))
+        logits = kept if idx is None else logits.index_copy(0, idx, kept)
     probs = logits.softmax(dim=-1)
-    min_ps = [s.sampling_params.min_p for s in seqs]
+    min_ps = [sp.min_p for sp in sps]
     if any(m > 0 for m in min_ps):
         mp = to_device(min_ps, torch.float32, dev)[:, None]
         probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
@@ -86,13 +89,25 @@ def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return probs
 
 
-def make_generator(seq: Sequence, engine_seed: int, device: torch.device) -> torch.Generator:
-    """The generator of one sequence: from its request's seed (and index among n), else the engine's."""
+def make_generator(seq: Sequence, device: torch.device) -> torch.Generator:
+    """The generator of a sequence whose request gave a seed (from the seed and its index among n)."""
     sp = seq.sampling_params
-    base = sp.seed if sp.seed is not None else engine_seed * 1_000_003 + seq.seq_id
+    assert sp.seed is not None
     gen = torch.Generator(device=device)
-    gen.manual_seed((base * 7919 + seq.index) & 0x7FFF_FFFF_FFFF_FFFF)
+    gen.manual_seed((sp.seed * 7919 + seq.index) & 0x7FFF_FFFF_FFFF_FFFF)
     return gen
+
+
+def _exponential_noise(shape: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> torch.Tensor:
+    """Exp(1) noise like ``shape``: one draw from the engine's ``generator`` for every row, then the rows
+    of seeded requests again from their own generators, so that those do not depend on batch mates."""
+    noise = torch.empty_like(shape).exponential_(generator=generator)
+    for j, seq in enumerate(seqs):
+        if seq.sampling_params.seed is not None:
+            if seq.generator is None:
+                seq.generator = make_generator(seq, shape.device)
+            noise[j].exponential_(generator=seq.generator)
+    return noise
 
 
 @dataclass
@@ -128,13 +143,14 @@ class SampledBatch:
 
 
 def sample_on_device(
-    logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int], engine_seed: int
+    logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int], generator: torch.Generator
 ) -> SampledBatch:
     """Draw one token per row of ``logits`` (S, V) float32 without waiting for the device.
 
     ``logits`` is the caller's fresh tensor and is adjusted in place (penalties, min_tokens); logprobs are
-    taken from it before any adjustment. Every row's draw uses its sequence's own generator, so a
-    request's tokens do not depend on what else shares its batch."""
+    taken from it before any adjustment. Greedy rows take the argmax; the others race exponential noise,
+    drawn for all of them at once from the engine's ``generator``, except that a request with a seed
+    draws its rows from its own generator: its tokens do not depend on what else shares its batch."""
     dev = logits.device
     want_logprobs = [s.sampling_params.logprobs for s in seqs]
     lp_rows = [i for i, n in enumerate(want_logprobs) if n is not None]
@@ -152,18 +168,14 @@ def sample_on_device(
     if any(s.num_output_tokens < s.sampling_params.min_tokens for s in seqs):
         _suppress_stops(logits, seqs, eos_ids)
     random_rows = [i for i, s in enumerate(seqs) if not s.sampling_params.greedy]
-    tokens = logits.argmax(dim=-1)  # the greedy rows' picks (the others are overwritten below)
+    if len(random_rows) < len(seqs):
+        tokens = logits.argmax(dim=-1)  # the greedy rows' picks (the others are overwritten below)
     if random_rows:
         sub = [seqs[i] for i in random_rows]
         idx = to_device(random_rows, torch.long, dev) if len(random_rows) < len(seqs) else None
         probs = _filter(logits.index_select(0, idx) if idx is not None else logits, sub)
-        noise = torch.empty_like(probs)
-        for j, seq in enumerate(sub):
-            if seq.generator is None:
-                seq.generator = make_generator(seq, engine_seed, dev)
-            noise[j].exponential_(generator=seq.generator)
-        # Exponential race: argmax p / E with E ~ Exp(1) draws from p, one generator per sequence.
-        drawn = (probs / noise).argmax(dim=-1)
+        # Exponential race: argmax p / E with E ~ Exp(1) draws from p.
+        drawn = (probs / _exponential_noise(probs, sub, generator)).argmax(dim=-1)
         tokens = drawn if idx is None else tokens.index_copy(0, idx, drawn)
     out = SampledBatch(tokens, want_logprobs, lp_rows)
     if raw_logprobs is not None:

@@ -22,7 +22,10 @@ from glassbox.dtypes import element_bytes
 from glassbox.engine.checkpoint import Checkpoint
 from glassbox.engine.device import (
     available_ram_bytes,
+    is_unified_memory,
     keep_large_allocations_in_heap,
+    kv_budget,
+    read_device_memory,
     resolve_device,
     resolve_dtype,
     triton_usable,
@@ -30,8 +33,10 @@ from glassbox.engine.device import (
 from glassbox.engine.kv_plan import GiB, KVCachePlan, plan_kv_cache
 from glassbox.engine.sampler import SampledBatch, sample_on_device, to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
+from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
 from glassbox.layers.block_quant import block_weights
+from glassbox.layers.host import parts_to_device
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
 from glassbox.models.model_config import TORCH_DTYPES, ModelConfig, dtype_name
@@ -82,6 +87,19 @@ class TorchExecutor:
         self.block_size = config.block_size
         self.attn_backend = "triton" if triton_usable(self.device) else "torch"
         self.use_graphs = self.attn_backend == "triton" and not config.enforce_eager
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(self.device)
+            logger.info(
+                "CUDA device %s (sm_%d%d%s): attention on %s, decode %s",
+                props.name,
+                props.major,
+                props.minor,
+                ", unified memory: KV budget from the host's MemAvailable"
+                if is_unified_memory(props)
+                else "",
+                "triton kernels" if self.attn_backend == "triton" else "the torch SDPA reference",
+                "in CUDA graphs" if self.use_graphs else "eager",
+            )
         if self.device.type == "cpu":
             from glassbox.kernels import native
 
@@ -154,6 +172,9 @@ class TorchExecutor:
                 logger.warning("glassbox's CPU kernels cannot run this model (%s): using PyTorch ops", e)
                 self.attn_backend = "torch"
         self.eos_ids: set[int] = set()
+        # the draws of every request without a seed of its own, in one batched call per step
+        self.sample_generator = torch.Generator(device=self.device)
+        self.sample_generator.manual_seed(config.seed)
         self.graphs: DecodeGraphs | None = None
         if self.use_graphs:
             self._capture_graphs(max_model_len)
@@ -198,23 +219,22 @@ class TorchExecutor:
         return plan_kv_cache(budget, per_token, self.block_size)
 
     def _cuda_kv_budget(self, max_num_batched_tokens: int) -> int:
-        """Device memory x utilization, less the weights and a measured activation peak."""
+        """Device memory x utilization, less the weights and a measured activation peak (on unified
+        memory: available host RAM x utilization; device.kv_budget)."""
         torch.cuda.synchronize()
-        free, total = torch.cuda.mem_get_info(self.device)
-        used_by_others = total - free - torch.cuda.memory_reserved(self.device)  # other processes, context
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         self._profile_run(max_num_batched_tokens)
         peak = torch.cuda.max_memory_allocated(self.device) - before
-        budget = int(total * self.config.memory_utilization) - torch.cuda.memory_allocated(self.device) - peak
-        budget -= max(0, used_by_others)
-        if self.use_graphs:
-            budget -= GRAPH_RESERVE_BYTES
+        torch.cuda.empty_cache()  # the profile's blocks back: on unified memory, back to the host too
+        mem = read_device_memory(self.device)
+        util = self.config.memory_utilization
+        budget, how = kv_budget(mem, util, peak, GRAPH_RESERVE_BYTES if self.use_graphs else 0)
+        logger.info("KV cache budget: %s", how)
         if budget <= 0:
             raise ValueError(
                 f"no memory left for the KV cache: weights {self.weight_bytes / GiB:.2f} GiB + activations "
-                f"{peak / GiB:.2f} GiB exceed --memory-utilization {self.config.memory_utilization} of "
-                f"{total / GiB:.1f} GiB"
+                f"{peak / GiB:.2f} GiB exceed --memory-utilization {util} ({how})"
             )
         return budget
 
@@ -228,10 +248,8 @@ class TorchExecutor:
             shape = (2, nb, self.block_size, mc.num_kv_heads, mc.head_dim)
             cache = [torch.zeros(shape, dtype=self.kv_dtype, device=dev)] * mc.num_layers
             meta = AttentionMetadata(slot_mapping=torch.arange(n, device=dev), backend="triton")
-            from glassbox.kernels.triton_attention import prefill_block_m
-
             meta.paged_prefill = build_paged_prefill(
-                [(0, n, list(range(nb)))], prefill_block_m(mc.head_dim, self.kv_dtype), dev
+                [(0, n, list(range(nb)))], prefill_block_m(mc.head_dim, self.kv_dtype, dev), dev
             )
         else:
             cache = [torch.zeros((2, 1, 1, mc.num_kv_heads, mc.head_dim), dtype=self.kv_dtype, device=dev)]
@@ -295,7 +313,9 @@ class TorchExecutor:
             if rows is None:
                 return DevicePendingStep([], None)
             logits = self.model.compute_logits(hidden.index_select(0, rows))
-            sampled = sample_on_device(logits, [s.seq for s in sample_seqs], self.eos_ids, self.config.seed)
+            sampled = sample_on_device(
+                logits, [s.seq for s in sample_seqs], self.eos_ids, self.sample_generator
+            )
         return DevicePendingStep([s.seq.seq_id for s in sample_seqs], sampled)
 
     def _execute_graph(self, decodes: list[ScheduledSeq]) -> DevicePendingStep:
@@ -319,7 +339,7 @@ class TorchExecutor:
                 hidden = hidden.index_select(0, to_device(rows, torch.long, self.device))
             seqs = [decodes[i] for i in rows]
             logits = self.model.compute_logits(hidden)
-            sampled = sample_on_device(logits, [s.seq for s in seqs], self.eos_ids, self.config.seed)
+            sampled = sample_on_device(logits, [s.seq for s in seqs], self.eos_ids, self.sample_generator)
         return DevicePendingStep([s.seq.seq_id for s in seqs], sampled)
 
     def _flatten(self, ordered: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -346,28 +366,28 @@ class TorchExecutor:
         if decodes:
             lens = [s.start + 1 for s in decodes]
             max_blocks = (max(lens) + bs - 1) // bs
-            tables = [
-                s.seq.block_table[:max_blocks] + [0] * (max_blocks - min(max_blocks, len(s.seq.block_table)))
-                for s in decodes
-            ]
-            meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=dev)
-            meta.decode_context_lens = torch.tensor(lens, dtype=torch.long, device=dev)
+            tables: list[int] = []
+            for s in decodes:
+                t = s.seq.block_table[:max_blocks]
+                tables += t
+                tables += [0] * (max_blocks - len(t))
+            flat, ctx = parts_to_device([tables, lens], torch.long, dev)  # one copy, not two
+            meta.decode_block_tables = flat.view(len(decodes), max_blocks)
+            meta.decode_context_lens = ctx
         if self.attn_backend == "triton":
             if prefills:
-                from glassbox.kernels.triton_attention import prefill_block_m
-
                 seqs = []
                 for s in prefills:
                     end = s.start + s.num_new_tokens
                     seqs.append((s.start, s.num_new_tokens, s.seq.block_table[: (end + bs - 1) // bs]))
-                block_m = prefill_block_m(self.model_config.head_dim, self.kv_dtype)
+                block_m = prefill_block_m(self.model_config.head_dim, self.kv_dtype, dev)
                 meta.paged_prefill = build_paged_prefill(seqs, block_m, dev)
             return meta
         row = len(decodes)
         for s in prefills:
             end = s.start + s.num_new_tokens
             nblocks = (end + bs - 1) // bs
-            table = torch.tensor(s.seq.block_table[:nblocks], dtype=torch.long, device=dev)
+            table = to_device(s.seq.block_table[:nblocks], torch.long, dev)
             meta.prefills.append(PrefillSeq(row, s.num_new_tokens, s.start, table))
             row += s.num_new_tokens
         return meta

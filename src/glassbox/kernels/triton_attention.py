@@ -20,11 +20,15 @@ import torch
 import triton
 import triton.language as tl
 
+from glassbox.kernels.attention_tiles import decode_tiles, device_capability, prefill_block_m, prefill_tiles
+
+__all__ = ["decode_attention", "decode_splits", "prefill_attention", "prefill_block_m"]
+
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_btb"])  # table widths vary step to step: one compile for all
 def _decode_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     k_ptr,
@@ -204,7 +208,7 @@ def _attend(  # type: ignore[no-untyped-def]
     return m_i, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_btb"])
 def _prefill_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     k_ptr,
@@ -283,8 +287,15 @@ def _pow2(n: int) -> int:
 
 
 @functools.cache
-def _num_sms(index: int) -> int:
+def _cuda_sms(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def _num_sms(device: torch.device) -> int:
+    """Multiprocessors of ``device``; 1 for a CPU device (triton's interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def decode_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
@@ -292,19 +303,7 @@ def decode_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
 
     Depends only on the batch shape, so a CUDA graph captured for ``batch`` keeps its launch valid.
     """
-    if device.type != "cuda":
-        return 1
-    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    return min(MAX_SPLITS, _pow2(-(-sms // max(1, batch * num_kv_heads))))
-
-
-def prefill_block_m(head_dim: int, dtype: torch.dtype) -> int:
-    """Query rows per prefill tile (the tile layout the executor builds must use this).
-
-    Sized so that a tile's shared memory fits 99 KiB, what a DGX Spark (sm_121) allows a block: 16-bit
-    tiles of 128 rows x 128 dims do; float32 ones take half the rows (and one pipeline stage)."""
-    rows = 128 if head_dim <= 128 else 64
-    return rows if dtype.itemsize <= 2 else rows // 2
+    return min(MAX_SPLITS, _pow2(-(-_num_sms(device) // max(1, batch * num_kv_heads))))
 
 
 def decode_attention(
@@ -317,13 +316,14 @@ def decode_attention(
     sliding_window: int | None,
     out: torch.Tensor,  # (B, Hq, D) written
     num_splits: int | None = None,
-    block_n: int | None = None,  # keys per tile; None: 64 up to 128 dims, 32 beyond (benchmarks sweep it)
+    block_n: int | None = None,  # keys per tile; None: attention_tiles.decode_tiles (benchmarks sweep it)
 ) -> None:
     batch, hq, d = q.shape
     _, bs, hk, _ = k_cache.shape
     assert q.stride(2) == 1 and out.stride(2) == 1 and k_cache.stride() == v_cache.stride()
     splits = num_splits or decode_splits(batch, hk, q.device)
     block_d = max(16, _pow2(d))
+    tiles = decode_tiles(d, q.dtype)
     if splits > 1:
         part_o = torch.empty((batch, hq, splits, block_d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, hq, splits), dtype=torch.float32, device=q.device)
@@ -335,9 +335,9 @@ def decode_attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=hq // hk, BLOCK_G=max(16, _pow2(hq // hk)), HEAD_DIM=d, BLOCK_D=block_d,
-        BLOCK_SIZE=bs, BLOCK_N=block_n or (64 if block_d <= 128 else 32), NUM_SPLITS=splits,
+        BLOCK_SIZE=bs, BLOCK_N=block_n or tiles.block_n, NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32,
-        num_warps=4, num_stages=2,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if splits > 1:
         _reduce_kernel[(batch, hq)](
@@ -359,20 +359,20 @@ def prefill_attention(
     scale: float,
     sliding_window: int | None,
     out: torch.Tensor,  # (T, Hq, D) written
-    block_m: int,
+    block_m: int,  # the rows per tile the layout was built with: attention_tiles.prefill_block_m
 ) -> None:
     _, hq, d = q.shape
     _, bs, hk, _ = k_cache.shape
     assert q.stride(2) == 1 and out.stride(2) == 1 and k_cache.stride() == v_cache.stride()
     block_d = max(16, _pow2(d))
-    big = block_m >= 128
-    stages = 2 if q.element_size() <= 2 else 1  # float32 tiles: one stage keeps them under 99 KiB
+    tiles = prefill_tiles(d, k_cache.dtype, device_capability(q.device))
+    assert block_m == tiles.block_m, f"prefill layout built for {block_m}-row tiles, the kernel takes {tiles}"
     _prefill_kernel[(tile_seq.shape[0], hq)](
         q, k_cache, v_cache, out, block_tables, tile_seq, tile_m, q_start, q_len, ctx,
         scale * LOG2E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=hq // hk, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=bs, BLOCK_M=block_m,
-        BLOCK_N=64 if block_d <= 128 else 32, USE_WINDOW=sliding_window is not None,
-        IEEE=q.dtype == torch.float32, num_warps=8 if big else 4, num_stages=stages,
+        BLOCK_N=tiles.block_n, USE_WINDOW=sliding_window is not None,
+        IEEE=q.dtype == torch.float32, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip

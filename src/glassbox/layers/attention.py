@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from glassbox.layers.host import parts_to_device
+
 
 @dataclass
 class PrefillSeq:
@@ -51,16 +53,21 @@ def build_paged_prefill(
         tiles.extend((start + min(m + block_m, n), i, m) for m in range(0, n, block_m))
     tiles.sort(reverse=True)  # the longest tiles start first
 
-    def i32(x: list[int] | list[list[int]]) -> torch.Tensor:
-        return torch.tensor(x, dtype=torch.int32, device=device)
-
+    # one non-blocking copy (pinned on CUDA) for the six, each 16-byte aligned
+    flat_tables = [b for t in tables for b in t]
+    tab, q_start_t, q_len, ctx, tile_seq, tile_m = parts_to_device(
+        [flat_tables, q_start, [n for _, n, _ in seqs], [s for s, _, _ in seqs], [t[1] for t in tiles],
+         [t[2] for t in tiles]],
+        torch.int32,
+        device,
+    )  # fmt: skip
     return PagedPrefill(
-        block_tables=i32(tables),
-        q_start=i32(q_start),
-        q_len=i32([n for _, n, _ in seqs]),
-        ctx=i32([s for s, _, _ in seqs]),
-        tile_seq=i32([t[1] for t in tiles]),
-        tile_m=i32([t[2] for t in tiles]),
+        block_tables=tab.view(len(seqs), width),
+        q_start=q_start_t,
+        q_len=q_len,
+        ctx=ctx,
+        tile_seq=tile_seq,
+        tile_m=tile_m,
         block_m=block_m,
     )
 

@@ -85,7 +85,10 @@ def build_model(
     packed: dict[str, BlockWeights] | None = None,
 ) -> CausalLM:
     """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None,
-    and the ``packed`` weights (HF name -> blocks) kept in their blocks; then fused."""
+    and the ``packed`` weights (HF name -> blocks) kept in their blocks; then fused, in eval mode, and with
+    no parameter requiring grad (an inference engine never trains: a forward run outside
+    ``torch.inference_mode`` on inference tensors, such as a CUDA graph's outputs, would otherwise fail to
+    save them for a backward that never comes)."""
     with torch.device("meta"):
         model = MODEL_CLASSES[cfg.architecture](cfg)
     model.to(dtype)  # still on meta: free
@@ -107,6 +110,7 @@ def build_model(
         load_weights(model, weights, where)
     model.fuse()
     model.eval()
+    model.requires_grad_(False)  # after fuse(): the fused linears are new parameters
     return model
 
 

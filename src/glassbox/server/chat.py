@@ -99,7 +99,7 @@ async def create_chat_completion(
                     }
                 if not text and o.finish_reason is None and not (logprobs and logprobs["content"]):
                     continue
-                c.text_len, c.tokens, c.done = len(o.text), len(o.token_ids), o.finish_reason is not None
+                c.text_len, c.tokens, c.done = len(o.text), o.num_tokens, o.finish_reason is not None
                 chunks.append(
                     {
                         **head,

@@ -94,7 +94,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
                     continue
                 if logprobs is not None:
                     c.text_offset += sum(len(t) for t in logprobs["tokens"])
-                c.text_len, c.tokens, c.done = len(o.text), len(o.token_ids), o.finish_reason is not None
+                c.text_len, c.tokens, c.done = len(o.text), o.num_tokens, o.finish_reason is not None
                 chunks.append(
                     {
                         **head,

@@ -1,0 +1,116 @@
+"""The sampler on its own: top-k/top-p without a full-vocabulary sort where no row needs one, one batched
+noise draw for the rows without a seed, seeded rows independent of their batch mates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from glassbox.engine.sampler import _filter, sample_on_device
+from glassbox.engine.sequence import Sequence
+from glassbox.sampling_params import SamplingParams
+
+VOCAB = 1000
+
+
+class _Ops(TorchDispatchMode):
+    """Records the aten ops run inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.names.append(
+            func.__name__.split(".")[0].strip("_")
+        )  # _softmax, exponential_ -> softmax, exponential
+        return func(*args, **(kwargs or {}))
+
+
+def _seqs(params: list[SamplingParams]) -> list[Sequence]:
+    return [Sequence(i, f"r{i}", [1, 2, 3], sp) for i, sp in enumerate(params)]
+
+
+def _reference_filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """The sampler's filter as it was: every row through one full-vocabulary sort."""
+    sps = [s.sampling_params for s in seqs]
+    logits = logits / torch.tensor([max(sp.temperature, 1e-5) for sp in sps])[:, None]
+    vocab = logits.shape[1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ks = torch.tensor([sp.top_k if 0 < sp.top_k < vocab else vocab for sp in sps])
+    drop = torch.arange(vocab)[None, :] >= ks[:, None]
+    probs_sorted = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    cum = probs_sorted.cumsum(dim=-1)
+    drop |= (cum - probs_sorted) >= torch.tensor([sp.top_p for sp in sps])[:, None]
+    drop[:, 0] = False
+    logits = torch.empty_like(logits).scatter_(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    probs = logits.softmax(dim=-1)
+    mp = torch.tensor([sp.min_p for sp in sps])[:, None]
+    probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+MIX = [
+    SamplingParams(temperature=0.7, top_k=20),
+    SamplingParams(temperature=1.3, top_k=5, top_p=0.8),
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.9, top_p=0.5),
+    SamplingParams(temperature=1.1, top_k=50, min_p=0.05),
+]
+
+
+def test_filter_matches_the_full_sort() -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(len(MIX), VOCAB, generator=gen) * 3
+    for rows in ([0, 1, 2, 3, 4], [0, 1, 4], [2], [3, 2]):
+        seqs = _seqs([MIX[i] for i in rows])
+        got = _filter(logits[rows].clone(), seqs)
+        torch.testing.assert_close(got, _reference_filter(logits[rows].clone(), seqs), rtol=1e-5, atol=1e-7)
+
+
+def test_no_full_sort_unless_a_row_cuts_by_top_p_alone() -> None:
+    logits = torch.randn(3, VOCAB)
+    for params, sorts in (
+        ([MIX[0], MIX[1], MIX[2]], False),  # top-k rows: their k best only (topk); row 2 cuts nothing
+        ([MIX[2], MIX[2]], False),  # nothing to cut
+        ([MIX[0], MIX[3]], True),  # top-p alone needs the whole order
+    ):
+        with _Ops() as ops:
+            _filter(logits[: len(params)].clone(), _seqs(params))
+        assert ("sort" in ops.names) == sorts, (params, ops.names)
+
+
+def test_greedy_rows_take_the_argmax_and_draw_nothing() -> None:
+    logits = torch.randn(4, VOCAB)
+    with _Ops() as ops:
+        out = sample_on_device(
+            logits.clone(), _seqs([SamplingParams(temperature=0)] * 4), set(), torch.Generator()
+        )
+    assert out.tokens.tolist() == logits.argmax(-1).tolist()
+    assert not {"exponential", "sort", "topk", "softmax"} & set(ops.names), ops.names
+
+
+def test_one_noise_draw_for_the_unseeded_rows() -> None:
+    params = [SamplingParams(temperature=1.0)] * 6 + [SamplingParams(temperature=1.0, seed=3)]
+    with _Ops() as ops:
+        sample_on_device(torch.randn(7, VOCAB), _seqs(params), set(), torch.Generator().manual_seed(0))
+    assert ops.names.count("exponential") == 2  # all rows at once, then the seeded row from its own
+
+
+def test_seeded_rows_do_not_depend_on_batch_mates() -> None:
+    seeded = SamplingParams(temperature=1.0, top_k=100, seed=42)
+    gen = torch.Generator().manual_seed(1)
+    steps = [torch.randn(VOCAB, generator=gen) for _ in range(5)]
+    alone_seq = _seqs([seeded])[0]
+    alone = [
+        sample_on_device(x[None].clone(), [alone_seq], set(), torch.Generator()).tokens.item() for x in steps
+    ]
+    mates = _seqs([SamplingParams(temperature=1.0), seeded, SamplingParams(temperature=0.5, top_p=0.9)])
+    shared = torch.Generator().manual_seed(7)
+    mixed = []
+    for x in steps:
+        batch = torch.stack([torch.randn(VOCAB), x, torch.randn(VOCAB)])
+        mixed.append(sample_on_device(batch, mates, set(), shared).tokens[1].item())
+    assert mixed == alone
