@@ -148,3 +148,14 @@ def test_packed_weights_stay_close_to_the_dequantized_model(path: Path) -> None:
             )
         )
     assert sorted(agree)[len(agree) // 2] >= NEW_TOKENS // 2
+
+
+def test_a_cached_prompt_gets_the_same_answer(path: Path) -> None:
+    """The default engine (packed weights, prefix caching): a repeated chat's prompt is served from the cache
+    and its last tokens prefilled alone, yet the answer is the same (prompt rows never take the decode
+    kernel's int8 activations; the first chat here is a near tie at its first token)."""
+    llm = LLM(str(path), max_model_len=512)
+    params = SamplingParams(temperature=0, max_tokens=24)
+    first, again = (llm.chat(CHATS[0], params)[0] for _ in range(2))
+    assert again.metrics is not None and again.metrics.cached_prompt_tokens > 0
+    assert again.token_ids == first.token_ids and "Paris" in first.text

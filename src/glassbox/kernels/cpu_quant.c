@@ -20,68 +20,7 @@
  * with the inner sums exact in int32 (AVX-512 VNNI: 64 u8 x s8 products per instruction).
  * Other rows (prefill) dequantize the weight and use a float GEMM on the Python side.
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#include <immintrin.h>
-#define GB_VNNI 1
-#endif
-
-typedef int64_t i64;
-
-static inline float h2f(uint16_t h) { /* IEEE half to float, exact */
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-    if (exp == 0x1fu) {
-        u = sign | 0x7f800000u | (man << 13);
-    } else if (exp != 0) {
-        u = sign | ((exp + 112u) << 23) | (man << 13);
-    } else if (man == 0) {
-        u = sign;
-    } else { /* subnormal half: normalize */
-        exp = 113u;
-        while (!(man & 0x400u)) {
-            man <<= 1;
-            exp--;
-        }
-        u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline float q_bf2f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t q_f2bf(float f) { /* round to nearest even, NaN kept quiet */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-#define CHUNK 16 /* blocks per interleaved chunk: 512 codes */
-
-/* Where code k of a row lives (see the layout above): its byte, times 2 plus the nibble (1: high) for 4 bits. */
-static inline i64 code_index(i64 k, i64 Kp, int bits) {
-    const i64 b = k / 32, pos = k % 32, chunks = Kp / 32 / CHUNK;
-    if (b < chunks * CHUNK) {
-        const i64 ch = b / CHUNK, j = b % CHUNK, p = pos / 4, t = pos % 4;
-        if (bits == 8) return ch * 512 + p * 64 + j * 4 + t;
-        return 2 * (ch * 256 + (p % 4) * 64 + j * 4 + t) + p / 4;
-    }
-    if (bits == 8) return k;
-    const i64 tail = k - chunks * CHUNK * 32;
-    return 2 * (chunks * 256 + (tail / 64) * 32 + (tail % 32)) + (tail % 64) / 32;
-}
+#include "cpu_quant.h"
 
 /* Activations (M x K, float32 dt=0 or bf16 dt=1, row stride K) to int8 blocks: qx (M x Kp, zero past K),
  * dx and cx = dx * sum(codes) (M x Kp/32). A block of zeros gets dx = 0. Codes round half away from 0. */
@@ -116,18 +55,7 @@ void gb_quantize_rows_q8(const void *x, i64 M, i64 K, i64 Kp, int8_t *qx, float 
     }
 }
 
-static inline void store_out(void *out, i64 i, float v, int dt) {
-    if (dt)
-        ((uint16_t *)out)[i] = q_f2bf(v);
-    else
-        ((float *)out)[i] = v;
-}
 
-static inline int code_at(const uint8_t *row, i64 k, i64 Kp, int bits) {
-    if (bits == 8) return row[code_index(k, Kp, 8)];
-    const i64 i = code_index(k, Kp, 4);
-    return (i & 1) ? (row[i >> 1] >> 4) : (row[i >> 1] & 15);
-}
 
 /* sum over block b's codes times the activation codes (exact int32; both in their interleaved order) */
 static inline int32_t block_dot(const uint8_t *row, i64 b, i64 Kp, int bits, const int8_t *a) {
@@ -374,82 +302,3 @@ void gb_linear_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint1
 }
 
 /* W (N x K, float32 dt=0 or bf16 dt=1): the weight itself, d q + o per value, rounded once to the dtype. */
-#ifdef GB_VNNI
-/* One row's whole chunks, dequantized into out (row of K values, dt 0 float32 / 1 bf16): for each code vector
- * p, 16 codes at a time (4 codes of 4 blocks) widened, scaled and offset per block, stored as 4-value runs. */
-static void dequant_chunks(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 chunks, int bits,
-                           void *out, int dt) {
-    const __m512i mask = _mm512_set1_epi8(15);
-    for (i64 ch = 0; ch < chunks; ch++) {
-        const i64 b = ch * CHUNK;
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b)));
-        const __m512 ov = o ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + b)))
-                            : _mm512_mul_ps(dv, _mm512_set1_ps(c));
-        __m512 ds[4], os[4]; /* group g: lanes 4i..4i+3 hold block 4g + i's scale (offset) */
-        for (int g = 0; g < 4; g++) {
-            const __m512i idx = _mm512_setr_epi32(4 * g, 4 * g, 4 * g, 4 * g, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
-                                                  4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 3, 4 * g + 3,
-                                                  4 * g + 3, 4 * g + 3);
-            ds[g] = _mm512_permutexvar_ps(idx, dv);
-            os[g] = _mm512_permutexvar_ps(idx, ov);
-        }
-        for (int p = 0; p < 8; p++) {
-            __m512i v;
-            if (bits == 4) {
-                const __m512i raw = _mm512_loadu_si512((const void *)(w + ch * 256 + (p % 4) * 64));
-                v = p < 4 ? _mm512_and_si512(raw, mask) : _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
-            } else {
-                v = _mm512_loadu_si512((const void *)(w + ch * 512 + p * 64));
-            }
-            for (int g = 0; g < 4; g++) { /* bytes 16g..16g+15: codes 4p..4p+3 of blocks 4g..4g+3 */
-                const __m128i qg = g == 0   ? _mm512_extracti32x4_epi32(v, 0)
-                                   : g == 1 ? _mm512_extracti32x4_epi32(v, 1)
-                                   : g == 2 ? _mm512_extracti32x4_epi32(v, 2)
-                                            : _mm512_extracti32x4_epi32(v, 3);
-                const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(qg)), ds[g], os[g]);
-                for (int i = 0; i < 4; i++) {
-                    const i64 at = (b + 4 * g + i) * 32 + 4 * p;
-                    if (dt) {
-                        const __m256i h = (__m256i)_mm512_cvtneps_pbh(f);
-                        uint64_t four;
-                        memcpy(&four, (const char *)&h + 8 * i, 8);
-                        memcpy((uint16_t *)out + at, &four, 8);
-                    } else {
-                        float tmp[16];
-                        _mm512_storeu_ps(tmp, f);
-                        memcpy((float *)out + at, tmp + 4 * i, 16);
-                    }
-                }
-            }
-        }
-    }
-}
-#endif
-
-/* W (N x K) dequantized: d q + o per value, rounded once to the dtype (dt 0 float32 / 1 bf16). */
-void gb_dequant_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 N, i64 Kp, i64 K,
-                       int bits, void *out, int out_dt, int threads) {
-    const i64 row_bytes = bits == 4 ? Kp / 2 : Kp;
-    const i64 nb = Kp / 32;
-    const i64 chunks = nb / CHUNK;
-    i64 first = 0; /* codes before it were written by the vector path */
-#if defined(GB_VNNI) && defined(__AVX512BF16__)
-    first = chunks * CHUNK * 32 <= K ? chunks * CHUNK * 32 : 0;
-#endif
-#pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
-    for (i64 n = 0; n < N; n++) {
-        const uint8_t *row = w + n * row_bytes;
-#if defined(GB_VNNI) && defined(__AVX512BF16__)
-        if (first > 0)
-            dequant_chunks(row, d + n * nb, o ? o + n * nb : NULL, c, chunks, bits,
-                           (char *)out + n * K * (out_dt ? 2 : 4), out_dt);
-#endif
-        for (i64 k = first; k < K; k++) {
-            const i64 b = k / 32;
-            const int q = code_at(row, k, Kp, bits);
-            const float db = h2f(d[n * nb + b]);
-            const float ob = o ? h2f(o[n * nb + b]) : c * db;
-            store_out(out, n * K + k, db * (float)q + ob, out_dt);
-        }
-    }
-}

@@ -22,7 +22,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.c", "cpu_quant.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.c", "cpu_quant.c", "cpu_dequant.c")]
+HEADERS = [Path(__file__).with_name("cpu_quant.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 MAX_ROW = 1 << 16  # the kernels keep a few rows per thread on the stack
@@ -64,7 +65,7 @@ def _cache_dir() -> Path:
 
 
 def _build(cc: str) -> Path:
-    source = b"".join(src.read_bytes() for src in SOURCES)
+    source = b"".join(src.read_bytes() for src in SOURCES + HEADERS)
     key = hashlib.sha256(source + " ".join([cc, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"cpu_kernels-{key}.so"
     if out.exists():

@@ -12,7 +12,10 @@ GEMV (llama.cpp's arithmetic); other rows, and float32 models, multiply the dequ
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,10 +25,27 @@ from torch import nn
 
 BLOCK = 32
 GROUP = 64  # Kp (the padded row length) is a multiple of it
-# Up to this many rows run the int8-activation kernel; more multiply the dequantized weight (bf16 GEMM).
-# Measured on a 3072 x 1024 Q4 layer (2 cores): kernel 0.60 / 2.69 / 5.54 ms at 16 / 64 / 128 rows,
-# dequantize + GEMM 0.68 / 1.51 / 2.45 ms.
+# Outside an engine step, up to this many rows run the int8-activation kernel and more multiply the
+# dequantized weight (bf16 GEMM). Measured on a 3072 x 1024 Q4 layer (2 cores): kernel 0.60 / 2.69 / 5.54 ms
+# at 16 / 64 / 128 rows, dequantize + GEMM 0.68 / 1.51 / 2.45 ms. Inside one, the step says (block_kernel_rows).
 KERNEL_ROWS = 16
+# The per-forward choice: None (the row count decides), or whether this step's rows run the kernel.
+_STEP_KERNEL: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "glassbox_block_kernel", default=None
+)
+
+
+@contextlib.contextmanager
+def block_kernel_rows(use_kernel: bool) -> Iterator[None]:
+    """Within: block weights run the int8 kernel (``use_kernel``: decode-only steps) or the dequantized
+    weight (steps with prompt rows), whatever their row count; the kernel takes at most 64 rows a call."""
+    token = _STEP_KERNEL.set(use_kernel)
+    try:
+        yield
+    finally:
+        _STEP_KERNEL.reset(token)
+
+
 GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # GGML types kept packed
 _BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # per 32-value block
 
@@ -286,7 +306,9 @@ class BlockQuantLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         rows = x2.shape[0]
         lib = _lib()
-        if lib is None or x.dtype != torch.bfloat16 or rows > self.kernel_rows or x.device.type != "cpu":
+        step = _STEP_KERNEL.get()
+        kernel = rows <= self.kernel_rows if step is None else step
+        if lib is None or x.dtype != torch.bfloat16 or not kernel or x.device.type != "cpu":
             bias = None if self.bias is None else self.bias.to(x.dtype)
             return F.linear(x, self.w.dequantize(x.dtype).to(x.device), bias)
         return self._gemv(lib, x2.contiguous()).view(*lead, self.out_features)
