@@ -190,6 +190,9 @@ static void rows16_m1(const uint8_t *w, i64 row_bytes, const uint16_t *d, const 
         const int8_t *a = qx + ch * 512;
         for (int r = 0; r < 16; r++) {
             const uint8_t *wr = w + r * row_bytes;
+            /* 16 rows are 16 streams, more than the hardware prefetcher follows: fetch 2 chunks ahead */
+            const i64 cb = bits == 4 ? 256 : 512; /* bytes per chunk */
+            for (i64 line = 0; line < cb; line += 64) _mm_prefetch((const char *)(wr + (ch + 2) * cb + line), _MM_HINT_T0);
             __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
             if (bits == 4) {
                 for (int q = 0; q < 4; q += 2) {
