@@ -6,8 +6,8 @@ llama.cpp runs through llama-cpp-python (the ``[bench]`` extra), with benchmarks
 1. Agreement: chat prompts rendered by glassbox's chat template (the ids are also compared with llama.cpp's
    own tokenization of the rendered text); both engines continue greedily for N tokens (past any end
    token); reported: how many leading tokens agree, and each answer's text up to ``<|im_end|>``. glassbox
-   runs as served (dequantized to bf16) and in float32; llama.cpp multiplies the packed Q4_1 weights with
-   8-bit quantized activations, so exact agreement over long stretches is not expected.
+   runs as served (the file's Q4_1/Q8_0 blocks, int8 activations in decode steps, as llama.cpp) and in
+   float32 (dequantized, transformers' arithmetic); near ties can break either way.
 2. Speed, in turns (this machine's speed drifts by half within minutes): each round a fresh prompt of P
    random ids, prefilled at batch 1, then D greedy decode steps, first glassbox then llama.cpp; medians and
    the per-round glassbox/llama.cpp ratios are reported.
@@ -64,7 +64,7 @@ def agreement(path: Path, new_tokens: int) -> dict[str, Any]:
     prompts = [tok.encode_chat([{"role": "user", "content": c}]) for c in CHATS]
     end = tok.token_to_id("<|im_end|>")
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    ours = {"bf16": [o.token_ids for o in ref.generate(prompts, params)]}
+    ours = {"served": [o.token_ids for o in ref.generate(prompts, params)]}
     del ref
     ours["fp32"] = [o.token_ids for o in LLM(str(path), dtype="float32").generate(prompts, params)]
     theirs = llamacpp_greedy(path, prompts, new_tokens)
@@ -87,9 +87,9 @@ def agreement(path: Path, new_tokens: int) -> dict[str, Any]:
             {
                 "prompt": chat,
                 "prompt_ids_equal": same_ids[i],
-                "agree_bf16": leading_agreement(ours["bf16"][i], theirs[i]),
+                "agree_served": leading_agreement(ours["served"][i], theirs[i]),
                 "agree_fp32": leading_agreement(ours["fp32"][i], theirs[i]),
-                "glassbox_bf16": answer(ours["bf16"][i]),
+                "glassbox_served": answer(ours["served"][i]),
                 "glassbox_fp32": answer(ours["fp32"][i]),
                 "llama_cpp": answer(theirs[i]),
             }
@@ -156,7 +156,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     for row in result["agreement"]["rows"]:
-        print(f"{row['agree_bf16']:>3} {row['agree_fp32']:>3}  {row['prompt']!r}: {row['llama_cpp']!r}")
+        print(f"{row['agree_served']:>3} {row['agree_fp32']:>3}  {row['prompt']!r}: {row['llama_cpp']!r}")
     print(json.dumps({k: result["speed"][k] for k in ("prefill", "decode")}, indent=2))
     print(f"wrote {out}")
     return 0
