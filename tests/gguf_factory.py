@@ -281,3 +281,14 @@ def write_vocab(path: Path, meta: dict[str, Any], arch: str = "llama") -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def transformers_reference(path: Path) -> tuple[Any, Any]:
+    """(model, tokenizer) of transformers reading the GGUF at ``path`` in float32: the independent reference
+    of the real-model tests."""
+    import torch
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    tokenizer = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model.eval(), tokenizer

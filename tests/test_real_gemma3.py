@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from gemma3_package import assemble, expected_sha256, gemma3_270m_path, part_paths
+from gguf_factory import transformers_reference
 from tiny_models import greedy_continuation
 
 from glassbox import LLM, SamplingParams
@@ -123,11 +123,7 @@ def path() -> Path:
 @pytest.fixture(scope="module")
 def reference(path: Path) -> tuple[Any, Any]:
     """transformers reading the same GGUF (float32): the independent reference."""
-    import transformers as tf
-
-    model = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    tokenizer = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return model.eval(), tokenizer
+    return transformers_reference(path)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from gguf_factory import smollm2_path
+from gguf_factory import smollm2_path, transformers_reference
 from test_server_harness import MODEL_NAME, ServerProcess, start_server
 from tiny_models import greedy_continuation
 
@@ -47,11 +46,7 @@ def path() -> Path:
 @pytest.fixture(scope="module")
 def reference(path: Path) -> tuple[Any, Any]:
     """transformers reading the same GGUF (float32): the independent reference."""
-    import transformers as tf
-
-    model = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    tokenizer = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return model.eval(), tokenizer
+    return transformers_reference(path)
 
 
 @pytest.fixture(scope="module")
