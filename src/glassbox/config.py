@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from glassbox.dtypes import ENGINE_DTYPES, parse_dtype
+from glassbox.dtypes import ENGINE_DTYPES, KV_CACHE_DTYPES, parse_dtype
 
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV cache block (engine and planner)
@@ -43,7 +43,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         # either spelling ("bfloat16" / "bf16") in, the canonical one (glassbox.dtypes) kept
         self.dtype = parse_dtype(self.dtype, "--dtype", ENGINE_DTYPES)
-        self.kv_cache_dtype = parse_dtype(self.kv_cache_dtype, "--kv-cache-dtype", ENGINE_DTYPES)
+        self.kv_cache_dtype = parse_dtype(self.kv_cache_dtype, "--kv-cache-dtype", KV_CACHE_DTYPES)
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {DEVICES}, got {self.device!r}")
         if self.load_format not in LOAD_FORMATS:

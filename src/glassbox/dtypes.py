@@ -29,8 +29,11 @@ ALIASES: dict[str, str] = {
     "float8_e4m3fn": "fp8",
 }
 
-# What the engine can hold weights and its KV cache in today ("auto": the model's own dtype).
+# What the engine can hold weights in today ("auto": the model's own dtype), and its KV cache: also 8 bits
+# with a float32 scale per token and head (layers/kv_quant.py).
 ENGINE_DTYPES = ("auto", "fp32", "bf16", "fp16")
+KV_CACHE_DTYPES = (*ENGINE_DTYPES, "fp8", "int8")
+KV_SCALE_BYTES = 4  # per (token, head) row of an 8-bit glassbox cache
 
 
 def canonical(name: str) -> str:
@@ -57,3 +60,10 @@ def long_name(name: str) -> str:
 def element_bytes(name: str) -> float:
     """Bytes per element of a dtype (either spelling); KeyError for an unknown one."""
     return ELEMENT_BYTES[canonical(name)]
+
+
+def kv_element_bytes(name: str, head_dim: int) -> float:
+    """Bytes per cached K/V element in glassbox's cache: the dtype's, plus for fp8/int8 the row's float32
+    scale shared by its ``head_dim`` elements."""
+    key = canonical(name)
+    return ELEMENT_BYTES[key] + (KV_SCALE_BYTES / head_dim if key in ("fp8", "int8") else 0.0)

@@ -44,7 +44,12 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
     )
     g.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV cache block")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--kv-cache-dtype", default="auto", help=f"KV cache elements: {_DTYPE_HELP}")
+    g.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help=f"KV cache elements: {_DTYPE_HELP}, or fp8 (e4m3) / int8 with a scale per token and head "
+        "(half a 16-bit cache's bytes; CUDA runs those on the torch attention path, not Triton, so far)",
+    )
     g.add_argument("--num-kv-blocks", type=int, default=None, help="explicit KV cache size in blocks")
     g.add_argument("--kv-cache-memory-gib", type=float, default=None, help="explicit KV cache size in GiB")
     g.add_argument(

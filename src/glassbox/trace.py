@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from glassbox.dtypes import element_bytes
+from glassbox.dtypes import kv_element_bytes
 from glassbox.engine.llm_engine import LLMEngine
 from glassbox.models.model_config import dtype_name
 from glassbox.perf.cost_model import step_cost
@@ -117,7 +117,7 @@ def _add_roofline(
     facts = engine.facts
     scheme = resolve_scheme(weight_quant(engine), facts.native_quant, key, False, None)
     ideal = get_engine("ideal")
-    kv_bytes = element_bytes(dtype_name(engine.executor.kv_dtype))
+    kv_bytes = kv_element_bytes(dtype_name(engine.executor.kv_dtype), facts.head_dim)
     computed = prompt_tokens - cached_tokens  # a prefix-cache hit is not prefilled
     pre_cost = step_cost(facts, scheme, hw, ideal, [(computed, cached_tokens)], kv_bytes)
     dec_cost = step_cost(facts, scheme, hw, ideal, [(1, prompt_tokens + output_tokens // 2)], kv_bytes)

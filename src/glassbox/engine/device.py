@@ -53,6 +53,17 @@ class DeviceMemory:
     mem_available: int | None = None  # /proc/meminfo MemAvailable (unified memory only)
 
 
+def describe_cuda(device: torch.device, attn_backend: str, graphs: bool) -> str:
+    """The start log's line on a CUDA device: its name and architecture, memory, attention and decode path."""
+    props = torch.cuda.get_device_properties(device)
+    unified = ", unified memory: KV budget from the host's MemAvailable" if is_unified_memory(props) else ""
+    attention = "triton kernels" if attn_backend == "triton" else "the torch SDPA reference"
+    return (
+        f"CUDA device {props.name} (sm_{props.major}{props.minor}{unified}): attention on {attention}, "
+        f"decode {'in CUDA graphs' if graphs else 'eager'}"
+    )
+
+
 def read_device_memory(device: torch.device) -> DeviceMemory:
     free, total = torch.cuda.mem_get_info(device)
     unified = is_unified_memory(torch.cuda.get_device_properties(device))

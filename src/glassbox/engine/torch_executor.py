@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from glassbox.config import EngineConfig
-from glassbox.dtypes import element_bytes
+from glassbox.dtypes import kv_element_bytes
 from glassbox.engine.checkpoint import Checkpoint
 from glassbox.engine.device import (
     available_ram_bytes,
-    is_unified_memory,
+    describe_cuda,
     keep_large_allocations_in_heap,
     kv_budget,
     read_device_memory,
@@ -37,9 +37,10 @@ from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
 from glassbox.layers.block_quant import block_kernel_rows, block_weights
 from glassbox.layers.host import parts_to_device
+from glassbox.layers.kv_quant import KV8_DTYPES, row_width
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
-from glassbox.models.model_config import TORCH_DTYPES, ModelConfig, dtype_name
+from glassbox.models.model_config import KV_TORCH_DTYPES, ModelConfig, dtype_name
 from glassbox.outputs import SampleResult
 
 if TYPE_CHECKING:
@@ -83,23 +84,20 @@ class TorchExecutor:
         self.model_config = model_config = ModelConfig.from_facts(facts)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
-        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else TORCH_DTYPES[config.kv_cache_dtype]
+        self.kv_dtype = (
+            self.dtype if config.kv_cache_dtype == "auto" else KV_TORCH_DTYPES[config.kv_cache_dtype]
+        )
+        self.kv_width = row_width(model_config.head_dim, self.kv_dtype)  # a cache row: D, or D + 4 for 8 bits
         self.block_size = config.block_size
         self.attn_backend = "triton" if triton_usable(self.device) else "torch"
+        if self.attn_backend == "triton" and self.kv_dtype in KV8_DTYPES:
+            logger.warning(
+                "no Triton kernels for an 8-bit KV cache yet: attention runs the torch reference path"
+            )
+            self.attn_backend = "torch"
         self.use_graphs = self.attn_backend == "triton" and not config.enforce_eager
         if self.device.type == "cuda":
-            props = torch.cuda.get_device_properties(self.device)
-            logger.info(
-                "CUDA device %s (sm_%d%d%s): attention on %s, decode %s",
-                props.name,
-                props.major,
-                props.minor,
-                ", unified memory: KV budget from the host's MemAvailable"
-                if is_unified_memory(props)
-                else "",
-                "triton kernels" if self.attn_backend == "triton" else "the torch SDPA reference",
-                "in CUDA graphs" if self.use_graphs else "eager",
-            )
+            logger.info("%s", describe_cuda(self.device, self.attn_backend, self.use_graphs))
         if self.device.type == "cpu":
             from glassbox.kernels import native
 
@@ -158,7 +156,7 @@ class TorchExecutor:
         self.num_kv_blocks = self.kv_plan.num_blocks
         # CUDA: one block more than the BlockManager gets, the scratch block that padded graph rows write
         blocks = self.num_kv_blocks + (1 if self.device.type == "cuda" else 0)
-        shape = (2, blocks, self.block_size, model_config.num_kv_heads, model_config.head_dim)
+        shape = (2, blocks, self.block_size, model_config.num_kv_heads, self.kv_width)
         self.kv_caches = [
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
             for _ in range(model_config.num_layers)
@@ -203,7 +201,9 @@ class TorchExecutor:
 
     def _plan_kv_cache(self, max_model_len: int, max_num_batched_tokens: int) -> KVCachePlan:
         cfg = self.config
-        per_token = self.facts.kv_bytes_per_token(element_bytes(dtype_name(self.kv_dtype)))
+        per_token = self.facts.kv_bytes_per_token(
+            kv_element_bytes(dtype_name(self.kv_dtype), self.model_config.head_dim)
+        )
         per_block = round(per_token * self.block_size)
         if cfg.num_kv_blocks is not None:
             return KVCachePlan(cfg.num_kv_blocks, self.block_size, per_block)
@@ -242,20 +242,17 @@ class TorchExecutor:
         mc = self.model_config
         n = max(1, min(num_tokens, mc.max_position_embeddings))
         dev = self.device
-        # a single long prefill with no stored context exercises the largest activations
-        if self.attn_backend == "triton":  # the kernels read n tokens back: one real cache, shared
-            nb = (n + self.block_size - 1) // self.block_size
-            shape = (2, nb, self.block_size, mc.num_kv_heads, mc.head_dim)
-            cache = [torch.zeros(shape, dtype=self.kv_dtype, device=dev)] * mc.num_layers
-            meta = AttentionMetadata(slot_mapping=torch.arange(n, device=dev), backend="triton")
-            meta.paged_prefill = build_paged_prefill(
-                [(0, n, list(range(nb)))], prefill_block_m(mc.head_dim, self.kv_dtype, dev), dev
-            )
+        # a single long prefill with no stored context exercises the largest activations; the attention
+        # reads its n tokens back (Triton, an 8-bit cache): one real cache, shared by the layers
+        nb = -(-n // self.block_size)
+        shape = (2, nb, self.block_size, mc.num_kv_heads, self.kv_width)
+        cache = [torch.zeros(shape, dtype=self.kv_dtype, device=dev)] * mc.num_layers
+        meta = AttentionMetadata(slot_mapping=torch.arange(n, device=dev), backend=self.attn_backend)
+        if self.attn_backend == "triton":
+            block_m = prefill_block_m(mc.head_dim, self.kv_dtype, dev)
+            meta.paged_prefill = build_paged_prefill([(0, n, list(range(nb)))], block_m, dev)
         else:
-            cache = [torch.zeros((2, 1, 1, mc.num_kv_heads, mc.head_dim), dtype=self.kv_dtype, device=dev)]
-            cache = cache * mc.num_layers
-            meta = AttentionMetadata(slot_mapping=torch.zeros(n, dtype=torch.long, device=dev))
-            meta.prefills = [PrefillSeq(0, n, 0, torch.zeros(1, dtype=torch.long, device=dev))]
+            meta.prefills = [PrefillSeq(0, n, 0, torch.arange(nb, device=dev))]
         with torch.inference_mode():
             ids = torch.zeros(n, dtype=torch.long, device=self.device)
             hidden = self.model(ids, torch.arange(n, device=self.device), cache, meta)

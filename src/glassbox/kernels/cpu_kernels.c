@@ -7,79 +7,11 @@
  * the PyTorch reference path (each op's result rounded to the storage dtype), so that float32 runs
  * match transformers token for token and bf16 runs stay within the reference's rounding.
  * Build with -ffp-contract=off: no fused multiply-adds that the reference does not do.
+ * The KV cache is in the storage dtype (kv8 == 0) or in 8 bits with a scale per token and head (kv8 == 1
+ * int8, 2 fp8 e4m3: cpu_kv8.c).
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-typedef int64_t i64;
-
-static inline float bf2f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f2bf(float f) { /* round to nearest even, NaN kept quiet */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static void load_row(const void *p, float *dst, i64 n, int dt) {
-    if (dt) {
-        const uint16_t *s = (const uint16_t *)p;
-        for (i64 i = 0; i < n; i++) dst[i] = bf2f(s[i]);
-    } else {
-        memcpy(dst, p, (size_t)n * 4);
-    }
-}
-
-static void store_row(void *p, const float *src, i64 n, int dt) {
-    if (dt) {
-        uint16_t *d = (uint16_t *)p;
-        for (i64 i = 0; i < n; i++) d[i] = f2bf(src[i]);
-    } else {
-        memcpy(p, src, (size_t)n * 4);
-    }
-}
-
-static inline void *at(void *p, i64 i, int dt) { return (char *)p + i * (dt ? 2 : 4); }
-static inline const void *cat_(const void *p, i64 i, int dt) { return (const char *)p + i * (dt ? 2 : 4); }
-
-static float dot(const float *a, const float *b, i64 n) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (i64 i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-/* exp(x) to about 1 ulp, written so that loops of it vectorize (libm's expf does not without
- * -ffast-math): 2^n * e^r with |r| <= ln2/2 and a degree-7 Taylor polynomial. x is clamped to
- * [-87, 88] (NaN stays NaN): exp(-inf) gives ~1e-38 instead of 0, which no softmax or sigmoid here can
- * tell apart. */
-static inline float exp_f(float x) {
-    x = x < -87.0f ? -87.0f : x; /* ternaries, not fminf/fmaxf: those keep gcc from vectorizing */
-    x = x > 88.0f ? 88.0f : x;
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5 * 2^23 */
-    const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
-}
+#include "cpu_common.h"
+#include "cpu_kv8.h"
 
 static void round_row(float *x, i64 n, int dt) {
     if (dt)
@@ -150,11 +82,13 @@ static void norm_rope_head(float *x, i64 d, const float *norm_w, float eps, cons
 }
 
 /* qkv (T, stride) rows holding [q (hq*d) | k (hk*d) | v (hk*d)]: q and k normed and rotated in place,
- * then k and v stored at each token's cache slot. Caches are (slots, hk, d) in the same dtype. */
+ * then k and v stored at each token's cache slot. Caches are (slots, hk, d) in the same dtype, or with
+ * kv8 (slots, hk, d + 4) bytes: 8-bit codes and a float32 scale per head (cpu_kv8.c). */
 void gb_qkv_rope_store(void *qkv, i64 T, i64 stride, i64 hq, i64 hk, i64 d, const void *qn_w,
                        const void *kn_w, float eps, const void *cos_t, const void *sin_t, i64 rd,
-                       const i64 *positions, void *k_cache, void *v_cache, const i64 *slots, int dt,
+                       const i64 *positions, void *k_cache, void *v_cache, const i64 *slots, int dt, int kv8,
                        int threads) {
+    const i64 row8 = d + KV8_SCALE_BYTES;
 #pragma omp parallel for schedule(static) num_threads(threads) if (T * (hq + hk) * d >= (1 << 15))
     for (i64 t = 0; t < T; t++) {
         float buf[d], qn[d], kn[d], c[rd], s[rd];
@@ -167,10 +101,21 @@ void gb_qkv_rope_store(void *qkv, i64 T, i64 stride, i64 hq, i64 hk, i64 d, cons
             load_row(row, buf, d, dt);
             norm_rope_head(buf, d, h < hq ? (qn_w ? qn : 0) : (kn_w ? kn : 0), eps, c, s, rd, dt);
             store_row(row, buf, d, dt);
-            if (h >= hq) store_row(at(k_cache, (slots[t] * hk + h - hq) * d, dt), buf, d, dt);
+            if (h < hq) continue;
+            if (kv8)
+                kv8_store_row((uint8_t *)k_cache + (slots[t] * hk + h - hq) * row8, buf, d, kv8);
+            else
+                store_row(at(k_cache, (slots[t] * hk + h - hq) * d, dt), buf, d, dt);
         }
-        memcpy(at(v_cache, slots[t] * hk * d, dt), at(qkv, t * stride + (hq + hk) * d, dt),
-               (size_t)(hk * d * (dt ? 2 : 4)));
+        if (!kv8) {
+            memcpy(at(v_cache, slots[t] * hk * d, dt), at(qkv, t * stride + (hq + hk) * d, dt),
+                   (size_t)(hk * d * (dt ? 2 : 4)));
+            continue;
+        }
+        for (i64 h = 0; h < hk; h++) {
+            load_row(at(qkv, t * stride + (hq + hk + h) * d, dt), buf, d, dt);
+            kv8_store_row((uint8_t *)v_cache + (slots[t] * hk + h) * row8, buf, d, kv8);
+        }
     }
 }
 
@@ -265,7 +210,8 @@ static inline __attribute__((always_inline)) void attend(const void *qkv, i64 q_
  * sums in registers: a quarter faster) and once for any other size and dtype. */
 static void attend_any(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache,
                        const i64 *table, i64 t0, i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale,
-                       void *out, float *part, int dt) {
+                       void *out, float *part, int dt, int kv8) {
+    (void)kv8; /* the signature of kv8_attend, so that decode picks either */
     if (dt == 1 && d == 128)
         attend(qkv, q_stride, k_cache, v_cache, table, t0, t1, sq, hq, hk, 128, bs, scale, out, part, 1);
     else if (dt == 1 && d == 64)
@@ -281,7 +227,10 @@ static void attend_any(const void *qkv, i64 q_stride, const void *k_cache, const
  * parts (at least two per thread) whose partial softmax states are merged at the end. */
 void gb_decode_attention(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache,
                          const i64 *block_tables, i64 max_blocks, const i64 *context_lens, i64 nd, i64 hq,
-                         i64 hk, i64 d, i64 bs, float scale, i64 window, void *out, int dt, int threads) {
+                         i64 hk, i64 d, i64 bs, float scale, i64 window, void *out, int dt, int kv8,
+                         int threads) {
+    void (*attend_fn)(const void *, i64, const void *, const void *, const i64 *, i64, i64, i64, i64, i64, i64,
+                      i64, float, void *, float *, int, int) = kv8 ? kv8_attend : attend_any;
     const i64 parts = nd >= 2 * threads ? 1 : (2 * threads + nd - 1) / nd;
     float *scratch = parts > 1 ? (float *)malloc(sizeof(float) * (size_t)(nd * parts * hq * (d + 2))) : NULL;
     const i64 split = scratch ? parts : 1; /* out of memory: whole sequences */
@@ -291,15 +240,15 @@ void gb_decode_attention(const void *qkv, i64 q_stride, const void *k_cache, con
         const i64 start = (window > 0 && len > window) ? len - window : 0;
         const i64 *table = block_tables + sq * max_blocks;
         if (split == 1) {
-            attend_any(qkv, q_stride, k_cache, v_cache, table, start, len, sq, hq, hk, d, bs, scale, out, NULL,
-                       dt);
+            attend_fn(qkv, q_stride, k_cache, v_cache, table, start, len, sq, hq, hk, d, bs, scale, out, NULL, dt,
+                      kv8);
             continue;
         }
         const i64 first = start / bs * bs, nblk = (len - first + bs - 1) / bs;
         const i64 chunk = (nblk + split - 1) / split * bs;
         const i64 a = first + pt * chunk, b = first + (pt + 1) * chunk;
-        attend_any(qkv, q_stride, k_cache, v_cache, table, a > start ? a : start, b < len ? b : len, sq, hq, hk,
-                   d, bs, scale, NULL, scratch + (sq * split + pt) * hq * (d + 2), dt);
+        attend_fn(qkv, q_stride, k_cache, v_cache, table, a > start ? a : start, b < len ? b : len, sq, hq, hk,
+                  d, bs, scale, NULL, scratch + (sq * split + pt) * hq * (d + 2), dt, kv8);
     }
     if (split == 1) return;
 #pragma omp parallel for schedule(static) num_threads(threads) if (nd * hq * d >= (1 << 15))
@@ -324,73 +273,3 @@ void gb_decode_attention(const void *qkv, i64 q_stride, const void *k_cache, con
     free(scratch);
 }
 
-/* Prefill attention: the visible columns of row r of a tile's scores (groups, m, cols), for the query
- * m-index i = r % m at key column q0 + i: [lo, q0 + i] with lo = q0 + i - window + 1 under a window,
- * else 0; clipped to [0, cols). */
-static inline void visible(i64 r, i64 m, i64 cols, i64 q0, i64 window, i64 *lo, i64 *hi) {
-    i64 h = q0 + r % m + 1, l = window > 0 ? q0 + r % m - window + 1 : 0;
-    *hi = h < cols ? h : cols;
-    *lo = l > 0 ? l : 0;
-}
-
-/* bf16 of a finite float, round to nearest even (no NaN check, so that loops of it vectorize). */
-static inline uint16_t f2bf_finite(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static inline float row_max_bf16(const uint16_t *x, i64 n) {
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (i64 j = 0; j < n; j++) {
-        const float v = bf2f(x[j]);
-        mx = v > mx ? v : mx;
-    }
-    return mx;
-}
-
-/* offsets[r * stride] <- bf16(-max of row r's visible bf16 scores): the column that, appended to the
- * queries against a row of ones under the keys, makes a second GEMM give s - max, whose top entries
- * (all that a softmax sees) then round to bf16 with little error. */
-void gb_prefill_row_offsets_bf16(const uint16_t *s, i64 rows, i64 m, i64 cols, i64 q0, i64 window,
-                                 uint16_t *offsets, i64 stride, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows * cols >= (1 << 15))
-    for (i64 r = 0; r < rows; r++) {
-        i64 lo, hi;
-        visible(r, m, cols, q0, window, &lo, &hi);
-        offsets[r * stride] = f2bf(hi > lo ? -row_max_bf16(s + r * cols + lo, hi - lo) : 0.0f);
-    }
-}
-
-/* Prefill attention's masked softmax, in place over a tile's bf16 scores (groups, m, cols): each row's
- * visible columns (see visible()) become p = exp((s - max) * scale) / sum, in float32 stored as bf16,
- * and the rest of the row 0. */
-void gb_prefill_softmax_bf16(uint16_t *s, i64 rows, i64 m, i64 cols, i64 q0, i64 window, float scale,
-                             int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows * cols >= (1 << 15))
-    for (i64 r = 0; r < rows; r++) {
-        uint16_t *row = s + r * cols;
-        i64 lo, hi;
-        visible(r, m, cols, q0, window, &lo, &hi);
-        if (hi <= lo) { /* sees nothing (cannot happen for a causal row, which sees itself) */
-            memset(row, 0, (size_t)cols * 2);
-            continue;
-        }
-        const i64 n = hi - lo;
-        uint16_t *x = row + lo;
-        float e[n];
-        const float mx = row_max_bf16(x, n);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (i64 j = 0; j < n; j++) {
-            e[j] = exp_f((bf2f(x[j]) - mx) * scale);
-            sum += e[j];
-        }
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (i64 j = 0; j < n; j++) x[j] = f2bf_finite(e[j] * inv);
-        memset(row, 0, (size_t)lo * 2);
-        memset(row + hi, 0, (size_t)(cols - hi) * 2);
-    }
-}

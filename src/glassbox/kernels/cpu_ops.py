@@ -11,7 +11,8 @@ import ctypes
 
 import torch
 
-from glassbox.kernels.native import DTYPE_CODES, MAX_ROW, library
+from glassbox.kernels.native import DTYPE_CODES, KV8_CODES, MAX_ROW, library
+from glassbox.layers.kv_quant import row_width
 
 
 def lib() -> ctypes.CDLL:
@@ -77,7 +78,8 @@ class SiluMul:
 
 
 class PagedAttention:
-    """One layer's attention kernels over its paged KV cache (2, num_blocks, block_size, Hk, D).
+    """One layer's attention kernels over its paged KV cache (2, num_blocks, block_size, Hk, W): W = D in the
+    model's dtype, or D + 4 for an 8-bit cache (layers/kv_quant.py).
 
     ``rope_store``: rows [q | k | v] of a fused qkv projection get q/k RMSNorm (when given) and rotary
     in place, and k/v are written to their cache slots. ``decode``: one query row per sequence attends
@@ -95,15 +97,25 @@ class PagedAttention:
         scale: float,
         sliding_window: int | None,
     ) -> None:
-        _, nb, bs, hk, d = kv_cache.shape
-        dtype = kv_cache.dtype
-        if dtype not in DTYPE_CODES or d > MAX_ROW or bs > MAX_ROW or num_heads % hk:
-            raise ValueError(f"attention of {num_heads}/{hk} heads of {d} {dtype} is not supported")
+        _, nb, bs, hk, w = kv_cache.shape
+        dtype = tables[0].dtype  # the model's: q/k/v rows, rotary tables, norms
+        self.kv8 = KV8_CODES.get(kv_cache.dtype, 0)
+        d = w - (row_width(0, kv_cache.dtype) if self.kv8 else 0)
+        if (
+            dtype not in DTYPE_CODES
+            or (kv_cache.dtype != dtype and not self.kv8)
+            or d > MAX_ROW
+            or bs > MAX_ROW
+            or num_heads % hk
+        ):
+            raise ValueError(
+                f"attention of {num_heads}/{hk} heads of {d} {dtype} over a {kv_cache.dtype} cache is not supported"
+            )
         self.hq, self.hk, self.d, self.bs, self.num_blocks = num_heads, hk, d, bs, nb
         self.dtype, self.dt = dtype, DTYPE_CODES[dtype]
         self.width = (num_heads + 2 * hk) * d
         self.kv_cache, self.tables = kv_cache, tables
-        self.k_ptr = _static(kv_cache, dtype, tuple(kv_cache.shape))
+        self.k_ptr = _static(kv_cache, kv_cache.dtype, tuple(kv_cache.shape))
         self.v_ptr = int(kv_cache[1].data_ptr())
         rd = tables[0].shape[1]
         if rd > d or rd % 2:
@@ -128,7 +140,7 @@ class PagedAttention:
             raise ValueError("positions and slots need one entry per qkv row")
         self.rope_fn(
             qp, t, self.width, self.hq, self.hk, self.d, self.qn, self.kn, self.eps, self.cos, self.sin,
-            self.rd, positions.data_ptr(), self.k_ptr, self.v_ptr, slots.data_ptr(), self.dt,
+            self.rd, positions.data_ptr(), self.k_ptr, self.v_ptr, slots.data_ptr(), self.dt, self.kv8,
             torch.get_num_threads(),
         )  # fmt: skip
 
@@ -148,7 +160,7 @@ class PagedAttention:
         self.decode_fn(
             qp, self.width, self.k_ptr, self.v_ptr, block_tables.data_ptr(), max_blocks,
             context_lens.data_ptr(), nd, self.hq, self.hk, self.d, self.bs, self.scale, self.window, op,
-            self.dt, torch.get_num_threads(),
+            self.dt, self.kv8, torch.get_num_threads(),
         )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ import torch
 
 from glassbox.kernels.cpu_ops import lib
 from glassbox.layers.attention import PrefillSeq, gather_tokens
+from glassbox.layers.kv_quant import KV8_DTYPES
 
 SCORE_TILE_BYTES = 8 << 20  # the bf16 scores of one tile: sized to stay in the last-level cache
 MAX_TILE, MIN_TILE = 128, 16
@@ -34,15 +35,16 @@ def prefill_attention_bf16(
     q: torch.Tensor,  # (T, Hq, D) bf16
     k: torch.Tensor,  # (T, Hk, D) the new tokens' keys (already written to the cache)
     v: torch.Tensor,  # (T, Hk, D)
-    kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hk, D) bf16
+    kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hk, W): bf16, or 8-bit (layers/kv_quant.py)
     prefills: list[PrefillSeq],
     scale: float,
     sliding_window: int | None,
     out: torch.Tensor,  # (T, Hq, D): each prefill's rows written
 ) -> None:
     """Causal attention of each prefill chunk over its cached prefix and itself."""
-    if q.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16:
+    if q.dtype != torch.bfloat16 or kv_cache.dtype not in (torch.bfloat16, *KV8_DTYPES):
         raise ValueError(f"bf16 prefill attention got {q.dtype} queries and a {kv_cache.dtype} cache")
+    fresh_ok = kv_cache.dtype == torch.bfloat16  # an 8-bit cache is read back for the chunk's own keys too
     hq, hk, d = q.shape[1], k.shape[1], q.shape[2]
     g = hq // hk
     window = sliding_window or 0
@@ -51,11 +53,11 @@ def prefill_attention_bf16(
     threads = torch.get_num_threads()
     for p in prefills:
         total = p.start + p.q_len
-        if p.start == 0:
+        if p.start == 0 and fresh_ok:
             ks, vs = k[p.q_start : p.q_start + p.q_len], v[p.q_start : p.q_start + p.q_len]
         else:
-            ks = gather_tokens(kv_cache[0], p.block_table, total)
-            vs = gather_tokens(kv_cache[1], p.block_table, total)
+            ks = gather_tokens(kv_cache[0], p.block_table, total, torch.bfloat16)
+            vs = gather_tokens(kv_cache[1], p.block_table, total, torch.bfloat16)
         kt = torch.empty(hk, d + PAD, total, dtype=torch.bfloat16)  # keys as GEMM columns, then 1, 0...
         kt[:, :d] = ks.permute(1, 2, 0)
         kt[:, d] = 1.0

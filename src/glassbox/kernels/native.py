@@ -22,10 +22,12 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.c", "cpu_quant.c", "cpu_dequant.c")]
-HEADERS = [Path(__file__).with_name("cpu_quant.h")]
+_C_FILES = ("cpu_kernels.c", "cpu_softmax.c", "cpu_kv8.c", "cpu_quant.c", "cpu_dequant.c")
+SOURCES = [Path(__file__).with_name(name) for name in _C_FILES]
+HEADERS = [Path(__file__).with_name(name) for name in ("cpu_common.h", "cpu_kv8.h", "cpu_quant.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+KV8_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}  # an 8-bit KV cache (cpu_kv8.c); 0: the dtype's own
 MAX_ROW = 1 << 16  # the kernels keep a few rows per thread on the stack
 
 _P = ctypes.c_void_p
@@ -36,8 +38,8 @@ _SIGNATURES: dict[str, list[type]] = {
     # the last argument of each: how many threads its parallel loops may use (torch's intra-op count)
     "gb_add_rms_norm": [_P, _P, _P, _P, _I, _I, _F, _C, _C],
     "gb_silu_mul": [_P, _P, _I, _I, _C, _C],
-    "gb_qkv_rope_store": [_P, _I, _I, _I, _I, _I, _P, _P, _F, _P, _P, _I, _P, _P, _P, _P, _C, _C],
-    "gb_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _C, _C],
+    "gb_qkv_rope_store": [_P, _I, _I, _I, _I, _I, _P, _P, _F, _P, _P, _I, _P, _P, _P, _P, _C, _C, _C],
+    "gb_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _C, _C, _C],
     "gb_prefill_softmax_bf16": [_P, _I, _I, _I, _I, _I, _F, _C],
     "gb_prefill_row_offsets_bf16": [_P, _I, _I, _I, _I, _I, _P, _I, _C],
     # cpu_quant.c: weights in 32-value blocks of 4 or 8 bits
@@ -111,4 +113,5 @@ def usable(dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
     choice = os.environ.get("GLASSBOX_CPU_KERNELS", "native")
     if choice not in ("native", "torch"):
         raise ValueError(f"GLASSBOX_CPU_KERNELS must be 'native' or 'torch', got {choice!r}")
-    return choice == "native" and dtype == kv_dtype and dtype in DTYPE_CODES and library() is not None
+    same_or_8bit = kv_dtype == dtype or kv_dtype in KV8_CODES
+    return choice == "native" and same_or_8bit and dtype in DTYPE_CODES and library() is not None

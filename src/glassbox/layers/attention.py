@@ -2,6 +2,7 @@
 
 Two backends: "torch" (the reference, torch SDPA over the live blocks; CPU and CUDA) and "triton"
 (CUDA kernels in kernels/triton_attention.py that read the block tables directly; imported lazily).
+An 8-bit cache (layers/kv_quant.py) runs the torch backend here, its rows dequantized where read.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from glassbox.layers import kv_quant
 from glassbox.layers.host import parts_to_device
 
 
@@ -86,16 +88,25 @@ class AttentionMetadata:
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-    """Store the new tokens' K and V. kv_cache (2, num_blocks, block_size, Hk, D); k, v (T, Hk, D)."""
+    """Store the new tokens' K and V. kv_cache (2, num_blocks, block_size, Hk, W); k, v (T, Hk, D)."""
+    if kv_quant.is_8bit(kv_cache):
+        kv_quant.store(kv_cache[0], kv_quant.quantize(k, kv_cache.dtype), slots)
+        kv_quant.store(kv_cache[1], kv_quant.quantize(v, kv_cache.dtype), slots)
+        return
     _, nb, bs, hk, d = kv_cache.shape
     kv_cache[0].view(nb * bs, hk, d).index_copy_(0, slots, k.to(kv_cache.dtype))
     kv_cache[1].view(nb * bs, hk, d).index_copy_(0, slots, v.to(kv_cache.dtype))
 
 
-def gather_tokens(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first ``length`` tokens of one sequence's blocks: (length, Hk, D)."""
+def gather_tokens(
+    cache: torch.Tensor, block_table: torch.Tensor, length: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The first ``length`` tokens of one sequence's blocks: (length, Hk, D) in ``dtype``."""
+    if kv_quant.is_8bit(cache):
+        rows = kv_quant.select_blocks(cache, block_table)
+        return kv_quant.dequantize(rows.reshape(-1, *rows.shape[2:])[:length], dtype)
     _, bs, hk, d = cache.shape
-    return cache[block_table].reshape(-1, hk, d)[:length]
+    return cache[block_table].reshape(-1, hk, d)[:length].to(dtype)
 
 
 def _decode_attention(
@@ -118,8 +129,13 @@ def _decode_attention(
     L = mb * bs
     # (nd * Hk, L, D): only the live blocks, heads split out so that plain bmm runs each (seq, head)
     flat = block_tables.reshape(-1)  # index_select copies whole blocks: far cheaper than fancy indexing
-    kc = kv_cache[0].index_select(0, flat).view(nd, L, hk, d).transpose(1, 2).reshape(nd * hk, L, d)
-    vc = kv_cache[1].index_select(0, flat).view(nd, L, hk, d).transpose(1, 2).reshape(nd * hk, L, d)
+    if kv_quant.is_8bit(kv_cache):
+        kc = kv_quant.dequantize(kv_quant.select_blocks(kv_cache[0], flat), q.dtype)
+        vc = kv_quant.dequantize(kv_quant.select_blocks(kv_cache[1], flat), q.dtype)
+    else:
+        kc, vc = kv_cache[0].index_select(0, flat), kv_cache[1].index_select(0, flat)
+    kc = kc.view(nd, L, hk, d).transpose(1, 2).reshape(nd * hk, L, d)
+    vc = vc.view(nd, L, hk, d).transpose(1, 2).reshape(nd * hk, L, d)
     qg = q.to(kc.dtype).reshape(nd * hk, g, d)
     scores = torch.bmm(qg, kc.transpose(1, 2)).float().mul_(scale).view(nd, hk, g, L)
     pos = torch.arange(L, device=q.device)
@@ -142,7 +158,7 @@ def paged_attention(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:  # (T, Hq, D)
-    if meta.backend == "triton":
+    if meta.backend == "triton":  # never with an 8-bit cache (the executor runs the torch backend then)
         return _triton_paged_attention(q, kv_cache, meta, scale, sliding_window)
     out = torch.empty_like(q)
     nd = meta.num_decode
@@ -165,17 +181,20 @@ def prefill_attention(
     sliding_window: int | None,
     out: torch.Tensor,  # (T, Hq, D): each prefill's rows written
 ) -> None:
-    """Causal attention of each prefill chunk over its cached prefix and itself (PyTorch SDPA)."""
+    """Causal attention of each prefill chunk over its cached prefix and itself (PyTorch SDPA). An 8-bit
+    cache is read back for the chunk's own keys too, so that a prompt's answer does not depend on how it
+    was chunked or whether its prefix was cached."""
     gqa = q.shape[1] != k.shape[1]
+    fresh_ok = not kv_quant.is_8bit(kv_cache)
     for p in prefills:
         rows = slice(p.q_start, p.q_start + p.q_len)
         qs = q[rows].transpose(0, 1).unsqueeze(0)  # (1, Hq, n, D)
         total = p.start + p.q_len
-        if p.start == 0:
+        if p.start == 0 and fresh_ok:
             ks, vs = k[rows], v[rows]
         else:
-            ks = gather_tokens(kv_cache[0], p.block_table, total)
-            vs = gather_tokens(kv_cache[1], p.block_table, total)
+            ks = gather_tokens(kv_cache[0], p.block_table, total, q.dtype)
+            vs = gather_tokens(kv_cache[1], p.block_table, total, q.dtype)
         ks = ks.transpose(0, 1).unsqueeze(0).to(qs.dtype)  # (1, Hk, total, D)
         vs = vs.transpose(0, 1).unsqueeze(0).to(qs.dtype)
         if p.start == 0 and sliding_window is None:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from glassbox.kernels import cpu_ops
 from glassbox.kernels.cpu_prefill import prefill_attention_bf16
 from glassbox.layers.attention import AttentionMetadata, prefill_attention
+from glassbox.layers.kv_quant import KV8_DTYPES
 from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -129,14 +130,14 @@ def forward(
 
 def _prefill(lo: LayerOps, qkv: torch.Tensor, o: torch.Tensor, meta: AttentionMetadata) -> None:
     """The prefill rows' attention (their k/v already in the cache): tiled bf16 GEMMs around a native
-    softmax for bf16, PyTorch SDPA for float32."""
+    softmax for bf16 (over a bf16 or 8-bit cache), PyTorch SDPA for float32."""
     hq, hk, d, t = lo.attn.hq, lo.attn.hk, lo.attn.d, qkv.shape[0]
     q = qkv[:, : hq * d].unflatten(1, (hq, d))
     k = qkv[:, hq * d : (hq + hk) * d].unflatten(1, (hk, d))
     v = qkv[:, (hq + hk) * d :].unflatten(1, (hk, d))
     out = o.view(t, hq, d)
     window = lo.attn.window or None
-    if qkv.dtype == torch.bfloat16 and lo.attn.kv_cache.dtype == torch.bfloat16:
+    if qkv.dtype == torch.bfloat16 and lo.attn.kv_cache.dtype in (torch.bfloat16, *KV8_DTYPES):
         prefill_attention_bf16(q, k, v, lo.attn.kv_cache, meta.prefills, lo.attn.scale, window, out)
     else:  # float32: SDPA, the reference's own attention
         prefill_attention(q, k, v, lo.attn.kv_cache, meta.prefills, lo.attn.scale, window, out)

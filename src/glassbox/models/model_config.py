@@ -23,11 +23,13 @@ SUPPORTED_ARCHITECTURES = (
 
 # canonical dtype names (glassbox.dtypes) <-> torch
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# a KV cache may also be 8-bit (layers/kv_quant.py)
+KV_TORCH_DTYPES = {**TORCH_DTYPES, "fp8": torch.float8_e4m3fn, "int8": torch.int8}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     """The canonical name of a torch dtype ("bf16", ...)."""
-    return next(name for name, d in TORCH_DTYPES.items() if d == dtype)
+    return next(name for name, d in KV_TORCH_DTYPES.items() if d == dtype)
 
 
 @dataclass(frozen=True)

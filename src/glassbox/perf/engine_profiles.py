@@ -30,6 +30,8 @@ class EngineProfile:
     native_fp4: uses FP4 tensor cores for NVFP4/MXFP4 where the chip and kernels allow.
     mixed_rest_format: how its files store the 16-bit part of a mixed checkpoint (llama.cpp: q8_0).
     kernel_factors: apply each format's decode_kernel_factor (dequantization cost); off for ceilings.
+    kv_row_scales: an fp8/int8 KV cache keeps a float32 scale per token and head (glassbox's layout);
+        else one scale per tensor (vLLM's fp8), 1 byte per element.
     """
 
     name: str
@@ -47,6 +49,7 @@ class EngineProfile:
     kernel_factors: bool = True  # apply formats' decode_kernel_factor (off for ceilings)
     layer_overhead_s: float = 0.0
     overlap: bool = True
+    kv_row_scales: bool = False
     fitted_on: str = ""
 
     def ceiling(self) -> EngineProfile:
@@ -77,6 +80,7 @@ PROFILES: dict[str, EngineProfile] = {
             max_batched_tokens=8192,
             max_num_seqs=256,
             runtime_gib=1.0,
+            kv_row_scales=True,
             fitted_on="not fitted: engineering guess until `glassbox trace` on a GPU calibrates it",
         ),
         EngineProfile(
@@ -91,6 +95,7 @@ PROFILES: dict[str, EngineProfile] = {
             max_batched_tokens=2048,
             max_num_seqs=256,
             runtime_gib=0.5,
+            kv_row_scales=True,
             fitted_on="benchmarks/plan_vs_measured.py on a 2-core AVX-512 EPYC: Qwen3-0.6B-shaped bf16 decode "
             "and prefill at batch 1 and the demo model's decode (glassbox's C kernels around oneDNN-packed linears)",
         ),

@@ -8,20 +8,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from glassbox.dtypes import element_bytes, parse_dtype
+from glassbox.dtypes import element_bytes, kv_element_bytes, parse_dtype
 from glassbox.models.facts import ModelFacts
 from glassbox.perf.engine_profiles import EngineProfile
 from glassbox.perf.hardware import GIB, HardwareSpec
 from glassbox.perf.quant import GROUPS, QuantScheme
 
 # What --kv-cache-dtype may plan ("auto": the model's dtype); canonical names, long spellings accepted.
-KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "q8_0")
+KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "q8_0")
 
 
-def kv_bytes_per_element(kv_cache_dtype: str, model_dtype: str) -> float:
-    """Bytes per cached K/V element; raises ValueError naming ``--kv-cache-dtype``."""
+def kv_bytes_per_element(
+    kv_cache_dtype: str, model_dtype: str, row_scale_head_dim: int | None = None
+) -> float:
+    """Bytes per cached K/V element; with ``row_scale_head_dim``, as glassbox's cache holds fp8/int8 (a
+    float32 scale per token and head of that many elements: dtypes.kv_element_bytes), else one byte.
+    Raises ValueError naming ``--kv-cache-dtype``."""
     key = parse_dtype(kv_cache_dtype, "--kv-cache-dtype", KV_DTYPES)
-    return element_bytes(model_dtype if key == "auto" else key)
+    name = model_dtype if key == "auto" else key
+    return element_bytes(name) if row_scale_head_dim is None else kv_element_bytes(name, row_scale_head_dim)
 
 
 def weight_bytes(facts: ModelFacts, scheme: QuantScheme) -> float:

@@ -79,4 +79,5 @@ def resolve(req: PlanRequest) -> Setup:
     hw = get_hardware(req.hardware)
     engine = get_engine(req.engine)
     scheme = resolve_scheme(req.quant, facts.native_quant, facts.dtype, engine.gguf, engine.mixed_rest_format)
-    return Setup(facts, scheme, hw, engine, kv_bytes_per_element(req.kv_cache_dtype, facts.dtype))
+    row_scales = facts.head_dim if engine.kv_row_scales else None
+    return Setup(facts, scheme, hw, engine, kv_bytes_per_element(req.kv_cache_dtype, facts.dtype, row_scales))

@@ -1,0 +1,78 @@
+/* Helpers shared by glassbox's CPU kernels (cpu_kernels.c, cpu_softmax.c, cpu_kv8.c): storage dtypes
+ * (dt == 0 float32, dt == 1 bfloat16) and the float32 arithmetic they all use. */
+#ifndef GB_CPU_COMMON_H
+#define GB_CPU_COMMON_H
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int64_t i64;
+
+static inline float bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f2bf(float f) { /* round to nearest even, NaN kept quiet */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline void load_row(const void *p, float *dst, i64 n, int dt) {
+    if (dt) {
+        const uint16_t *s = (const uint16_t *)p;
+        for (i64 i = 0; i < n; i++) dst[i] = bf2f(s[i]);
+    } else {
+        memcpy(dst, p, (size_t)n * 4);
+    }
+}
+
+static inline void store_row(void *p, const float *src, i64 n, int dt) {
+    if (dt) {
+        uint16_t *d = (uint16_t *)p;
+        for (i64 i = 0; i < n; i++) d[i] = f2bf(src[i]);
+    } else {
+        memcpy(p, src, (size_t)n * 4);
+    }
+}
+
+static inline void *at(void *p, i64 i, int dt) { return (char *)p + i * (dt ? 2 : 4); }
+static inline const void *cat_(const void *p, i64 i, int dt) { return (const char *)p + i * (dt ? 2 : 4); }
+
+static inline float dot(const float *a, const float *b, i64 n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (i64 i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* exp(x) to about 1 ulp, written so that loops of it vectorize (libm's expf does not without
+ * -ffast-math): 2^n * e^r with |r| <= ln2/2 and a degree-7 Taylor polynomial. x is clamped to
+ * [-87, 88] (NaN stays NaN): exp(-inf) gives ~1e-38 instead of 0, which no softmax or sigmoid here can
+ * tell apart. */
+static inline float exp_f(float x) {
+    x = x < -87.0f ? -87.0f : x; /* ternaries, not fminf/fmaxf: those keep gcc from vectorizing */
+    x = x > 88.0f ? 88.0f : x;
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5 * 2^23 */
+    const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+#endif

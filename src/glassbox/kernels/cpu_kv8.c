@@ -1,0 +1,131 @@
+/* The 8-bit KV cache (layers/kv_quant.py holds the same arithmetic in PyTorch ops, the reference).
+ *
+ * Each (token, head) row of d values is stored as d codes followed by its float32 scale s:
+ * s = max|x| / 127 (int8) or max|x| / 448 (fp8 e4m3fn; 1 for an all-zero row), code = round-half-even(x / s)
+ * or fp8(x / s) rounded as torch's float8_e4m3fn conversion, and x is read back as s * value(code).
+ * Half the bytes of a bf16 cache (plus 4 per row), so decode attention reads half as much. */
+#include "cpu_kv8.h"
+
+static float fp8_value[256]; /* e4m3fn code -> float, filled when the library loads */
+
+__attribute__((constructor)) static void fill_fp8_values(void) {
+    for (int c = 0; c < 256; c++) {
+        const int e = (c >> 3) & 15, m = c & 7;
+        float v = e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m, -9); /* subnormal: m 2^-9 */
+        if (e == 15 && m == 7) v = NAN;
+        fp8_value[c] = (c & 0x80) ? -v : v;
+    }
+}
+
+/* float -> e4m3fn, round to nearest even; |f| >= 480 gives NaN (0x7f), as torch's conversion does. */
+static inline uint8_t f2e4m3(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint32_t sign = u & 0x80000000u;
+    u ^= sign;
+    uint8_t r;
+    if (u >= (1087u << 20)) { /* 480.0 and above, inf, NaN */
+        r = 0x7f;
+    } else if (u < (121u << 23)) { /* below 2^-6: subnormal, rounded by a float addition of 2^14 */
+        const uint32_t magic = 141u << 23;
+        float a, b;
+        memcpy(&a, &u, 4);
+        memcpy(&b, &magic, 4);
+        a += b;
+        uint32_t v;
+        memcpy(&v, &a, 4);
+        r = (uint8_t)(v - magic);
+    } else {
+        const uint32_t odd = (u >> 20) & 1u;
+        u += ((uint32_t)(7 - 127) << 23) + 0x7ffffu + odd;
+        r = (uint8_t)(u >> 20);
+    }
+    return (uint8_t)(r | (sign >> 24));
+}
+
+void kv8_store_row(uint8_t *dst, const float *x, i64 d, int kind) {
+    float amax = 0.0f;
+    for (i64 i = 0; i < d; i++) {
+        const float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    const float s = amax > 0.0f ? amax / (kind == KV8_INT8 ? 127.0f : 448.0f) : 1.0f;
+    if (kind == KV8_INT8) {
+        for (i64 i = 0; i < d; i++) {
+            float y = nearbyintf(x[i] / s);
+            y = y > 127.0f ? 127.0f : (y < -127.0f ? -127.0f : y);
+            dst[i] = (uint8_t)(int8_t)y;
+        }
+    } else {
+        for (i64 i = 0; i < d; i++) dst[i] = f2e4m3(x[i] / s);
+    }
+    memcpy(dst + d, &s, 4);
+}
+
+/* A row's codes as floats (unscaled); returns its scale. */
+static inline float load_codes(const uint8_t *row, float *dst, i64 d, int kind) {
+    if (kind == KV8_INT8) {
+        for (i64 i = 0; i < d; i++) dst[i] = (float)(int8_t)row[i];
+    } else {
+        for (i64 i = 0; i < d; i++) dst[i] = fp8_value[row[i]];
+    }
+    float s;
+    memcpy(&s, row + d, 4);
+    return s;
+}
+
+/* cpu_kernels.c's attend with K/V rows of codes: the online softmax in float32 over blocks, q . code scaled
+ * by the key's scale, each V row's codes widened once and weighted by p times its scale. */
+void kv8_attend(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache, const i64 *table, i64 t0,
+                i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale, void *out, float *part, int dt,
+                int kind) {
+    const i64 g = hq / hk, rb = d + KV8_SCALE_BYTES;
+    const uint8_t *kc = (const uint8_t *)k_cache, *vc = (const uint8_t *)v_cache;
+    float acc[hq][d], qf[hq][d], sc[hq][bs], m[hq], l[hq], row[d];
+    for (i64 j = 0; j < hq; j++) {
+        m[j] = -INFINITY;
+        l[j] = 0.0f;
+        memset(acc[j], 0, sizeof(float) * (size_t)d);
+        load_row(cat_(qkv, sq * q_stride + j * d, dt), qf[j], d, dt);
+    }
+    for (i64 b = t0 / bs; b * bs < t1; b++) {
+        const i64 blk = table[b];
+        const i64 lo = t0 > b * bs ? t0 - b * bs : 0;
+        const i64 hi = t1 < (b + 1) * bs ? t1 - b * bs : bs;
+        for (i64 p = lo; p < hi; p++)
+            for (i64 h = 0; h < hk; h++) {
+                const float ks = load_codes(kc + ((blk * bs + p) * hk + h) * rb, row, d, kind) * scale;
+                for (i64 j = h * g; j < (h + 1) * g; j++) sc[j][p] = dot(qf[j], row, d) * ks;
+            }
+        for (i64 j = 0; j < hq; j++) {
+            float mb = m[j];
+            for (i64 p = lo; p < hi; p++) mb = sc[j][p] > mb ? sc[j][p] : mb;
+            const float corr = exp_f(m[j] - mb); /* ~0 on the first block (m = -inf) */
+            l[j] *= corr;
+            for (i64 i = 0; i < d; i++) acc[j][i] *= corr;
+            for (i64 p = lo; p < hi; p++) sc[j][p] = exp_f(sc[j][p] - mb);
+            for (i64 p = lo; p < hi; p++) l[j] += sc[j][p];
+            m[j] = mb;
+        }
+        for (i64 p = lo; p < hi; p++)
+            for (i64 h = 0; h < hk; h++) {
+                const float vs = load_codes(vc + ((blk * bs + p) * hk + h) * rb, row, d, kind);
+                for (i64 j = h * g; j < (h + 1) * g; j++) {
+                    const float w = sc[j][p] * vs;
+                    for (i64 i = 0; i < d; i++) acc[j][i] += w * row[i];
+                }
+            }
+    }
+    for (i64 j = 0; j < hq; j++) {
+        if (part) {
+            float *pj = part + j * (d + 2);
+            pj[0] = m[j];
+            pj[1] = l[j];
+            memcpy(pj + 2, acc[j], sizeof(float) * (size_t)d);
+            continue;
+        }
+        const float inv = 1.0f / l[j];
+        for (i64 i = 0; i < d; i++) acc[j][i] *= inv;
+        store_row(at(out, sq * hq * d + j * d, dt), acc[j], d, dt);
+    }
+}
