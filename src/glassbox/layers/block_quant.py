@@ -222,6 +222,21 @@ def _pack(
     return BlockWeights(tensor(codes, np.uint8), tensor(scales, np.float16), off, factor, bits, k, label, z)
 
 
+def from_zero_codes(
+    q: np.ndarray,
+    scales: np.ndarray,
+    zeros: np.ndarray,
+    bits: int,
+    k: int,
+    label: str,
+    perm: torch.Tensor | None,
+) -> BlockWeights:
+    """From codes (N, nb, 32) uint8, per-block float16 scales and uint8 zero codes (N, nb) (GPTQ, AWQ)."""
+    w = _pack(q, scales, None, 0.0, bits, k, label, zeros)
+    w.perm = perm
+    return w
+
+
 def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> BlockWeights:
     """A GGUF tensor's block bytes (rows, row bytes), HF shape (N, K), repacked."""
     if ggml_type not in _BYTES:
