@@ -57,6 +57,7 @@ def run_trace(
         "model": engine.model_name,
         "device": str(engine.executor.device),
         "dtype": dtype_name(engine.executor.dtype),
+        "weight_blocks": engine.executor.block_formats,  # formats kept in blocks ("Q4_1", "GPTQ int4 g128")
         "prompt": prompt,
         "text": final.text,
         "finish_reason": final.finish_reason,

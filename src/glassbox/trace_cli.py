@@ -57,7 +57,8 @@ def render(r: dict[str, Any]) -> None:
     from rich.table import Table
 
     ph = r["phases"]
-    t = Table(title=f"glassbox trace — {r['model']} on {r['device']} ({r['dtype']})")
+    blocks = f", weights in blocks: {', '.join(r['weight_blocks'])}" if r.get("weight_blocks") else ""
+    t = Table(title=f"glassbox trace — {r['model']} on {r['device']} ({r['dtype']}{blocks})")
     for col in ("step", "measured", "vs roofline"):
         t.add_column(col)
     pre, dec = ph["prefill"], ph["decode"]

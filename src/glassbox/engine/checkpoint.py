@@ -1,6 +1,7 @@
 """A checkpoint opened for the engine: its description, tokenizer and weights, from a Hugging Face
-directory (config.json, tokenizer files, safetensors) or a GGUF file (metadata, vocabulary, tensors:
-Q4_0, Q4_1 and Q8_0 kept in their blocks when the engine can run them so, the rest dequantized)."""
+directory (config.json, tokenizer files, safetensors; GPTQ and AWQ layers repacked into blocks) or a GGUF
+file (metadata, vocabulary, tensors: Q4_0, Q4_1 and Q8_0 kept in their blocks when the engine can run
+them so, the rest dequantized)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from glassbox.layers.block_quant import GGUF_TYPES, BlockWeights, from_gguf
 from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
 from glassbox.models.facts import ModelFacts
 from glassbox.models.gguf_reader import GGUFCheckpoint, open_gguf
+from glassbox.models.gptq_awq import check_runs, read_group_quant
 from glassbox.models.loader import safetensors_tensors
+from glassbox.models.quant_config import group_quant
 from glassbox.models.sources import ModelSource
 from glassbox.tokenizer.gguf_tokenizer import tokenizer_from_gguf
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
@@ -28,10 +31,19 @@ class Checkpoint:
     tokenizer: Tokenizer
     gguf: GGUFCheckpoint | None = None
 
-    def weights(self, keep_packed: bool) -> tuple[Tensors, dict[str, BlockWeights]]:
+    def weights(
+        self, keep_packed: bool, device: torch.device, dtype: torch.dtype
+    ) -> tuple[Tensors, dict[str, BlockWeights]]:
         """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
-        tensors of the packed types (layers/block_quant.py) stay in their blocks; all else is float."""
+        tensors of the packed types (layers/block_quant.py) stay in their blocks; a GPTQ/AWQ checkpoint's
+        layers always do (ValueError off the CPU or in a dtype other than bf16/float32, or for settings
+        the loader cannot run); all else is float."""
         if self.gguf is None:
+            spec = group_quant(self.facts.quantization_config)
+            if spec is not None:
+                check_runs(spec, device, dtype)
+                packed_layers, rest = read_group_quant(self.source.path, spec)
+                return rest, packed_layers
             return safetensors_tensors(self.source.path), {}
         gguf = self.gguf
         packed: dict[str, BlockWeights] = {}

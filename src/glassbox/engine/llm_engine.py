@@ -107,6 +107,8 @@ class LLMEngine:
         )
         self.model_config = self.executor.model_config
         self.executor.eos_ids = self.tokenizer.eos_token_ids
+        if self.executor.block_formats:
+            logger.info("weights kept in blocks: %s", ", ".join(self.executor.block_formats))
         plan = self.executor.kv_plan
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens, %.3f GiB (%s, %s)",

@@ -111,11 +111,14 @@ class TorchExecutor:
             raise ValueError(
                 f"--quantization {config.quantization} runs on the CPU only so far (not on CUDA)"
             )
-        # GGUF Q4_0/Q4_1/Q8_0 stay in their blocks where the C kernels run them (CPU, bf16 activations)
+        # GGUF Q4_0/Q4_1/Q8_0 stay in their blocks where the C kernels run them (CPU, bf16 activations);
+        # GPTQ/AWQ layers always do (CPU only)
         keep_packed = (
             config.quantization is None and self.attn_backend == "native" and self.dtype == torch.bfloat16
         )
-        weights, packed = checkpoint.weights(keep_packed) if checkpoint is not None else (None, {})
+        weights, packed = (
+            checkpoint.weights(keep_packed, self.device, self.dtype) if checkpoint is not None else (None, {})
+        )
         where = "the checkpoint" if checkpoint is None else str(checkpoint.source.path)
         self.model = build_model(
             model_config, weights, self.dtype, self.device, seed=config.seed, where=where, packed=packed

@@ -5,14 +5,13 @@
 #ifdef GB_VNNI
 /* One row's whole chunks, dequantized into out (row of K values, dt 0 float32 / 1 bf16): for each code vector
  * p, 16 codes at a time (4 codes of 4 blocks) widened, scaled and offset per block, stored as 4-value runs. */
-static void dequant_chunks(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 chunks, int bits,
+static void dequant_chunks(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 chunks, int bits,
                            void *out, int dt) {
     const __m512i mask = _mm512_set1_epi8(15);
     for (i64 ch = 0; ch < chunks; ch++) {
         const i64 b = ch * CHUNK;
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b)));
-        const __m512 ov = o ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + b)))
-                            : _mm512_mul_ps(dv, _mm512_set1_ps(c));
+        const __m512 ov = block_offsets16(o, z, c, b, dv);
         __m512 ds[4], os[4]; /* group g: lanes 4i..4i+3 hold block 4g + i's scale (offset) */
         for (int g = 0; g < 4; g++) {
             const __m512i idx = _mm512_setr_epi32(4 * g, 4 * g, 4 * g, 4 * g, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
@@ -55,7 +54,7 @@ static void dequant_chunks(const uint8_t *w, const uint16_t *d, const uint16_t *
 #endif
 
 /* W (N x K) dequantized: d q + o per value, rounded once to the dtype (dt 0 float32 / 1 bf16). */
-void gb_dequant_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 N, i64 Kp, i64 K,
+void gb_dequant_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 N, i64 Kp, i64 K,
                        int bits, void *out, int out_dt, int threads) {
     const i64 row_bytes = bits == 4 ? Kp / 2 : Kp;
     const i64 nb = Kp / 32;
@@ -69,14 +68,14 @@ void gb_dequant_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, f
         const uint8_t *row = w + n * row_bytes;
 #if defined(GB_VNNI) && defined(__AVX512BF16__)
         if (first > 0)
-            dequant_chunks(row, d + n * nb, o ? o + n * nb : NULL, c, chunks, bits,
+            dequant_chunks(row, d + n * nb, o ? o + n * nb : NULL, z ? z + n * nb : NULL, c, chunks, bits,
                            (char *)out + n * K * (out_dt ? 2 : 4), out_dt);
 #endif
         for (i64 k = first; k < K; k++) {
             const i64 b = k / 32;
             const int q = code_at(row, k, Kp, bits);
             const float db = h2f(d[n * nb + b]);
-            const float ob = o ? h2f(o[n * nb + b]) : c * db;
+            const float ob = block_offset(o ? o + n * nb : NULL, z ? z + n * nb : NULL, c, b, db);
             store_out(out, n * K + k, db * (float)q + ob, out_dt);
         }
     }

@@ -4,7 +4,8 @@
  * One weight layout for every format (repacked at load by layers/block_quant.py): row n of K values
  * (K padded to Kp, a multiple of 64) holds unsigned codes q, and per 32-value block b a float16 scale
  * d[n,b] and an offset o[n,b]:  W[n,k] = d[n,b] * q[n,k] + o[n,b],  b = k / 32.  The offset is either
- * stored (float16, Q4_1: the block's min m) or c d[n,b] for one constant c (o16 == NULL):
+ * stored (float16, Q4_1: the block's min m), or -z[n,b] d[n,b] for an integer zero code z (uint8, GPTQ and AWQ:
+ * W = d (q - z) exactly, -z d computed in float32), or c d[n,b] for one constant c (neither stored):
  *   Q4_0 and int4: q in 0..15, c = -8.   Q8_0 and int8: q = s + 128 (s the int8), c = -128.
  * So a Q4_0 row costs 4.5 bits per weight, Q4_1 5, Q8_0 8.5: the file's own sizes.
  * Codes come in chunks of 16 blocks (512 codes), interleaved so that one 64-byte vector holds 4 codes of
@@ -65,14 +66,14 @@ static inline int32_t block_dot(const uint8_t *row, i64 b, i64 Kp, int bits, con
 }
 
 /* blocks [b0, nb) of one row against each activation row, added to y[m] (the plain-C path) */
-static void rows_tail(const uint8_t *row, const uint16_t *d, const uint16_t *o, float c, i64 Kp, int bits,
+static void rows_tail(const uint8_t *row, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 Kp, int bits,
                       const int8_t *qx, const float *dx, const float *cx, i64 M, i64 b0, float *y) {
     const i64 nb = Kp / 32;
     for (i64 m = 0; m < M; m++) {
         float total = 0.0f;
         for (i64 b = b0; b < nb; b++) {
             const float db = h2f(d[b]);
-            const float ob = o ? h2f(o[b]) : c * db;
+            const float ob = block_offset(o, z, c, b, db);
             const int32_t ip = block_dot(row, b, Kp, bits, qx + m * Kp);
             total += dx[m * nb + b] * db * (float)ip + ob * cx[m * nb + b];
         }
@@ -83,7 +84,7 @@ static void rows_tail(const uint8_t *row, const uint16_t *d, const uint16_t *o, 
 #ifdef GB_VNNI
 /* Blocks [b0, nb) of one row (the plain-order tail, nb - b0 even) against one activation row: sum_b dx d ip
  * + o cx, with 256-bit VNNI per pair of blocks. */
-static inline float tail_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 Kp, int bits,
+static inline float tail_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 Kp, int bits,
                               const int8_t *a, const float *dx, const float *cx, i64 b0) {
     const i64 nb = Kp / 32, chunks = nb / CHUNK;
     const __m256i mask = _mm256_set1_epi8(15);
@@ -105,7 +106,7 @@ static inline float tail_vnni(const uint8_t *w, const uint16_t *d, const uint16_
         const int32_t ip0 = _mm_extract_epi32(q, 0) + _mm_extract_epi32(q, 1);
         const int32_t ip1 = _mm_extract_epi32(q, 2) + _mm_extract_epi32(q, 3);
         const float d0 = h2f(d[b]), d1 = h2f(d[b + 1]);
-        const float o0 = o ? h2f(o[b]) : c * d0, o1 = o ? h2f(o[b + 1]) : c * d1;
+        const float o0 = block_offset(o, z, c, b, d0), o1 = block_offset(o, z, c, b + 1, d1);
         total += dx[b] * d0 * (float)ip0 + o0 * cx[b] + dx[b + 1] * d1 * (float)ip1 + o1 * cx[b + 1];
     }
     return total;
@@ -113,7 +114,7 @@ static inline float tail_vnni(const uint8_t *w, const uint16_t *d, const uint16_
 
 /* y[m] for one weight row: whole chunks in vectors (codes unpacked once for all M rows; one int32 lane per
  * block, so no reduction), the remaining blocks by rows_tail. */
-static void row_dot_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, i64 Kp, int bits,
+static void row_dot_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 Kp, int bits,
                          const int8_t *qx, const float *dx, const float *cx, i64 M, float *y) {
     const i64 nb = Kp / 32;
     const i64 chunks = nb / CHUNK;
@@ -133,8 +134,7 @@ static void row_dot_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o,
             for (int p = 0; p < 8; p++) codes[p] = _mm512_loadu_si512((const void *)(w + ch * 512 + p * 64));
         }
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b)));
-        const __m512 ov = o ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + b)))
-                            : _mm512_mul_ps(dv, _mm512_set1_ps(c));
+        const __m512 ov = block_offsets16(o, z, c, b, dv);
         for (i64 m = 0; m < M; m++) {
             const int8_t *a = qx + m * Kp + ch * 512;
             __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
@@ -150,7 +150,7 @@ static void row_dot_vnni(const uint8_t *w, const uint16_t *d, const uint16_t *o,
     }
     for (i64 m = 0; m < M; m++)
         y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m], off[m])) +
-               tail_vnni(w, d, o, c, Kp, bits, qx + m * Kp, dx + m * nb, cx + m * nb, chunks * CHUNK);
+               tail_vnni(w, d, o, z, c, Kp, bits, qx + m * Kp, dx + m * nb, cx + m * nb, chunks * CHUNK);
 }
 #endif
 
@@ -178,7 +178,7 @@ static inline __m512 sum_lanes16(__m512 v[16]) {
 
 /* One activation row against 16 weight rows n0..n0+15 whose blocks all lie in whole chunks: y[r] for row
  * n0 + r (per-row horizontal sums done together at the end). */
-static void rows16_m1(const uint8_t *w, i64 row_bytes, const uint16_t *d, const uint16_t *o, float c, i64 Kp,
+static void rows16_m1(const uint8_t *w, i64 row_bytes, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 Kp,
                       int bits, const int8_t *qx, const float *dx, const float *cx, float *y) {
     const i64 nb = Kp / 32, chunks = nb / CHUNK;
     const __m512i mask = _mm512_set1_epi8(15);
@@ -214,8 +214,7 @@ static void rows16_m1(const uint8_t *w, i64 row_bytes, const uint16_t *d, const 
                 }
             }
             const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + r * nb + b)));
-            const __m512 ov = o ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + r * nb + b)))
-                                : _mm512_mul_ps(dv, _mm512_set1_ps(c));
+            const __m512 ov = block_offsets16(o ? o + r * nb : NULL, z ? z + r * nb : NULL, c, b, dv);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dv, dxv), acc[r]);
             acc[r] = _mm512_fmadd_ps(ov, cxv, acc[r]);
         }
@@ -223,15 +222,15 @@ static void rows16_m1(const uint8_t *w, i64 row_bytes, const uint16_t *d, const 
     _mm512_storeu_ps(y, sum_lanes16(acc));
     if (chunks * CHUNK < nb) /* blocks past the last whole chunk */
         for (int r = 0; r < 16; r++)
-            y[r] += tail_vnni(w + r * row_bytes, d + r * nb, o ? o + r * nb : NULL, c, Kp, bits, qx, dx, cx,
-                              chunks * CHUNK);
+            y[r] += tail_vnni(w + r * row_bytes, d + r * nb, o ? o + r * nb : NULL, z ? z + r * nb : NULL, c, Kp,
+                              bits, qx, dx, cx, chunks * CHUNK);
 }
 #endif
 
 /* out[m * out_stride + n] = sum_b dx[m,b] d[n,b] ip + o[n,b] cx[m,b] (+ bias[n]) for n < N, m < M.
  * w: N rows of Kp / 2 (bits 4) or Kp (bits 8) bytes; d, o: N x Kp / 32; M <= 64. ``generic``: the plain-C
  * path alone (the vector path's reference). */
-static void gemv(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, const float *bias, i64 N, i64 Kp,
+static void gemv(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, const float *bias, i64 N, i64 Kp,
                  int bits, const int8_t *qx, const float *dx, const float *cx, i64 M, void *out, i64 out_stride,
                  int out_dt, int threads, int generic) {
     const i64 row_bytes = bits == 4 ? Kp / 2 : Kp;
@@ -243,13 +242,15 @@ static void gemv(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c
         for (i64 t = 0; t < tiles; t++) {
             float y[16];
             const i64 n0 = t * 16;
-            rows16_m1(w + n0 * row_bytes, row_bytes, d + n0 * nb, o ? o + n0 * nb : NULL, c, Kp, bits, qx, dx, cx, y);
+            rows16_m1(w + n0 * row_bytes, row_bytes, d + n0 * nb, o ? o + n0 * nb : NULL, z ? z + n0 * nb : NULL, c,
+                      Kp, bits, qx, dx, cx, y);
             for (int r = 0; r < 16; r++) store_out(out, n0 + r, y[r] + (bias ? bias[n0 + r] : 0.0f), out_dt);
         }
         if (tiles * 16 == N) return;
         const i64 done = tiles * 16; /* the last rows one by one */
-        gemv(w + done * row_bytes, d + done * nb, o ? o + done * nb : NULL, c, bias ? bias + done : NULL, N - done,
-             Kp, bits, qx, dx, cx, M, (char *)out + done * (out_dt ? 2 : 4), out_stride, out_dt, threads, 0);
+        gemv(w + done * row_bytes, d + done * nb, o ? o + done * nb : NULL, z ? z + done * nb : NULL, c,
+             bias ? bias + done : NULL, N - done, Kp, bits, qx, dx, cx, M, (char *)out + done * (out_dt ? 2 : 4),
+             out_stride, out_dt, threads, 0);
         return;
     }
 #endif
@@ -257,35 +258,36 @@ static void gemv(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c
     for (i64 n = 0; n < N; n++) {
         float y[64];
         const uint16_t *on = o ? o + n * nb : NULL;
+        const uint8_t *zn = z ? z + n * nb : NULL;
 #ifdef GB_VNNI
         if (!generic) {
-            row_dot_vnni(w + n * row_bytes, d + n * nb, on, c, Kp, bits, qx, dx, cx, M, y);
+            row_dot_vnni(w + n * row_bytes, d + n * nb, on, zn, c, Kp, bits, qx, dx, cx, M, y);
         } else
 #endif
         {
             for (i64 m = 0; m < M; m++) y[m] = 0.0f;
-            rows_tail(w + n * row_bytes, d + n * nb, on, c, Kp, bits, qx, dx, cx, M, 0, y);
+            rows_tail(w + n * row_bytes, d + n * nb, on, zn, c, Kp, bits, qx, dx, cx, M, 0, y);
         }
         const float bn = bias ? bias[n] : 0.0f;
         for (i64 m = 0; m < M; m++) store_out(out, m * out_stride + n, y[m] + bn, out_dt);
     }
 }
 
-void gb_gemv_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, const float *bias, i64 N,
+void gb_gemv_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, const float *bias, i64 N,
                     i64 Kp, int bits, const int8_t *qx, const float *dx, const float *cx, i64 M, void *out,
                     i64 out_stride, int out_dt, int threads) {
-    gemv(w, d, o, c, bias, N, Kp, bits, qx, dx, cx, M, out, out_stride, out_dt, threads, 0);
+    gemv(w, d, o, z, c, bias, N, Kp, bits, qx, dx, cx, M, out, out_stride, out_dt, threads, 0);
 }
 
-void gb_gemv_blocks_generic(const uint8_t *w, const uint16_t *d, const uint16_t *o, float c, const float *bias,
+void gb_gemv_blocks_generic(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, const float *bias,
                             i64 N, i64 Kp, int bits, const int8_t *qx, const float *dx, const float *cx, i64 M,
                             void *out, i64 out_stride, int out_dt, int threads) {
-    gemv(w, d, o, c, bias, N, Kp, bits, qx, dx, cx, M, out, out_stride, out_dt, threads, 1);
+    gemv(w, d, o, z, c, bias, N, Kp, bits, qx, dx, cx, M, out, out_stride, out_dt, threads, 1);
 }
 
 /* One linear in one call: x (M x K, dt 0 float32 / 1 bf16) to int8 blocks, then the GEMV into out (M x N,
  * same dtype), 64 activation rows at a time (each weight row is read once per 64 rows). */
-void gb_linear_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint16_t *d, const uint16_t *o, float c,
+void gb_linear_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c,
                       const float *bias, i64 N, i64 Kp, int bits, void *out, int dt, int threads) {
     const i64 nb = Kp / 32;
     int8_t *qx = (int8_t *)malloc((size_t)(M * Kp));
@@ -295,7 +297,7 @@ void gb_linear_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint1
         gb_quantize_rows_q8(x, M, K, Kp, qx, dx, cx, dt, threads);
         for (i64 m0 = 0; m0 < M; m0 += 64) {
             const i64 rows = M - m0 < 64 ? M - m0 : 64;
-            gemv(w, d, o, c, bias, N, Kp, bits, qx + m0 * Kp, dx + m0 * nb, cx + m0 * nb, rows,
+            gemv(w, d, o, z, c, bias, N, Kp, bits, qx + m0 * Kp, dx + m0 * nb, cx + m0 * nb, rows,
                  (char *)out + m0 * N * (dt ? 2 : 4), N, dt, threads, 0);
         }
     }

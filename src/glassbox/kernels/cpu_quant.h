@@ -77,4 +77,22 @@ static inline int code_at(const uint8_t *row, i64 k, i64 Kp, int bits) {
     return (i & 1) ? (row[i >> 1] >> 4) : (row[i >> 1] & 15);
 }
 
+/* Block b's offset o (see cpu_quant.c): stored (o), -z d for integer zero codes (z), else c d. Exact: a
+ * float16 d times an integer below 256 fits float32's 24 bits. */
+static inline float block_offset(const uint16_t *o, const uint8_t *z, float c, i64 b, float db) {
+    return o ? h2f(o[b]) : z ? -(float)z[b] * db : c * db;
+}
+
+#ifdef GB_VNNI
+/* The offsets of blocks b .. b + 15 of one row, whose scales are dv (as block_offset). */
+static inline __m512 block_offsets16(const uint16_t *o, const uint8_t *z, float c, i64 b, __m512 dv) {
+    if (o) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + b)));
+    if (z) {
+        const __m512 zf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z + b))));
+        return _mm512_mul_ps(zf, _mm512_sub_ps(_mm512_setzero_ps(), dv));
+    }
+    return _mm512_mul_ps(dv, _mm512_set1_ps(c));
+}
+#endif
+
 #endif

@@ -44,10 +44,11 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_prefill_row_offsets_bf16": [_P, _I, _I, _I, _I, _I, _P, _I, _C],
     # cpu_quant.c: weights in 32-value blocks of 4 or 8 bits
     "gb_quantize_rows_q8": [_P, _I, _I, _I, _P, _P, _P, _C, _C],
-    "gb_gemv_blocks": [_P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
-    "gb_gemv_blocks_generic": [_P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
-    "gb_dequant_blocks": [_P, _P, _P, _F, _I, _I, _I, _C, _P, _C, _C],
-    "gb_linear_blocks": [_P, _I, _I, _P, _P, _P, _F, _P, _I, _I, _C, _P, _C, _C],
+    # weight arguments: codes, scales, offsets (or NULL), zero codes (or NULL), offset factor
+    "gb_gemv_blocks": [_P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
+    "gb_gemv_blocks_generic": [_P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
+    "gb_dequant_blocks": [_P, _P, _P, _P, _F, _I, _I, _I, _C, _P, _C, _C],
+    "gb_linear_blocks": [_P, _I, _I, _P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _C, _C],
 }
 
 

@@ -1,10 +1,13 @@
-"""Weights kept in 32-value blocks of 4 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 files as stored, and
-``--quantization int4|int8`` of a 16/32-bit checkpoint.
+"""Weights kept in 32-value blocks of 4 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 files as stored, GPTQ and
+AWQ checkpoints (models/gptq_awq.py), and ``--quantization int4|int8`` of a 16/32-bit checkpoint.
 
 Every format is repacked at load into one layout (``BlockWeights``, read by kernels/cpu_quant.c):
 unsigned codes q, and per block b of row n a float16 scale d and an offset o, W[n, k] = d[n, b] q[n, k] +
-o[n, b], the offset stored (float16: Q4_1's min m) or c d for one constant c (Q4_0 and int4: c = -8,
-Q8_0 and int8: c = -128). The bytes per weight are the file's own (Q4_0 4.5 bits, Q4_1 5, Q8_0 8.5). Decode rows run the kernels' int8-activation
+o[n, b], the offset stored (float16: Q4_1's min m), or -z d for an integer zero code z (uint8: GPTQ and
+AWQ, W = d (q - z) exactly, a group's scale and zero repeated over its blocks), or c d for one constant c
+(Q4_0 and int4: c = -8, Q8_0 and int8: c = -128). GPTQ's act-order (input channels grouped out of order)
+keeps the channels sorted by group and a permutation ``perm`` that the linear applies to its input first.
+The bytes per weight are the file's own (Q4_0 4.5 bits, Q4_1 5, Q8_0 8.5). Decode rows run the kernels' int8-activation
 GEMV (llama.cpp's arithmetic); other rows, and float32 models, multiply the dequantized weight
 (``dequantize``, exact in float32), so a float32 model gives what the dequantized model gives.
 ``dequantize_reference`` is the same dequantization in PyTorch ops: the kernels' reference and fallback.
@@ -59,8 +62,9 @@ def _lib() -> ctypes.CDLL | None:
 @dataclass
 class BlockWeights:
     """A weight matrix (N x K) in blocks: ``codes`` uint8 (N, Kp/2) for 4 bits or (N, Kp) for 8,
-    ``scales`` float16 (N, Kp/32), ``offsets`` float16 (N, Kp/32) or None (then o = offset_factor * d);
-    columns past K are zero."""
+    ``scales`` float16 (N, Kp/32), ``offsets`` float16 (N, Kp/32) or None, then ``zeros`` uint8 (N, Kp/32)
+    (o = -zeros * d) or None (o = offset_factor * d); columns past K are zero. ``perm`` (K,) int64 or None:
+    column j of the blocks is input channel perm[j] (y = x[:, perm] W_blocks^T)."""
 
     codes: torch.Tensor
     scales: torch.Tensor
@@ -68,7 +72,9 @@ class BlockWeights:
     offset_factor: float
     bits: int
     in_features: int  # K
-    label: str  # the format, for logs and the trace ("Q4_1", "int4", ...)
+    label: str  # the format, for logs and the trace ("Q4_1", "int4", "GPTQ int4 g128", ...)
+    zeros: torch.Tensor | None = None
+    perm: torch.Tensor | None = None
 
     @property
     def out_features(self) -> int:
@@ -80,18 +86,22 @@ class BlockWeights:
 
     @property
     def nbytes(self) -> int:
-        parts = [self.codes, self.scales] + ([] if self.offsets is None else [self.offsets])
-        return sum(t.numel() * t.element_size() for t in parts)
+        parts = [self.codes, self.scales, self.offsets, self.zeros, self.perm]
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
     def offset_values(self) -> torch.Tensor:
         """(N, Kp/32) float32 offsets o."""
         d = self.scales.float()
-        return self.offset_factor * d if self.offsets is None else self.offsets.float()
+        if self.offsets is not None:
+            return self.offsets.float()
+        return self.offset_factor * d if self.zeros is None else -self.zeros.float() * d
 
-    def pointers(self) -> tuple[int, int, int | None, float]:
-        """(codes, scales, offsets or None, offset factor): the kernels' weight arguments."""
+    def pointers(self) -> tuple[int, int, int | None, int | None, float]:
+        """(codes, scales, offsets or None, zero codes or None, offset factor): the kernels' weight
+        arguments."""
         offsets = None if self.offsets is None else self.offsets.data_ptr()
-        return self.codes.data_ptr(), self.scales.data_ptr(), offsets, self.offset_factor
+        zeros = None if self.zeros is None else self.zeros.data_ptr()
+        return self.codes.data_ptr(), self.scales.data_ptr(), offsets, zeros, self.offset_factor
 
     def unpacked_codes(self) -> torch.Tensor:
         """(N, Kp) uint8 codes in value order."""
@@ -115,9 +125,19 @@ class BlockWeights:
         )  # fmt: skip
         return out
 
+    def dense(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(N, K) in ``dtype`` with the columns in input-channel order (``perm`` undone)."""
+        w = self.dequantize(dtype)
+        if self.perm is None:
+            return w
+        out = torch.empty_like(w)
+        out[:, self.perm] = w
+        return out
+
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The dequantized rows ``ids`` (an embedding lookup), (len(ids), K) in ``dtype``."""
         offsets = None if self.offsets is None else self.offsets[ids]
+        zeros = None if self.zeros is None else self.zeros[ids]
         picked = BlockWeights(
             self.codes[ids],
             self.scales[ids],
@@ -126,8 +146,10 @@ class BlockWeights:
             self.bits,
             self.in_features,
             self.label,
+            zeros,
         )
-        return picked.dequantize_reference(dtype)
+        w = picked.dequantize_reference(dtype)
+        return w if self.perm is None else w[:, torch.argsort(self.perm)]
 
 
 def _padded(k: int) -> int:
@@ -176,9 +198,10 @@ def _pack(
     bits: int,
     k: int,
     label: str,
+    zeros: np.ndarray | None = None,
 ) -> BlockWeights:
-    """From codes (N, nb, 32) uint8 and per-block float16 scales (and offsets) (N, nb): pad to Kp, pack
-    nibbles."""
+    """From codes (N, nb, 32) uint8 and per-block float16 scales (and offsets, or uint8 zero codes)
+    (N, nb): pad to Kp, pack nibbles."""
     n, nb = scales.shape
     kp = _padded(k)
     pad = kp // BLOCK - nb
@@ -187,13 +210,31 @@ def _pack(
         scales = np.concatenate([scales, np.zeros((n, pad), np.float16)], axis=1)
         if offsets is not None:
             offsets = np.concatenate([offsets, np.zeros((n, pad), np.float16)], axis=1)
+        if zeros is not None:
+            zeros = np.concatenate([zeros, np.zeros((n, pad), np.uint8)], axis=1)
     codes = _interleave(q.reshape(n, kp), bits)
 
     def tensor(a: np.ndarray, dtype: type) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
 
     off = None if offsets is None else tensor(offsets, np.float16)
-    return BlockWeights(tensor(codes, np.uint8), tensor(scales, np.float16), off, factor, bits, k, label)
+    z = None if zeros is None else tensor(zeros, np.uint8)
+    return BlockWeights(tensor(codes, np.uint8), tensor(scales, np.float16), off, factor, bits, k, label, z)
+
+
+def from_zero_codes(
+    q: np.ndarray,
+    scales: np.ndarray,
+    zeros: np.ndarray,
+    bits: int,
+    k: int,
+    label: str,
+    perm: torch.Tensor | None,
+) -> BlockWeights:
+    """From codes (N, nb, 32) uint8, per-block float16 scales and uint8 zero codes (N, nb) (GPTQ, AWQ)."""
+    w = _pack(q, scales, None, 0.0, bits, k, label, zeros)
+    w.perm = perm
+    return w
 
 
 def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> BlockWeights:
@@ -240,18 +281,29 @@ def quantize(weight: torch.Tensor, bits: int) -> BlockWeights:
 
 
 def concat(parts: list[BlockWeights]) -> BlockWeights | None:
-    """The parts stacked by rows (a fused q/k/v or gate/up), or None when their bits or widths differ."""
+    """The parts stacked by rows (a fused q/k/v or gate/up), or None when their bits, widths, kinds of
+    offset or input permutations differ."""
     first = parts[0]
     same_offsets = all(
-        (p.offsets is None) == (first.offsets is None) and p.offset_factor == first.offset_factor
+        (p.offsets is None) == (first.offsets is None)
+        and (p.zeros is None) == (first.zeros is None)
+        and p.offset_factor == first.offset_factor
         for p in parts
     )
-    if not same_offsets or any(p.bits != first.bits or p.in_features != first.in_features for p in parts):
+    same_perm = all(
+        (p.perm is None and first.perm is None)
+        or (p.perm is not None and first.perm is not None and torch.equal(p.perm, first.perm))
+        for p in parts
+    )
+    if not same_offsets or not same_perm:
+        return None
+    if any(p.bits != first.bits or p.in_features != first.in_features for p in parts):
         return None
     labels = "+".join(dict.fromkeys(p.label for p in parts))
     offsets = (
         None if first.offsets is None else torch.cat([p.offsets for p in parts if p.offsets is not None])
     )
+    zeros = None if first.zeros is None else torch.cat([p.zeros for p in parts if p.zeros is not None])
     return BlockWeights(
         torch.cat([p.codes for p in parts]),
         torch.cat([p.scales for p in parts]),
@@ -260,6 +312,8 @@ def concat(parts: list[BlockWeights]) -> BlockWeights | None:
         first.bits,
         first.in_features,
         labels,
+        zeros,
+        first.perm,
     )
 
 
@@ -267,8 +321,9 @@ def _register(module: nn.Module, w: BlockWeights) -> None:
     """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold."""
     module.register_buffer("codes", w.codes, persistent=False)
     module.register_buffer("scales", w.scales, persistent=False)
-    if w.offsets is not None:
-        module.register_buffer("offsets", w.offsets, persistent=False)
+    for name in ("offsets", "zeros", "perm"):
+        if getattr(w, name) is not None:
+            module.register_buffer(name, getattr(w, name), persistent=False)
 
 
 def block_weights(model: nn.Module) -> list[BlockWeights]:
@@ -303,6 +358,8 @@ class BlockQuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
+        if self.w.perm is not None:  # act-order: the input channels in the blocks' order
+            x = x.index_select(-1, self.w.perm)
         x2 = x.reshape(-1, self.in_features)
         rows = x2.shape[0]
         lib = _lib()

@@ -97,6 +97,11 @@ def _gemma3_fields(cfg: dict[str, Any], hidden: int) -> dict[str, Any]:
     )
 
 
+def _quantization_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    qc = cfg.get("quantization_config")
+    return dict(qc) if isinstance(qc, dict) else {}
+
+
 def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     """The fields every family shares: shapes, settings, dtype, token ids, quantization."""
     mt = str(cfg["model_type"])
@@ -128,6 +133,7 @@ def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         dtype=dtype,
         dtype_declared=declared,
         native_quant=native_quant_from_config(cfg, dtype),
+        quantization_config=_quantization_config(cfg),
         max_context=int(cfg.get("max_position_embeddings") or 0),
         bos_token_id=bos[0] if bos else None,
         eos_token_ids=tuple(id_list(cfg.get("eos_token_id"))),

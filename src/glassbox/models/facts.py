@@ -61,6 +61,8 @@ class ModelFacts:
     dtype: str = "bf16"  # canonical (glassbox.dtypes); "bf16" when the config names none
     dtype_declared: bool = True  # whether the config named its dtype
     native_quant: NativeQuant | None = None
+    # the config's quantization_config as read ({}: none): the loader reads GPTQ/AWQ settings from it
+    quantization_config: dict[str, Any] = field(default_factory=dict)
     max_context: int = 0  # max_position_embeddings; 0 when the config names none
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()

@@ -67,6 +67,53 @@ def native_quant_from_config(cfg: dict[str, Any], dtype: str) -> NativeQuant | N
     return None
 
 
+@dataclass(frozen=True)
+class GroupQuant:
+    """GPTQ or AWQ weights as stored: ``bits``-bit integer codes, a float16 scale and an integer zero per
+    group of ``group_size`` input channels (-1: one group over all of them)."""
+
+    method: str  # "gptq" | "awq"
+    bits: int
+    group_size: int
+    zero_minus_one: bool  # GPTQ's classic format (v1) stores each zero as z - 1
+
+    @property
+    def label(self) -> str:  # for logs and the trace: "GPTQ int4 g128"
+        return f"{self.method.upper()} int{self.bits} g{self.group_size}"
+
+
+def group_quant(qc: dict[str, Any]) -> GroupQuant | None:
+    """The GPTQ/AWQ settings of a ``quantization_config`` (None for other methods); ValueError naming the
+    key and value of a setting the loader cannot run."""
+    method = str(qc.get("quant_method", "")).lower()
+    if method not in ("gptq", "awq"):
+        return None
+
+    def unsupported(key: str, why: str) -> ValueError:
+        return ValueError(f"quantization_config {key}={qc.get(key)!r}: {why}")
+
+    bits_key = "bits" if "bits" in qc or "w_bit" not in qc else "w_bit"  # AutoAWQ's own names too
+    group_key = "group_size" if "group_size" in qc or "q_group_size" not in qc else "q_group_size"
+    bits, group = qc.get(bits_key, 4), qc.get(group_key, 128)
+    if bits not in ((4, 8) if method == "gptq" else (4,)):
+        raise unsupported(bits_key, f"{method.upper()} loads {'4 or 8' if method == 'gptq' else '4'} bits")
+    if not isinstance(group, int) or not (group == -1 or (group > 0 and group % 32 == 0)):
+        raise unsupported(group_key, "groups must be a multiple of 32 input channels (or -1: one group)")
+    if method == "awq":
+        version = str(qc.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise unsupported("version", "only AWQ's GEMM layout loads")
+        if not qc.get("zero_point", True):
+            raise unsupported("zero_point", "AWQ without zero points does not load")
+        return GroupQuant("awq", bits, group, False)
+    fmt = str(qc.get("checkpoint_format") or "gptq").lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise unsupported("checkpoint_format", "GPTQ loads the gptq and gptq_v2 formats")
+    if qc.get("dynamic"):
+        raise unsupported("dynamic", "per-module GPTQ settings do not load")
+    return GroupQuant("gptq", bits, group, fmt == "gptq")
+
+
 def gguf_group(name: str) -> str:
     """The parameter group ("embed", "lm_head", "experts", "main") of a Hugging Face tensor name."""
     if name.startswith("model.embed_tokens"):

@@ -1,0 +1,146 @@
+"""GPTQ and AWQ checkpoints (Hugging Face directories) repacked at load into block weights
+(layers/block_quant.py), read from their standard definitions:
+
+- GPTQ (AutoGPTQ / GPTQModel / optimum): ``qweight`` int32 (K / p, N) holding p = 32 / bits codes along
+  the input dim K, lowest bits first; ``qzeros`` int32 (G, N / p) along N the same way; ``scales`` float16
+  (G, N); ``g_idx`` int32 (K,) each input channel's group (act-order makes it non-monotonic).
+  W[n, k] = scales[g, n] (q[k, n] - z[g, n]), g = g_idx[k]; the classic format stores z - 1.
+- AWQ (GEMM layout): ``qweight`` int32 (K, N / 8) along N in the order 0, 2, 4, 6, 1, 3, 5, 7 (nibble j of
+  word c holds column 8 c + ORDER[j]); ``qzeros`` (G, N / 8) the same; ``scales`` (G, N); g = k // group.
+
+Each layer becomes 32-value blocks of its codes with its group's scale and integer zero repeated over the
+group's blocks (W = d (q - z), exact). Act-order layers keep their input channels sorted by group and the
+permutation (the linear applies it to its input).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from glassbox.layers.block_quant import BLOCK, BlockWeights, from_zero_codes
+from glassbox.models.loader import weight_files
+from glassbox.models.quant_config import GroupQuant
+
+PARTS = ("qweight", "qzeros", "scales", "g_idx")
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+Tensors = Iterator[tuple[str, torch.Tensor]]
+
+
+def _unpack(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 words (..., W) to their 32 / bits codes each, lowest bits first: (..., W, 32 / bits) int32."""
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    return (words.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+
+
+def gptq_codes(
+    qweight: torch.Tensor, qzeros: torch.Tensor, bits: int, zero_minus_one: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ's codes q (K, N) and zeros z (G, N), int32."""
+    q = _unpack(qweight, bits)  # (K / p, N, p): code k = p * row + i
+    q = q.permute(0, 2, 1).reshape(-1, qweight.shape[1])
+    z = _unpack(qzeros, bits).reshape(qzeros.shape[0], -1)
+    return q, z + 1 if zero_minus_one else z
+
+
+def awq_codes(qweight: torch.Tensor, qzeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """AWQ's codes q (K, N) and zeros z (G, N), int32 (its nibbles back in column order)."""
+
+    def columns(words: torch.Tensor) -> torch.Tensor:
+        nibbles = _unpack(words, 4)  # (rows, N / 8, 8): nibble j holds column ORDER[j]
+        out = torch.empty_like(nibbles)
+        out[..., list(AWQ_ORDER)] = nibbles
+        return out.reshape(words.shape[0], -1)
+
+    return columns(qweight), columns(qzeros)
+
+
+def to_blocks(
+    q: torch.Tensor, z: torch.Tensor, scales: torch.Tensor, groups: torch.Tensor, bits: int, label: str
+) -> BlockWeights:
+    """Codes q (K, N), zeros z (G, N), float16 scales (G, N) and each input channel's group (K,) as block
+    weights (N x K): channels sorted by group (stably; a permutation kept when that moves any), each
+    32-block within one group. ValueError when a group's channels do not fill whole blocks."""
+    k, n = q.shape
+    if scales.shape != z.shape or scales.shape[1] != n or groups.shape != (k,):
+        raise ValueError(f"shapes do not fit: codes {tuple(q.shape)}, zeros {tuple(z.shape)}, "
+                         f"scales {tuple(scales.shape)}, groups {tuple(groups.shape)}")  # fmt: skip
+    groups = groups.to(torch.int64)
+    if int(groups.min()) < 0 or int(groups.max()) >= scales.shape[0]:
+        raise ValueError(f"group index out of range (0..{scales.shape[0] - 1})")
+    if int(z.max()) > 255 or int(z.min()) < 0:
+        raise ValueError(f"zero point {int(z.max())} does not fit 8 bits")
+    perm = torch.sort(groups, stable=True).indices
+    moved = not torch.equal(perm, torch.arange(k))
+    sorted_groups = groups[perm]
+    nb = -(-k // BLOCK)
+    padded = torch.cat([sorted_groups, sorted_groups[-1:].expand(nb * BLOCK - k)]).view(nb, BLOCK)
+    if not bool((padded == padded[:, :1]).all()):
+        bad = int(padded[(padded != padded[:, :1]).any(-1)][0, 0])
+        raise ValueError(
+            f"group {bad} holds {int((groups == bad).sum())} input channels: block weights need groups of "
+            f"whole {BLOCK}-channel blocks"
+        )
+    block_group = padded[:, 0]  # (nb,)
+    codes = q[perm].t() if moved else q.t()  # (N, K)
+    codes = torch.nn.functional.pad(codes, (0, nb * BLOCK - k)).to(torch.uint8).view(n, nb, BLOCK)
+    d = scales.t()[:, block_group].to(torch.float16)
+    zeros = z.t()[:, block_group].to(torch.uint8)
+    return from_zero_codes(codes.numpy(), d.numpy(), zeros.numpy(), bits, k, label, perm if moved else None)
+
+
+def layer_blocks(spec: GroupQuant, parts: dict[str, torch.Tensor], name: str) -> BlockWeights:
+    """One layer's stored tensors (``PARTS``, g_idx optional) as block weights; ``name`` for errors."""
+    missing = [p for p in PARTS[:3] if p not in parts]
+    if missing:
+        raise ValueError(f"{name}: {spec.method.upper()} layer without {', '.join(missing)}")
+    scales = parts["scales"]
+    if spec.method == "awq":
+        q, z = awq_codes(parts["qweight"], parts["qzeros"])
+    else:
+        q, z = gptq_codes(parts["qweight"], parts["qzeros"], spec.bits, spec.zero_minus_one)
+    k = q.shape[0]
+    groups = parts.get("g_idx")
+    if groups is None:
+        size = k if spec.group_size == -1 else spec.group_size
+        groups = torch.arange(k) // size
+    try:
+        return to_blocks(q, z[:, : q.shape[1]], scales, groups, spec.bits, spec.label)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+def read_group_quant(model_dir: Path, spec: GroupQuant) -> tuple[dict[str, BlockWeights], Tensors]:
+    """(the quantized layers as block weights by HF weight name, the other tensors one at a time)."""
+    files = weight_files(model_dir)
+    layers: dict[str, dict[str, torch.Tensor]] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                prefix, _, part = key.rpartition(".")
+                if part in PARTS:
+                    layers.setdefault(prefix, {})[part] = f.get_tensor(key)
+    quantized = {p: parts for p, parts in layers.items() if "qweight" in parts}
+    packed = {f"{p}.weight": layer_blocks(spec, parts, p) for p, parts in quantized.items()}
+    skip = {f"{p}.{part}" for p, parts in quantized.items() for part in parts}
+
+    def floats() -> Tensors:
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118
+                    if key not in skip:
+                        yield key, f.get_tensor(key)
+
+    return packed, floats()
+
+
+def check_runs(spec: GroupQuant, device: torch.device, dtype: torch.dtype) -> None:
+    """ValueError unless the engine runs on the CPU in bf16 or float32 (the block kernels' ground)."""
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(
+            f"{spec.method.upper()} weights run on the CPU only so far, in bf16 or float32 "
+            f"(got {device.type}, {dtype}): use --device cpu"
+        )
