@@ -12,6 +12,7 @@ to gguf_compare.py's eight chats (32 tokens) with each 8-bit cache against the b
 of leading tokens that agree. Writes benchmarks/results/kv-cache-compare-<date>.json (--parts picks).
 
     .venv/bin/python benchmarks/kv_cache_compare.py [--rounds 2] [--context 512] [--steps 32]
+(GLASSBOX_NUM_THREADS=1 runs the engines on one core, e.g. while the other is busy.)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch  # noqa: E402
 from gguf_compare import CHATS, leading_agreement  # noqa: E402
 
 from glassbox import LLM, SamplingParams
@@ -45,20 +47,25 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 def decode_throughput(engine: LLMEngine, batch: int, context: int, steps: int, seed: int) -> dict[str, float]:
     """``batch`` requests prefilled, then ``steps`` decode steps timed: aggregate tokens per second."""
-    params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
-    for i, ids in enumerate(_prompts(batch, context, engine.facts.vocab_size, seed)):
-        engine.add_request(f"r{seed}-{batch}-{i}", ids, params)
-    while engine.num_waiting or any(not s.output_token_ids for s in engine.scheduler.running):
+    # long enough that no sequence ends inside the timed steps (the prompts' chunked prefill already
+    # decodes the sequences prefilled first)
+    params = SamplingParams(temperature=0, max_tokens=4 * steps + 64, ignore_eos=True)
+    ids = [f"r{seed}-{batch}-{i}" for i in range(batch)]
+    for rid, prompt in zip(ids, _prompts(batch, context, engine.facts.vocab_size, seed), strict=True):
+        engine.add_request(rid, prompt, params)
+    seqs = [s for rid in ids for s in engine.get_sequences(rid)]
+    while engine.num_waiting or any(not s.output_token_ids for s in seqs):
         engine.step()
-    before = sum(len(s.output_token_ids) for s in engine.scheduler.running)
+    before = sum(len(s.output_token_ids) for s in seqs)
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
     seconds = time.perf_counter() - t0
-    made = sum(len(s.output_token_ids) for s in engine.scheduler.running) - before
-    for rid in list(engine.requests):
+    made = sum(len(s.output_token_ids) for s in seqs) - before
+    running = engine.num_running
+    for rid in ids:
         engine.abort_request(rid)
-    return {"tok_s": made / seconds, "tokens": made, "seconds": seconds, "running": engine.num_running}
+    return {"tok_s": made / seconds, "tokens": made, "seconds": seconds, "running": running}
 
 
 def fit(path: Path, kv: str, gib: float, context: int, output: int) -> dict[str, Any]:
@@ -153,7 +160,12 @@ def main() -> int:
             }
     record = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "read_gb_s_start_end": bandwidth},
+        "machine": {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+            "read_gb_s_start_end": bandwidth,
+        },
         "model": str(path),
         "context": args.context,
         "steps": args.steps,

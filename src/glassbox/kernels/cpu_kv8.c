@@ -62,25 +62,50 @@ void kv8_store_row(uint8_t *dst, const float *x, i64 d, int kind) {
     memcpy(dst + d, &s, 4);
 }
 
-/* A row's codes as floats (unscaled); returns its scale. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* 16 codes -> 16 floats: int8 widened; fp8 e4m3fn placed in a float16's bit fields (sign, exponent and
+ * mantissa shifted, subnormals included), which reads as the value / 2^8 (the caller's scale takes the 2^8). */
+static inline __m512 codes16(const uint8_t *p, int kind) {
+    const __m128i c = _mm_loadu_si128((const __m128i *)p);
+    if (kind == KV8_INT8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c));
+    const __m256i w = _mm256_cvtepu8_epi16(c);
+    const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7);
+    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8);
+    return _mm512_cvtph_ps(_mm256_or_si256(mag, sign));
+}
+#define KV8_FP8_SHIFT 256.0f
+#else
+#define KV8_FP8_SHIFT 1.0f
+#endif
+
+/* A row's codes as floats (unscaled, fp8 / KV8_FP8_SHIFT on the vector path); returns the scale that
+ * turns them into values. */
 static inline float load_codes(const uint8_t *row, float *dst, i64 d, int kind) {
+    float s;
+    memcpy(&s, row + d, 4);
+#if defined(__AVX512F__)
+    if (d % 16 == 0) {
+        for (i64 i = 0; i < d; i += 16) _mm512_storeu_ps(dst + i, codes16(row + i, kind));
+        return kind == KV8_INT8 ? s : s * KV8_FP8_SHIFT;
+    }
+#endif
     if (kind == KV8_INT8) {
         for (i64 i = 0; i < d; i++) dst[i] = (float)(int8_t)row[i];
     } else {
         for (i64 i = 0; i < d; i++) dst[i] = fp8_value[row[i]];
     }
-    float s;
-    memcpy(&s, row + d, 4);
     return s;
 }
 
 /* cpu_kernels.c's attend with K/V rows of codes: the online softmax in float32 over blocks, q . code scaled
- * by the key's scale, each V row's codes widened once and weighted by p times its scale. */
-void kv8_attend(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache, const i64 *table, i64 t0,
-                i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale, void *out, float *part, int dt,
-                int kind) {
+ * by the key's scale, each V row's codes widened once and weighted by p times its scale. Inlined into
+ * copies for the common head sizes (loops of known length unroll and keep their sums in registers). */
+static inline __attribute__((always_inline)) void attend8(const void *qkv, i64 q_stride, const uint8_t *kc,
+                                                          const uint8_t *vc, const i64 *table, i64 t0, i64 t1,
+                                                          i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale,
+                                                          void *out, float *part, int dt, int kind) {
     const i64 g = hq / hk, rb = d + KV8_SCALE_BYTES;
-    const uint8_t *kc = (const uint8_t *)k_cache, *vc = (const uint8_t *)v_cache;
     float acc[hq][d], qf[hq][d], sc[hq][bs], m[hq], l[hq], row[d];
     for (i64 j = 0; j < hq; j++) {
         m[j] = -INFINITY;
@@ -128,4 +153,16 @@ void kv8_attend(const void *qkv, i64 q_stride, const void *k_cache, const void *
         for (i64 i = 0; i < d; i++) acc[j][i] *= inv;
         store_row(at(out, sq * hq * d + j * d, dt), acc[j], d, dt);
     }
+}
+
+void kv8_attend(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache, const i64 *table, i64 t0,
+                i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale, void *out, float *part, int dt,
+                int kind) {
+    const uint8_t *kc = (const uint8_t *)k_cache, *vc = (const uint8_t *)v_cache;
+    if (d == 64)
+        attend8(qkv, q_stride, kc, vc, table, t0, t1, sq, hq, hk, 64, bs, scale, out, part, dt, kind);
+    else if (d == 128)
+        attend8(qkv, q_stride, kc, vc, table, t0, t1, sq, hq, hk, 128, bs, scale, out, part, dt, kind);
+    else
+        attend8(qkv, q_stride, kc, vc, table, t0, t1, sq, hq, hk, d, bs, scale, out, part, dt, kind);
 }
