@@ -28,9 +28,10 @@ from torch import nn
 
 BLOCK = 32
 GROUP = 64  # Kp (the padded row length) is a multiple of it
-# Outside an engine step, up to this many rows run the int8-activation kernel and more multiply the
-# dequantized weight (bf16 GEMM). Measured on a 3072 x 1024 Q4 layer (2 cores): kernel 0.60 / 2.69 / 5.54 ms
-# at 16 / 64 / 128 rows, dequantize + GEMM 0.68 / 1.51 / 2.45 ms. Inside one, the step says (block_kernel_rows).
+# Up to this many rows run the int8-activation kernel and more multiply the dequantized weight (bf16 GEMM).
+# Measured on a 3072 x 1024 Q4 layer (2 cores): kernel 0.60 / 2.69 / 5.54 ms at 16 / 64 / 128 rows,
+# dequantize + GEMM 0.68 / 1.51 / 2.45 ms. Inside an engine step the step says (block_kernel_rows): the
+# executor asks for the kernel in decode-only steps of at most this many rows.
 KERNEL_ROWS = 16
 # The per-forward choice: None (the row count decides), or whether this step's rows run the kernel.
 _STEP_KERNEL: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
