@@ -275,7 +275,8 @@ def test_gpu_bf16_logprobs_within_tolerance(tiny_root: Path) -> None:
 
 
 @needs_cuda
-def test_graphs_and_eager_agree_bf16(tiny_root: Path) -> None:
+@pytest.mark.parametrize("kv", ["auto", "int8", "fp8"])
+def test_graphs_and_eager_agree_bf16(tiny_root: Path, kv: str) -> None:
     d = build_tiny_model("llama", tiny_root)
     prompts = _prompts(400, seed=2)
     sp = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -287,13 +288,14 @@ def test_graphs_and_eager_agree_bf16(tiny_root: Path) -> None:
 
         return use
 
-    eager = with_engine(d, tokens(False), dtype="bfloat16", device=DEV, enforce_eager=True)
-    graphs = with_engine(d, tokens(True), dtype="bfloat16", device=DEV)
+    eager = with_engine(d, tokens(False), dtype="bfloat16", device=DEV, enforce_eager=True, kv_cache_dtype=kv)
+    graphs = with_engine(d, tokens(True), dtype="bfloat16", device=DEV, kv_cache_dtype=kv)
     assert eager == graphs
 
 
 @needs_cuda
-def test_eager_launches_never_synchronize(tiny_root: Path) -> None:
+@pytest.mark.parametrize("kv", ["auto", "int8"])  # an 8-bit cache: the quantizing write too
+def test_eager_launches_never_synchronize(tiny_root: Path, kv: str) -> None:
     """An eager step's launch (inputs, metadata, forward, sampling) queues device work without waiting for
     the stream: every host value goes through pinned non-blocking copies. Mixed steps (a chunked prefill
     beside decodes), top-k/top-p, a seeded request, logprobs; only reading the draws may synchronize."""
@@ -323,8 +325,9 @@ def test_eager_launches_never_synchronize(tiny_root: Path) -> None:
         assert any(r.phase == "mixed" for r in eng.step_records)
 
     with_engine(
-        d, use, dtype="bfloat16", device=DEV, enforce_eager=True, max_num_seqs=4, max_num_batched_tokens=64
-    )
+        d, use, dtype="bfloat16", device=DEV, enforce_eager=True, max_num_seqs=4, max_num_batched_tokens=64,
+        kv_cache_dtype=kv,
+    )  # fmt: skip
 
 
 @needs_cuda
@@ -400,3 +403,37 @@ def test_interpreted_triton_engine_parity(tiny_root: Path, arch: str) -> None:
     ):
         got = with_engine(d, rounds(graphs), dtype="float32", device="cpu", **kw)
         assert got == [ref, ref], (arch, kw)
+
+
+def _use_torch(llm: LLM) -> None:
+    """The torch reference attention on the model's own forward (not the CPU kernels' binding)."""
+    ex = llm.engine.executor
+    ex.attn_backend = "torch"
+    ex.forward = ex.model
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1, triton, and no CUDA")
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_interpreted_triton_engine_reads_8bit_cache(tiny_root: Path, kv: str) -> None:
+    """--kv-cache-dtype int8|fp8 on the triton path (graph runner, chunked mixed steps, prefix cache):
+    greedy tokens equal to the torch reference's on the same 8-bit cache."""
+    d = build_tiny_model("qwen3", tiny_root)  # GQA, 32-dim heads, q/k norms
+    prompts = _prompts(400, seed=3)
+
+    def tokens(llm: LLM) -> list[list[int]]:
+        return [o.token_ids for o in llm.generate(prompts, sp)]
+
+    def on_triton(graphs: bool) -> Callable[[LLM], list[list[list[int]]]]:
+        def use(llm: LLM) -> list[list[list[int]]]:
+            _use_triton(llm, graphs)
+            got = [tokens(llm) for _ in range(2)]  # 2nd: prefix cache
+            llm.engine.check_integrity()
+            return got
+
+        return use
+
+    sp = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    kw: dict[str, Any] = dict(dtype="float32", device="cpu", kv_cache_dtype=kv, max_num_seqs=5)
+    ref = with_engine(d, lambda llm: (_use_torch(llm), tokens(llm))[1], **kw)
+    assert with_engine(d, on_triton(True), **kw) == [ref, ref]
+    assert with_engine(d, on_triton(False), **kw, max_num_batched_tokens=37) == [ref, ref]
