@@ -388,7 +388,7 @@ def part_kernels(args: argparse.Namespace) -> dict[str, Any]:
     q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16)
     flops = 4 * n * n * d * hq / 2
     pp = build_paged_prefill(
-        [(0, n, list(range(nb)))], ta.prefill_block_m(d, cache.dtype, q.device), q.device
+        [(0, n, list(range(nb)))], ta.prefill_block_m(d, cache.dtype, q.dtype, q.device), q.device
     )
     out = torch.empty_like(q)
 

@@ -21,6 +21,7 @@ import torch
 from tiny_models import ARCHS, build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
+from glassbox.layers import kv_quant
 from glassbox.layers.attention import (
     AttentionMetadata,
     PrefillSeq,
@@ -79,8 +80,10 @@ def _batch(
     pre: list[tuple[int, int]],
     dtype: torch.dtype,
     seed: int,
+    kv_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, list[list[int]]]:
-    """A random paged cache and a batch: decodes with context ``dec``, prefills (start, q_len) ``pre``."""
+    """A random paged cache and a batch: decodes with context ``dec``, prefills (start, q_len) ``pre``;
+    the cache in ``dtype``, or in 8-bit rows of ``kv_dtype`` (int8, float8_e4m3fn)."""
     g = torch.Generator(device=DEV).manual_seed(seed)
     rnd = random.Random(seed)
     need = sum(-(-n // bs) for n in dec) + sum(-(-(s + n) // bs) for s, n in pre)
@@ -91,6 +94,8 @@ def _batch(
         return [free.pop() for _ in range(-(-n // bs))]
 
     cache = torch.randn(2, need + 8, bs, hk, d, generator=g, device=DEV).to(dtype)
+    if kv_dtype is not None:
+        cache = kv_quant.quantize(cache, kv_dtype)
     rows = len(dec) + sum(n for _, n in pre)
     q, k, v = (torch.randn(rows, h, d, generator=g, device=DEV).to(dtype) for h in (hq, hk, hk))
     dtabs, ptabs = [table(n) for n in dec], [table(s + n) for s, n in pre]
@@ -122,14 +127,15 @@ CASES = [  # (hq, hk, d, block_size, decode contexts, prefills (start, n), slidi
 LOW = torch.bfloat16 if CUDA else torch.float16  # the interpreter's bf16 dot is broken
 
 
-@needs_triton
-@pytest.mark.parametrize("dtype", [torch.float32, LOW])
-@pytest.mark.parametrize("case", range(len(CASES)))
-def test_triton_attention_matches_reference(case: int, dtype: torch.dtype) -> None:
+def _check_triton_attention(
+    case: tuple[Any, ...], dtype: torch.dtype, seed: int, kv_dtype: torch.dtype | None = None
+) -> None:
+    """The triton backend (decode and prefill rows of one batch, then decode alone at 1, 2 and 16 context
+    splits) against the torch reference on the same cache: relative error 1e-5 in float32, 1e-2 else."""
     from glassbox.kernels import triton_attention as ta
 
-    hq, hk, d, bs, dec, pre, window = CASES[case]
-    q, k, v, cache, meta, ptabs = _batch(hq, hk, d, bs, dec, pre, dtype, seed=case)
+    hq, hk, d, bs, dec, pre, window = case
+    q, k, v, cache, meta, ptabs = _batch(hq, hk, d, bs, dec, pre, dtype, seed, kv_dtype)
     ref = paged_attention(q.double().float(), k, v, cache, meta, d**-0.5, window).float()
     tri = AttentionMetadata(
         slot_mapping=meta.slot_mapping,
@@ -141,13 +147,16 @@ def test_triton_attention_matches_reference(case: int, dtype: torch.dtype) -> No
     if pre:
         tri.paged_prefill = build_paged_prefill(
             [(s, n, t) for (s, n), t in zip(pre, ptabs, strict=True)],
-            ta.prefill_block_m(d, cache.dtype, q.device),
+            ta.prefill_block_m(d, cache.dtype, q.dtype, q.device),
             q.device,
         )
-    out = paged_attention(q, k, v, cache, tri, d**-0.5, window).float()
+    out = paged_attention(q, k, v, cache, tri, d**-0.5, window)
+    assert out.dtype == q.dtype
+    out = out.float()
     assert torch.isfinite(out).all()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
     err = ((out - ref).norm() / ref.norm()).item()
-    assert err < (1e-5 if dtype == torch.float32 else 1e-2), err
+    assert err < tol, err
     for splits in (1, 2, 16):  # every split count gives the same decode rows
         if not dec:
             continue
@@ -157,7 +166,29 @@ def test_triton_attention_matches_reference(case: int, dtype: torch.dtype) -> No
             d**-0.5, window, o, num_splits=splits,
         )  # fmt: skip
         err = ((o.float() - ref[: len(dec)]).norm() / ref[: len(dec)].norm()).item()
-        assert err < (1e-5 if dtype == torch.float32 else 1e-2), (splits, err)
+        assert err < tol, (splits, err)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, LOW])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_triton_attention_matches_reference(case: int, dtype: torch.dtype) -> None:
+    _check_triton_attention(CASES[case], dtype, seed=case)
+
+
+KV8_CASES = [  # small (the interpreter is slow): GQA, several blocks, cached prefixes, a window
+    (4, 2, 16, 16, [40, 129], [(0, 37), (20, 50)], 48),
+    (8, 2, 32, 8, [1, 70], [(33, 20), (0, 45)], None),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("kv_dtype", kv_quant.KV8_DTYPES, ids=["int8", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, LOW])
+@pytest.mark.parametrize("case", range(len(KV8_CASES)))
+def test_triton_attention_reads_8bit_cache(case: int, dtype: torch.dtype, kv_dtype: torch.dtype) -> None:
+    """The kernels read the codes and scales of an 8-bit cache as the torch reference dequantizes them."""
+    _check_triton_attention(KV8_CASES[case], dtype, seed=10 + case, kv_dtype=kv_dtype)
 
 
 @needs_triton
@@ -244,7 +275,8 @@ def test_gpu_bf16_logprobs_within_tolerance(tiny_root: Path) -> None:
 
 
 @needs_cuda
-def test_graphs_and_eager_agree_bf16(tiny_root: Path) -> None:
+@pytest.mark.parametrize("kv", ["auto", "int8", "fp8"])
+def test_graphs_and_eager_agree_bf16(tiny_root: Path, kv: str) -> None:
     d = build_tiny_model("llama", tiny_root)
     prompts = _prompts(400, seed=2)
     sp = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -256,13 +288,14 @@ def test_graphs_and_eager_agree_bf16(tiny_root: Path) -> None:
 
         return use
 
-    eager = with_engine(d, tokens(False), dtype="bfloat16", device=DEV, enforce_eager=True)
-    graphs = with_engine(d, tokens(True), dtype="bfloat16", device=DEV)
+    eager = with_engine(d, tokens(False), dtype="bfloat16", device=DEV, enforce_eager=True, kv_cache_dtype=kv)
+    graphs = with_engine(d, tokens(True), dtype="bfloat16", device=DEV, kv_cache_dtype=kv)
     assert eager == graphs
 
 
 @needs_cuda
-def test_eager_launches_never_synchronize(tiny_root: Path) -> None:
+@pytest.mark.parametrize("kv", ["auto", "int8"])  # an 8-bit cache: the quantizing write too
+def test_eager_launches_never_synchronize(tiny_root: Path, kv: str) -> None:
     """An eager step's launch (inputs, metadata, forward, sampling) queues device work without waiting for
     the stream: every host value goes through pinned non-blocking copies. Mixed steps (a chunked prefill
     beside decodes), top-k/top-p, a seeded request, logprobs; only reading the draws may synchronize."""
@@ -292,8 +325,9 @@ def test_eager_launches_never_synchronize(tiny_root: Path) -> None:
         assert any(r.phase == "mixed" for r in eng.step_records)
 
     with_engine(
-        d, use, dtype="bfloat16", device=DEV, enforce_eager=True, max_num_seqs=4, max_num_batched_tokens=64
-    )
+        d, use, dtype="bfloat16", device=DEV, enforce_eager=True, max_num_seqs=4, max_num_batched_tokens=64,
+        kv_cache_dtype=kv,
+    )  # fmt: skip
 
 
 @needs_cuda
@@ -369,3 +403,37 @@ def test_interpreted_triton_engine_parity(tiny_root: Path, arch: str) -> None:
     ):
         got = with_engine(d, rounds(graphs), dtype="float32", device="cpu", **kw)
         assert got == [ref, ref], (arch, kw)
+
+
+def _use_torch(llm: LLM) -> None:
+    """The torch reference attention on the model's own forward (not the CPU kernels' binding)."""
+    ex = llm.engine.executor
+    ex.attn_backend = "torch"
+    ex.forward = ex.model
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1, triton, and no CUDA")
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_interpreted_triton_engine_reads_8bit_cache(tiny_root: Path, kv: str) -> None:
+    """--kv-cache-dtype int8|fp8 on the triton path (graph runner, chunked mixed steps, prefix cache):
+    greedy tokens equal to the torch reference's on the same 8-bit cache."""
+    d = build_tiny_model("qwen3", tiny_root)  # GQA, 32-dim heads, q/k norms
+    prompts = _prompts(400, seed=3)
+
+    def tokens(llm: LLM) -> list[list[int]]:
+        return [o.token_ids for o in llm.generate(prompts, sp)]
+
+    def on_triton(graphs: bool) -> Callable[[LLM], list[list[list[int]]]]:
+        def use(llm: LLM) -> list[list[list[int]]]:
+            _use_triton(llm, graphs)
+            got = [tokens(llm) for _ in range(2)]  # 2nd: prefix cache
+            llm.engine.check_integrity()
+            return got
+
+        return use
+
+    sp = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    kw: dict[str, Any] = dict(dtype="float32", device="cpu", kv_cache_dtype=kv, max_num_seqs=5)
+    ref = with_engine(d, lambda llm: (_use_torch(llm), tokens(llm))[1], **kw)
+    assert with_engine(d, on_triton(True), **kw) == [ref, ref]
+    assert with_engine(d, on_triton(False), **kw, max_num_batched_tokens=37) == [ref, ref]

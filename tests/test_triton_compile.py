@@ -20,18 +20,31 @@ from triton_aot import CAPABILITY, SMEM_LIMIT, SMS, TARGETS, compile_like_jit, r
 from glassbox.kernels import attention_tiles  # noqa: E402
 from glassbox.kernels import triton_attention as ta  # noqa: E402
 from glassbox.layers.attention import build_paged_prefill  # noqa: E402
+from glassbox.layers.kv_quant import row_width  # noqa: E402
 
-TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-# (dtype, (Hq, Hk, D), targets): bf16 of real models (Llama-3.1-8B, Qwen3, head sizes 64, 80, 256) on
-# both; float32 of the tiny models the GPU parity tests run, and a real shape where shared memory is
-# tightest (a float32 tile of 128 dims is the largest; it takes ~25 s to compile)
+TYPES = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "fp32",
+    torch.int8: "int8",
+    torch.float8_e4m3fn: "fp8",
+}
+# (dtype, (Hq, Hk, D), targets, KV cache dtype): bf16 of real models (Llama-3.1-8B, Qwen3, head sizes 64,
+# 80, 256) on both; float32 of the tiny models the GPU parity tests run, and a real shape where shared
+# memory is tightest (a float32 tile of 128 dims is the largest; it takes ~25 s to compile); the 8-bit
+# caches (int8, fp8) under bf16 models of those head sizes and under a tiny float32 model
 CASES = [
-    (torch.bfloat16, s, tuple(TARGETS))
+    (torch.bfloat16, s, tuple(TARGETS), torch.bfloat16)
     for s in [(32, 8, 128), (16, 8, 128), (4, 2, 64), (8, 2, 80), (8, 8, 256)]
 ]
-CASES += [(torch.float32, s, tuple(TARGETS)) for s in [(4, 2, 16), (4, 2, 32)]]
-CASES += [(torch.float32, (16, 8, 128), ("dgx-spark",))]
-PARAMS = [(target, dtype, shape) for dtype, shape, targets in CASES for target in targets]
+CASES += [(torch.float32, s, tuple(TARGETS), torch.float32) for s in [(4, 2, 16), (4, 2, 32)]]
+CASES += [(torch.float32, (16, 8, 128), ("dgx-spark",), torch.float32)]
+for kv in (torch.int8, torch.float8_e4m3fn):
+    CASES += [
+        (torch.bfloat16, s, tuple(TARGETS), kv) for s in [(32, 8, 128), (4, 2, 64), (8, 2, 80), (8, 8, 256)]
+    ]
+    CASES += [(torch.float32, (4, 2, 32), tuple(TARGETS), kv)]
+PARAMS = [(target, dtype, shape, kv) for dtype, shape, targets, kv in CASES for target in targets]
 
 
 class _Launches:
@@ -51,7 +64,11 @@ class _Launches:
 
 
 def _launches(
-    monkeypatch: pytest.MonkeyPatch, target: str, dtype: torch.dtype, shape: tuple[int, int, int]
+    monkeypatch: pytest.MonkeyPatch,
+    target: str,
+    dtype: torch.dtype,
+    shape: tuple[int, int, int],
+    kv_dtype: torch.dtype,
 ) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
     """Run the host side of decode and prefill on CPU tensors as on ``target`` (its compute capability
     picks the tiles, its multiprocessors the context splits), keeping each kernel launch: decode as the
@@ -66,10 +83,9 @@ def _launches(
     monkeypatch.setattr(ta, "_num_sms", lambda device: SMS[target])
     hq, hk, d = shape
     bs = 16
-    cache = torch.zeros(64, bs, hk, d, dtype=dtype)
-    pp = build_paged_prefill(
-        [(0, 40, [0, 1, 2]), (16, 20, [3, 4, 5])], ta.prefill_block_m(d, dtype, cache.device), cache.device
-    )
+    cache = torch.zeros(64, bs, hk, row_width(d, kv_dtype), dtype=kv_dtype)
+    block_m = ta.prefill_block_m(d, kv_dtype, dtype, cache.device)
+    pp = build_paged_prefill([(0, 40, [0, 1, 2]), (16, 20, [3, 4, 5])], block_m, cache.device)
     qp = torch.zeros(60, hq, d, dtype=dtype)
     for window in (None, 24):
         q = torch.zeros(1, hq, d, dtype=dtype)  # graphs: batch 1 splits the context over the SMs
@@ -86,14 +102,21 @@ def _launches(
 
 
 @pytest.mark.parametrize(
-    ("target", "dtype", "shape"),
+    ("target", "dtype", "shape", "kv_dtype"),
     PARAMS,
-    ids=[f"{t}-{TYPES[d]}-hq{a}-hk{b}-d{c}" for t, d, (a, b, c) in PARAMS],
+    ids=[
+        f"{t}-{TYPES[d]}-hq{a}-hk{b}-d{c}" + (f"-kv{TYPES[kv]}" if kv != d else "")
+        for t, d, (a, b, c), kv in PARAMS
+    ],
 )
 def test_every_launch_compiles_without_spills(
-    monkeypatch: pytest.MonkeyPatch, target: str, dtype: torch.dtype, shape: tuple[int, int, int]
+    monkeypatch: pytest.MonkeyPatch,
+    target: str,
+    dtype: torch.dtype,
+    shape: tuple[int, int, int],
+    kv_dtype: torch.dtype,
 ) -> None:
-    calls = _launches(monkeypatch, target, dtype, shape)
+    calls = _launches(monkeypatch, target, dtype, shape, kv_dtype)
     kernels = {fn.fn.__name__ for fn, _, _ in calls}
     assert kernels == {"_decode_kernel", "_reduce_kernel", "_prefill_kernel"}
     for fn, args, kwargs in calls:

@@ -37,7 +37,7 @@ from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
 from glassbox.layers.block_quant import KERNEL_ROWS, block_kernel_rows, block_weights
 from glassbox.layers.host import parts_to_device
-from glassbox.layers.kv_quant import KV8_DTYPES, row_width
+from glassbox.layers.kv_quant import row_width
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
 from glassbox.models.model_config import KV_TORCH_DTYPES, ModelConfig, dtype_name
@@ -90,9 +90,9 @@ class TorchExecutor:
         self.kv_width = row_width(model_config.head_dim, self.kv_dtype)  # a cache row: D, or D + 4 for 8 bits
         self.block_size = config.block_size
         self.attn_backend = "triton" if triton_usable(self.device) else "torch"
-        if self.attn_backend == "triton" and self.kv_dtype in KV8_DTYPES:
+        if self.attn_backend == "triton" and self.kv_dtype.itemsize == 1 and model_config.head_dim % 4:
             logger.warning(
-                "no Triton kernels for an 8-bit KV cache yet: attention runs the torch reference path"
+                "the triton kernels read an 8-bit KV cache for head dims divisible by 4: torch path"
             )
             self.attn_backend = "torch"
         self.use_graphs = self.attn_backend == "triton" and not config.enforce_eager
@@ -252,7 +252,7 @@ class TorchExecutor:
         cache = [torch.zeros(shape, dtype=self.kv_dtype, device=dev)] * mc.num_layers
         meta = AttentionMetadata(slot_mapping=torch.arange(n, device=dev), backend=self.attn_backend)
         if self.attn_backend == "triton":
-            block_m = prefill_block_m(mc.head_dim, self.kv_dtype, dev)
+            block_m = prefill_block_m(mc.head_dim, self.kv_dtype, self.dtype, dev)
             meta.paged_prefill = build_paged_prefill([(0, n, list(range(nb)))], block_m, dev)
         else:
             meta.prefills = [PrefillSeq(0, n, 0, torch.arange(nb, device=dev))]
@@ -383,7 +383,7 @@ class TorchExecutor:
                 for s in prefills:
                     end = s.start + s.num_new_tokens
                     seqs.append((s.start, s.num_new_tokens, s.seq.block_table[: (end + bs - 1) // bs]))
-                block_m = prefill_block_m(self.model_config.head_dim, self.kv_dtype, dev)
+                block_m = prefill_block_m(self.model_config.head_dim, self.kv_dtype, self.dtype, dev)
                 meta.paged_prefill = build_paged_prefill(seqs, block_m, dev)
             return meta
         row = len(decodes)

@@ -6,6 +6,9 @@ needs triton. Invariants: q/out rows have a contiguous last dim; the cache halve
 (num_blocks, block_size, Hk, D) with a contiguous last dim; the new tokens' K/V are already in the cache.
 Softmax runs in base 2 (scores pre-multiplied by scale * log2(e)) with float32 statistics.
 
+An 8-bit cache (layers/kv_quant.py) is read by the same kernels with KV8 set, through the tile loads of
+kernels/triton_kv_tiles.py; the queries then stay in the model's dtype.
+
 The @triton.jit functions' parameters carry no annotations: Triton's compiler reads them from the source
 and rejects any that is not a constexpr (``typing.Any`` included), which the interpreter does not check;
 tests/test_triton_compile.py compiles every launch configuration for real GPU targets to catch that.
@@ -21,6 +24,7 @@ import triton
 import triton.language as tl
 
 from glassbox.kernels.attention_tiles import decode_tiles, device_capability, prefill_block_m, prefill_tiles
+from glassbox.kernels.triton_kv_tiles import _scores, _values, check_cache
 
 __all__ = ["decode_attention", "decode_splits", "prefill_attention", "prefill_block_m"]
 
@@ -58,6 +62,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     NUM_SPLITS: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
+    KV8: tl.constexpr,
 ) -> None:
     # grid (B, Hk, NUM_SPLITS): one program = the GROUP query heads of one kv head, one slice of context
     b = tl.program_id(0)
@@ -91,17 +96,13 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
         blk = tl.load(bt_row + t // BLOCK_SIZE, mask=tmask, other=0).to(tl.int64)
         off = blk * stride_kb + (t % BLOCK_SIZE) * stride_kt + kvh * stride_kh  # (BLOCK_N,)
         kv_mask = tmask[:, None] & dmask[None, :]
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
+        s = _scores(q, k_ptr, off, d, tmask, kv_mask, HEAD_DIM, IEEE, KV8)
         s = tl.where(tmask[None, :], s * qk_scale, float("-inf"))  # (BLOCK_G, BLOCK_N)
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds a valid token
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = _values(v_ptr, off, d, tmask, kv_mask, q.dtype, HEAD_DIM, KV8)
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -172,6 +173,7 @@ def _attend(  # type: ignore[no-untyped-def]
     CAUSAL: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
+    KV8: tl.constexpr,
 ):
     # online softmax of q (BLOCK_M, BLOCK_D) over keys [t_lo, t_hi); CAUSAL masks keys after each query
     d = tl.arange(0, BLOCK_D)
@@ -182,11 +184,7 @@ def _attend(  # type: ignore[no-untyped-def]
         blk = tl.load(bt_row + t // BLOCK_SIZE, mask=tmask, other=0).to(tl.int64)
         off = blk * stride_kb + (t % BLOCK_SIZE) * stride_kt + kv_head_off
         kv_mask = tmask[:, None] & dmask[None, :]
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
+        s = _scores(q, k_ptr, off, d, tmask, kv_mask, HEAD_DIM, IEEE, KV8)
         allowed = tmask[None, :]
         if CAUSAL:
             allowed = allowed & (t[None, :] <= qpos[:, None])
@@ -198,7 +196,7 @@ def _attend(  # type: ignore[no-untyped-def]
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = _values(v_ptr, off, d, tmask, kv_mask, q.dtype, HEAD_DIM, KV8)
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -238,6 +236,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
+    KV8: tl.constexpr,
 ) -> None:
     # grid (num_tiles, Hq): BLOCK_M query rows of one sequence for one query head
     tile = tl.program_id(0)
@@ -270,11 +269,11 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
         lo = tl.maximum(mid - window + 1, 0) // BLOCK_N * BLOCK_N
     m_i, l_i, acc = _attend(
         q, qpos, m_i, l_i, acc, k_ptr, v_ptr, bt_row, kv_head_off, lo, mid, qk_scale, window,
-        stride_kb, stride_kt, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, False, USE_WINDOW, IEEE,
+        stride_kb, stride_kt, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, False, USE_WINDOW, IEEE, KV8,
     )  # fmt: skip
     m_i, l_i, acc = _attend(
         q, qpos, m_i, l_i, acc, k_ptr, v_ptr, bt_row, kv_head_off, mid, hi, qk_scale, window,
-        stride_kb, stride_kt, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, True, USE_WINDOW, IEEE,
+        stride_kb, stride_kt, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, True, USE_WINDOW, IEEE, KV8,
     )  # fmt: skip
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_ptrs = out_ptr + q_rows[:, None] * stride_ot + h * stride_oh + d[None, :]
@@ -308,7 +307,7 @@ def decode_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
 
 def decode_attention(
     q: torch.Tensor,  # (B, Hq, D)
-    k_cache: torch.Tensor,  # (num_blocks, block_size, Hk, D)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, Hk, D), or (..., D + 4) 8-bit rows
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # (B, max_blocks) int32/int64
     context_lens: torch.Tensor,  # (B,) tokens incl. the new one; 0 = padded row (output 0)
@@ -321,9 +320,10 @@ def decode_attention(
     batch, hq, d = q.shape
     _, bs, hk, _ = k_cache.shape
     assert q.stride(2) == 1 and out.stride(2) == 1 and k_cache.stride() == v_cache.stride()
+    kv8 = check_cache(q, k_cache)
     splits = num_splits or decode_splits(batch, hk, q.device)
     block_d = max(16, _pow2(d))
-    tiles = decode_tiles(d, q.dtype)
+    tiles = decode_tiles(d, q.dtype, kv8)
     if splits > 1:
         part_o = torch.empty((batch, hq, splits, block_d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, hq, splits), dtype=torch.float32, device=q.device)
@@ -336,7 +336,7 @@ def decode_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=hq // hk, BLOCK_G=max(16, _pow2(hq // hk)), HEAD_DIM=d, BLOCK_D=block_d,
         BLOCK_SIZE=bs, BLOCK_N=block_n or tiles.block_n, NUM_SPLITS=splits,
-        USE_WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32,
+        USE_WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32, KV8=kv8,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if splits > 1:
@@ -348,7 +348,7 @@ def decode_attention(
 
 def prefill_attention(
     q: torch.Tensor,  # (T, Hq, D) the prefill rows
-    k_cache: torch.Tensor,  # (num_blocks, block_size, Hk, D)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, Hk, D), or (..., D + 4) 8-bit rows
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # (P, max_blocks) one row per prefill sequence
     tile_seq: torch.Tensor,  # (num_tiles,) int32: the sequence of each BLOCK_M tile
@@ -364,8 +364,9 @@ def prefill_attention(
     _, hq, d = q.shape
     _, bs, hk, _ = k_cache.shape
     assert q.stride(2) == 1 and out.stride(2) == 1 and k_cache.stride() == v_cache.stride()
+    kv8 = check_cache(q, k_cache)
     block_d = max(16, _pow2(d))
-    tiles = prefill_tiles(d, k_cache.dtype, device_capability(q.device))
+    tiles = prefill_tiles(d, q.dtype, device_capability(q.device), kv8)
     assert block_m == tiles.block_m, f"prefill layout built for {block_m}-row tiles, the kernel takes {tiles}"
     _prefill_kernel[(tile_seq.shape[0], hq)](
         q, k_cache, v_cache, out, block_tables, tile_seq, tile_m, q_start, q_len, ctx,
@@ -374,5 +375,5 @@ def prefill_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=hq // hk, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=bs, BLOCK_M=block_m,
         BLOCK_N=tiles.block_n, USE_WINDOW=sliding_window is not None,
-        IEEE=q.dtype == torch.float32, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        IEEE=q.dtype == torch.float32, KV8=kv8, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip

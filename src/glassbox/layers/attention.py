@@ -2,7 +2,8 @@
 
 Two backends: "torch" (the reference, torch SDPA over the live blocks; CPU and CUDA) and "triton"
 (CUDA kernels in kernels/triton_attention.py that read the block tables directly; imported lazily).
-An 8-bit cache (layers/kv_quant.py) runs the torch backend here, its rows dequantized where read.
+An 8-bit cache (layers/kv_quant.py) is dequantized where the torch backend reads it; the triton kernels
+read its codes and scales in place.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def paged_attention(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:  # (T, Hq, D)
-    if meta.backend == "triton":  # never with an 8-bit cache (the executor runs the torch backend then)
+    if meta.backend == "triton":
         return _triton_paged_attention(q, kv_cache, meta, scale, sliding_window)
     out = torch.empty_like(q)
     nd = meta.num_decode
@@ -219,7 +220,9 @@ def _triton_paged_attention(
     from glassbox.kernels import triton_attention as ta
 
     dtype = q.dtype
-    q = q.to(kv_cache.dtype).contiguous()
+    if not kv_quant.is_8bit(kv_cache):  # a 16-bit cache's dtype runs the dots; an 8-bit one's codes take q's
+        q = q.to(kv_cache.dtype)
+    q = q.contiguous()
     out = torch.empty_like(q)
     nd = meta.num_decode
     if nd:
