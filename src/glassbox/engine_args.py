@@ -48,7 +48,7 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         "--kv-cache-dtype",
         default="auto",
         help=f"KV cache elements: {_DTYPE_HELP}, or fp8 (e4m3) / int8 with a scale per token and head "
-        "(half a 16-bit cache's bytes; CUDA runs those on the torch attention path, not Triton, so far)",
+        "(about half a 16-bit cache's bytes)",
     )
     g.add_argument("--num-kv-blocks", type=int, default=None, help="explicit KV cache size in blocks")
     g.add_argument("--kv-cache-memory-gib", type=float, default=None, help="explicit KV cache size in GiB")
