@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_quantization import block_gemv_f32
 from tiny_models import build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
 from glassbox.kernels.native import library
-from glassbox.layers.block_quant import BlockQuantLinear, BlockWeights
+from glassbox.layers.block_quant import BlockQuantLinear
 from glassbox.models.gptq_awq import layer_blocks
 from glassbox.models.quant_config import GroupQuant, group_quant
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
@@ -162,26 +163,6 @@ def _int8_reference(x: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.
     return y, terms
 
 
-def _gemv_f32(w: BlockWeights, x: torch.Tensor, generic: bool) -> torch.Tensor:
-    """The block GEMV (vector or plain-C path) with a float32 output, on x already in the blocks' order."""
-    lib = library()
-    assert lib is not None
-    m, kp = x.shape[0], w.padded
-    qx = torch.empty(m, kp, dtype=torch.int8)
-    dx, cx = torch.empty(m, kp // 32), torch.empty(m, kp // 32)
-    xb = x.to(torch.bfloat16).contiguous()
-    lib.gb_quantize_rows_q8(
-        xb.data_ptr(), m, w.in_features, kp, qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), 1, 2
-    )
-    out = torch.empty(m, w.out_features)
-    fn = lib.gb_gemv_blocks_generic if generic else lib.gb_gemv_blocks
-    fn(
-        *w.pointers(), None, w.out_features, kp, w.bits,
-        qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), m, out.data_ptr(), w.out_features, 0, 2,
-    )  # fmt: skip
-    return out
-
-
 @needs_kernels
 @pytest.mark.parametrize(
     ("case", "k"), [("gptq-v1-g32-act", 96), ("awq-g32", 96), ("gptq-v2-g128-act", 640), ("gptq-v2-g-1", 576),
@@ -196,7 +177,7 @@ def test_gemv_matches_float64_arithmetic(case: str, k: int, m: int) -> None:
     ref, terms = _int8_reference(x, layer)
     xs = x if w.perm is None else x[:, w.perm]
     for generic in (False, True):
-        err = (_gemv_f32(w, xs, generic).double() - ref).abs()
+        err = (block_gemv_f32(w, xs, generic).double() - ref).abs()
         assert bool((err <= 2e-6 * terms + 1e-7).all()), float((err / terms).max())
     # the linear (bf16 in and out) permutes its input itself; bf16 rounds its output
     y = BlockQuantLinear(w)(x.bfloat16()).double()

@@ -84,7 +84,7 @@ def _int8_activation_reference(x: torch.Tensor, w: BlockWeights) -> tuple[torch.
     return (main + off).sum(-1).float(), (main.abs() + off.abs()).sum(-1).float()
 
 
-def _gemv(w: BlockWeights, x: torch.Tensor, generic: bool = False) -> torch.Tensor:
+def block_gemv_f32(w: BlockWeights, x: torch.Tensor, generic: bool = False) -> torch.Tensor:
     """gb_gemv_blocks (or its plain-C twin) with a float32 output."""
     lib = library()
     assert lib is not None
@@ -114,7 +114,7 @@ def test_gemv_matches_its_arithmetic(qtype: str, n: int, k: int, m: int) -> None
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(n * k + m)).bfloat16().float()
     ref, terms = _int8_activation_reference(x, w)
     for generic in (False, True):
-        err = (_gemv(w, x, generic) - ref).abs()
+        err = (block_gemv_f32(w, x, generic) - ref).abs()
         assert bool((err <= 1e-6 * terms + 1e-7).all()), (err / terms).max()
     # and the int8 activations cost little against the exact product with the same weights
     exact = x @ w.dequantize_reference().t()

@@ -75,4 +75,50 @@ static inline float exp_f(float x) {
     return p * scale;
 }
 
+
+/* Paged decode attention's online softmax (cpu_kernels.c, cpu_kv8.c), per query head j of hq: running max
+ * m, sum of exps l and unnormalized output acc (d floats). */
+static inline __attribute__((always_inline)) void start_heads(i64 hq, i64 d, float acc[hq][d], float *m, float *l) {
+    for (i64 j = 0; j < hq; j++) {
+        m[j] = -INFINITY;
+        l[j] = 0.0f;
+        memset(acc[j], 0, sizeof(float) * (size_t)d);
+    }
+}
+
+/* One block's scores sc[j][lo..hi) in: each head's max, sum and acc rescaled to the new max, and the
+ * scores turned into exp(s - max) (the weights of the block's V rows). */
+static inline __attribute__((always_inline)) void softmax_block(i64 hq, i64 d, i64 bs, i64 lo, i64 hi,
+                                                                float sc[hq][bs], float *m, float *l,
+                                                                float acc[hq][d]) {
+    for (i64 j = 0; j < hq; j++) {
+        float mb = m[j];
+        for (i64 p = lo; p < hi; p++) mb = sc[j][p] > mb ? sc[j][p] : mb;
+        const float corr = exp_f(m[j] - mb); /* ~0 on the first block (m = -inf) */
+        l[j] *= corr;
+        for (i64 i = 0; i < d; i++) acc[j][i] *= corr;
+        for (i64 p = lo; p < hi; p++) sc[j][p] = exp_f(sc[j][p] - mb);
+        for (i64 p = lo; p < hi; p++) l[j] += sc[j][p];
+        m[j] = mb;
+    }
+}
+
+/* The heads' end: with part, each head's state (m, l, acc: d + 2 floats) for a later merge; else acc / l
+ * stored as row sq's heads in out. */
+static inline __attribute__((always_inline)) void finish_heads(i64 hq, i64 d, float acc[hq][d], const float *m,
+                                                               const float *l, float *part, void *out, i64 sq,
+                                                               int dt) {
+    for (i64 j = 0; j < hq; j++) {
+        if (part) {
+            float *pj = part + j * (d + 2);
+            pj[0] = m[j];
+            pj[1] = l[j];
+            memcpy(pj + 2, acc[j], sizeof(float) * (size_t)d);
+            continue;
+        }
+        const float inv = 1.0f / l[j];
+        for (i64 i = 0; i < d; i++) acc[j][i] *= inv;
+        store_row(at(out, sq * hq * d + j * d, dt), acc[j], d, dt);
+    }
+}
 #endif

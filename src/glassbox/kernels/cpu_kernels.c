@@ -158,11 +158,7 @@ static inline __attribute__((always_inline)) void attend(const void *qkv, i64 q_
                                                          void *out, float *part, int dt) {
     const i64 g = hq / hk;
     float acc[hq][d], sc[hq][bs], m[hq], l[hq], vf[d];
-    for (i64 j = 0; j < hq; j++) {
-        m[j] = -INFINITY;
-        l[j] = 0.0f;
-        memset(acc[j], 0, sizeof(float) * (size_t)d);
-    }
+    start_heads(hq, d, acc, m, l);
     const void *q0 = cat_(qkv, sq * q_stride, dt);
     for (i64 b = t0 / bs; b * bs < t1; b++) {
         const i64 blk = table[b];
@@ -173,16 +169,7 @@ static inline __attribute__((always_inline)) void attend(const void *qkv, i64 q_
                 const void *k = cat_(k_cache, ((blk * bs + p) * hk + j / g) * d, dt);
                 sc[j][p] = score(cat_(q0, j * d, dt), k, d, dt) * scale;
             }
-        for (i64 j = 0; j < hq; j++) {
-            float mb = m[j];
-            for (i64 p = lo; p < hi; p++) mb = sc[j][p] > mb ? sc[j][p] : mb;
-            const float corr = exp_f(m[j] - mb); /* ~0 on the first block (m = -inf) */
-            l[j] *= corr;
-            for (i64 i = 0; i < d; i++) acc[j][i] *= corr;
-            for (i64 p = lo; p < hi; p++) sc[j][p] = exp_f(sc[j][p] - mb);
-            for (i64 p = lo; p < hi; p++) l[j] += sc[j][p];
-            m[j] = mb;
-        }
+        softmax_block(hq, d, bs, lo, hi, sc, m, l, acc);
         for (i64 p = lo; p < hi; p++)
             for (i64 h = 0; h < hk; h++) { /* each V row widened to float once, used by its g query heads */
                 load_row(cat_(v_cache, ((blk * bs + p) * hk + h) * d, dt), vf, d, dt);
@@ -192,18 +179,7 @@ static inline __attribute__((always_inline)) void attend(const void *qkv, i64 q_
                 }
             }
     }
-    for (i64 j = 0; j < hq; j++) {
-        if (part) {
-            float *pj = part + j * (d + 2);
-            pj[0] = m[j];
-            pj[1] = l[j];
-            memcpy(pj + 2, acc[j], sizeof(float) * (size_t)d);
-            continue;
-        }
-        const float inv = 1.0f / l[j];
-        for (i64 i = 0; i < d; i++) acc[j][i] *= inv;
-        store_row(at(out, sq * hq * d + j * d, dt), acc[j], d, dt);
-    }
+    finish_heads(hq, d, acc, m, l, part, out, sq, dt);
 }
 
 /* attend, compiled separately for the common bf16 head sizes (loops of known length unroll and keep their

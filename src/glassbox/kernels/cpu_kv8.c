@@ -107,12 +107,8 @@ static inline __attribute__((always_inline)) void attend8(const void *qkv, i64 q
                                                           void *out, float *part, int dt, int kind) {
     const i64 g = hq / hk, rb = d + KV8_SCALE_BYTES;
     float acc[hq][d], qf[hq][d], sc[hq][bs], m[hq], l[hq], row[d];
-    for (i64 j = 0; j < hq; j++) {
-        m[j] = -INFINITY;
-        l[j] = 0.0f;
-        memset(acc[j], 0, sizeof(float) * (size_t)d);
-        load_row(cat_(qkv, sq * q_stride + j * d, dt), qf[j], d, dt);
-    }
+    start_heads(hq, d, acc, m, l);
+    for (i64 j = 0; j < hq; j++) load_row(cat_(qkv, sq * q_stride + j * d, dt), qf[j], d, dt);
     for (i64 b = t0 / bs; b * bs < t1; b++) {
         const i64 blk = table[b];
         const i64 lo = t0 > b * bs ? t0 - b * bs : 0;
@@ -122,16 +118,7 @@ static inline __attribute__((always_inline)) void attend8(const void *qkv, i64 q
                 const float ks = load_codes(kc + ((blk * bs + p) * hk + h) * rb, row, d, kind) * scale;
                 for (i64 j = h * g; j < (h + 1) * g; j++) sc[j][p] = dot(qf[j], row, d) * ks;
             }
-        for (i64 j = 0; j < hq; j++) {
-            float mb = m[j];
-            for (i64 p = lo; p < hi; p++) mb = sc[j][p] > mb ? sc[j][p] : mb;
-            const float corr = exp_f(m[j] - mb); /* ~0 on the first block (m = -inf) */
-            l[j] *= corr;
-            for (i64 i = 0; i < d; i++) acc[j][i] *= corr;
-            for (i64 p = lo; p < hi; p++) sc[j][p] = exp_f(sc[j][p] - mb);
-            for (i64 p = lo; p < hi; p++) l[j] += sc[j][p];
-            m[j] = mb;
-        }
+        softmax_block(hq, d, bs, lo, hi, sc, m, l, acc);
         for (i64 p = lo; p < hi; p++)
             for (i64 h = 0; h < hk; h++) {
                 const float vs = load_codes(vc + ((blk * bs + p) * hk + h) * rb, row, d, kind);
@@ -141,18 +128,7 @@ static inline __attribute__((always_inline)) void attend8(const void *qkv, i64 q
                 }
             }
     }
-    for (i64 j = 0; j < hq; j++) {
-        if (part) {
-            float *pj = part + j * (d + 2);
-            pj[0] = m[j];
-            pj[1] = l[j];
-            memcpy(pj + 2, acc[j], sizeof(float) * (size_t)d);
-            continue;
-        }
-        const float inv = 1.0f / l[j];
-        for (i64 i = 0; i < d; i++) acc[j][i] *= inv;
-        store_row(at(out, sq * hq * d + j * d, dt), acc[j], d, dt);
-    }
+    finish_heads(hq, d, acc, m, l, part, out, sq, dt);
 }
 
 void kv8_attend(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache, const i64 *table, i64 t0,

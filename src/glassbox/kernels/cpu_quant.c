@@ -36,7 +36,7 @@ void gb_quantize_rows_q8(const void *x, i64 M, i64 K, i64 Kp, int8_t *qx, float 
             for (int j = 0; j < 32; j++) {
                 const i64 k = b * 32 + j;
                 float f = 0.0f;
-                if (k < K) f = dt ? q_bf2f(((const uint16_t *)x)[m * K + k]) : ((const float *)x)[m * K + k];
+                if (k < K) f = dt ? bf2f(((const uint16_t *)x)[m * K + k]) : ((const float *)x)[m * K + k];
                 v[j] = f;
                 const float a = f < 0 ? -f : f;
                 amax = a > amax ? a : amax;

@@ -1,16 +1,11 @@
 /* Shared by cpu_quant.c (the block GEMV) and cpu_dequant.c: the block layout's helpers (see cpu_quant.c). */
 #ifndef GB_CPU_QUANT_H
 #define GB_CPU_QUANT_H
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+#include "cpu_common.h"
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define GB_VNNI 1
 #endif
-
-typedef int64_t i64;
 
 static inline float h2f(uint16_t h) { /* IEEE half to float, exact */
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -34,21 +29,6 @@ static inline float h2f(uint16_t h) { /* IEEE half to float, exact */
     return f;
 }
 
-static inline float q_bf2f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t q_f2bf(float f) { /* round to nearest even, NaN kept quiet */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 #define CHUNK 16 /* blocks per interleaved chunk: 512 codes */
 
 /* Where code k of a row lives (see the layout above): its byte, times 2 plus the nibble (1: high) for 4 bits. */
@@ -66,7 +46,7 @@ static inline i64 code_index(i64 k, i64 Kp, int bits) {
 
 static inline void store_out(void *out, i64 i, float v, int dt) {
     if (dt)
-        ((uint16_t *)out)[i] = q_f2bf(v);
+        ((uint16_t *)out)[i] = f2bf(v);
     else
         ((float *)out)[i] = v;
 }
