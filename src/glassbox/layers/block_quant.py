@@ -20,6 +20,7 @@ import contextvars
 import ctypes
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -352,6 +353,7 @@ class BlockQuantLinear(nn.Module):
             None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
         )
         self.nbytes = weights.nbytes
+        self._call: tuple[Any, tuple[Any, ...]] | None = None  # the kernel and the weight's arguments
 
     @property
     def _bias_ptr(self) -> int | None:
@@ -363,22 +365,30 @@ class BlockQuantLinear(nn.Module):
             x = x.index_select(-1, self.w.perm)
         x2 = x.reshape(-1, self.in_features)
         rows = x2.shape[0]
-        lib = _lib()
         step = _STEP_KERNEL.get()
         kernel = rows <= self.kernel_rows if step is None else step
-        if lib is None or x.dtype != torch.bfloat16 or not kernel or x.device.type != "cpu":
+        unbuilt = self._call is None and _lib() is None  # no C kernels
+        if not kernel or x.dtype != torch.bfloat16 or x.device.type != "cpu" or unbuilt:
             bias = None if self.bias is None else self.bias.to(x.dtype)
             return F.linear(x, self.w.dequantize(x.dtype).to(x.device), bias)
-        return self._gemv(lib, x2.contiguous()).view(*lead, self.out_features)
+        return self._gemv(x2.contiguous()).view(*lead, self.out_features)
 
-    def _gemv(self, lib: ctypes.CDLL, x: torch.Tensor) -> torch.Tensor:
-        """Decode rows in one kernel call: activations to int8 blocks, then the GEMV; output in x's dtype."""
-        w, m = self.w, x.shape[0]
+    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+        """Decode rows in one kernel call: activations to int8 blocks, then the GEMV; output in x's dtype.
+        The weight's arguments are taken once, at the first call (after loading: the tensors stay put)."""
+        if self._call is None:
+            lib = _lib()
+            assert lib is not None
+            w = self.w
+            self._call = (
+                lib.gb_linear_blocks,
+                (*w.pointers(), self._bias_ptr, self.out_features, w.padded, w.bits),
+            )
+        fn, weight_args = self._call
+        m = x.shape[0]
         out = torch.empty(m, self.out_features, dtype=x.dtype)
-        lib.gb_linear_blocks(
-            x.data_ptr(), m, self.in_features, *w.pointers(), self._bias_ptr, self.out_features, w.padded, w.bits,
-            out.data_ptr(), int(x.dtype == torch.bfloat16), torch.get_num_threads(),
-        )  # fmt: skip
+        fn(x.data_ptr(), m, self.in_features, *weight_args, out.data_ptr(), int(x.dtype == torch.bfloat16),
+           torch.get_num_threads())  # fmt: skip
         return out
 
 
