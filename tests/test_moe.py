@@ -275,3 +275,34 @@ def test_bfloat16_grouped_matches_reference() -> None:
         grouped, dense, ref = _all_paths(block, x)
     assert torch.allclose(grouped.float(), ref.float(), atol=2e-2)
     assert torch.allclose(grouped.float(), dense.float(), atol=2e-2)
+
+
+# ---- the planner and trace ---------------------------------------------------------------------------
+
+
+def test_plan_and_trace_on_a_moe_dir(models: dict, tmp_path: Path) -> None:
+    """`glassbox plan DIR` costs the MoE shape from ModelFacts (k of E experts active); `trace` runs a
+    request through the engine and holds it against the planner's roofline (bytes approximate)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from glassbox.trace import run_trace
+
+    d = models["qwen3_moe"][0]
+    r = subprocess.run(
+        [sys.executable, "-m", "glassbox.cli", "plan", str(d), "--hardware", "h100-sxm", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, GLASSBOX_CACHE_DIR=str(tmp_path)),
+    )
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)["model"]
+    assert plan["moe"] == {"experts": 8, "top_k": 2, "moe_layers": 2}
+    assert plan["active_params"] < plan["total_params"]
+
+    llm = LLM(str(d), dtype="float32")
+    out = run_trace(llm.engine, "def fibonacci(n):", 6, None)
+    assert out["phases"]["decode"]["tokens"] == 5 and out["finish_reason"] == "length"
