@@ -13,11 +13,12 @@ from test_engine_parity import CPU_KERNELS, _check, _hf_logprobs, _prompts
 from tiny_models import MOE_ARCHS, build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
+from glassbox.layers.linear import packing_available
 from glassbox.models.config_reader import facts_from_config, facts_from_dir
 from glassbox.models.llama import LlamaMLP
 from glassbox.models.loader import build_model, safetensors_tensors
 from glassbox.models.model_config import ModelConfig
-from glassbox.models.moe import SparseMoeBlock, route
+from glassbox.models.moe import MoEExperts, SparseMoeBlock, route
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 MAX_NEW = 12  # as test_engine_parity's _check expects
@@ -142,6 +143,8 @@ def test_bfloat16_stays_close_to_float32_reference(models: dict, arch: str) -> N
     greedy pick is a top choice of transformers in float32, its logprob within bf16 rounding."""
     d, prompts, _ = models[arch]
     llm = LLM(str(d), dtype="bfloat16", max_num_seqs=4)
+    experts = [m for m in llm.engine.executor.model.modules() if isinstance(m, MoEExperts)]
+    assert experts and all(bool(m.packed) == packing_available(torch.bfloat16) for m in experts)
     outs = llm.generate(prompts[:6], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0))
     for prompt, out in zip(prompts[:6], outs, strict=True):
         ref = _hf_logprobs(d, prompt + out.token_ids, len(prompt))
@@ -275,6 +278,11 @@ def test_bfloat16_grouped_matches_reference() -> None:
         grouped, dense, ref = _all_paths(block, x)
     assert torch.allclose(grouped.float(), ref.float(), atol=2e-2)
     assert torch.allclose(grouped.float(), dense.float(), atol=2e-2)
+    if packing_available(torch.bfloat16):  # each expert's matrices in oneDNN's layout (the CPU bf16 engine)
+        w, ids = block.routing(x)
+        assert block.experts.pack_weights() == 16 and block.experts.gate_up_proj.numel() == 0
+        with torch.no_grad():
+            assert torch.allclose(block.experts(x, ids, w).float(), ref.float(), atol=2e-2)
 
 
 # ---- the planner and trace ---------------------------------------------------------------------------
