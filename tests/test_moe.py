@@ -330,3 +330,16 @@ def test_plan_and_trace_on_a_moe_dir(models: dict, tmp_path: Path) -> None:
     llm = LLM(str(d), dtype="float32")
     out = run_trace(llm.engine, "def fibonacci(n):", 6, None)
     assert out["phases"]["decode"]["tokens"] == 5 and out["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("kernels", CPU_KERNELS)
+def test_mixtral_sliding_window(tmp_path: Path, kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mixtral slides every layer when its config sets sliding_window (as Mistral does)."""
+    monkeypatch.setenv("GLASSBOX_CPU_KERNELS", kernels)
+    d = build_tiny_model("mixtral", tmp_path, sliding_window=24)
+    prompts = [list(range(3, 70)), list(range(200, 210))]
+    ref = hf_greedy(d, prompts, 8)
+    llm = LLM(str(d), dtype="float32", max_num_batched_tokens=32)
+    assert llm.engine.model_config.layer_windows == (24, 24)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [toks for toks, _ in ref]

@@ -43,7 +43,7 @@ def layer_kinds(cfg: dict[str, Any], n_layers: int) -> tuple[list[str], int | No
     if window and pattern:  # Gemma 3: every pattern-th layer is global
         kinds = ["full" if (i + 1) % int(pattern) == 0 else "sliding" for i in range(n_layers)]
         return kinds, int(window)
-    use_sw = cfg.get("use_sliding_window", cfg.get("model_type") == "mistral")
+    use_sw = cfg.get("use_sliding_window", cfg.get("model_type") in ("mistral", "mixtral"))
     if window and use_sw:
         limit = int(cfg.get("max_window_layers", n_layers))
         # Qwen2 convention: layers below max_window_layers use full attention.
