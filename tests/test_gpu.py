@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 import torch
-from tiny_models import ARCHS, build_tiny_model, hf_greedy
+from tiny_models import ARCHS, MOE_ARCHS, build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
 from glassbox.layers import kv_quant
@@ -230,7 +230,7 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @needs_cuda
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + MOE_ARCHS)  # MoE: grouped experts eager, dense in the graphs
 def test_gpu_float32_greedy_parity(tiny_root: Path, arch: str) -> None:
     d = build_tiny_model(arch, tiny_root)
     import json
@@ -377,7 +377,7 @@ def _use_triton(llm: LLM, graphs: bool) -> None:
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1, triton, and no CUDA")
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "gemma3", "qwen2_moe"])
 def test_interpreted_triton_engine_parity(tiny_root: Path, arch: str) -> None:
     d = build_tiny_model(arch, tiny_root)
     import json

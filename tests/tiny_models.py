@@ -11,6 +11,7 @@ import torch
 from tokenizer_factory import build_tokenizer_dir
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
+MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 _BASE: dict[str, Any] = dict(
     hidden_size=64,
@@ -50,6 +51,24 @@ def _config(arch: str, vocab: int, eos: int, **overrides: Any) -> Any:
     if arch == "mistral":
         kw.setdefault("sliding_window", 48)
         return tf.MistralConfig(**kw)
+    if arch == "mixtral":  # 8 experts, top-2, every layer sparse
+        kw.update(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32)
+        return tf.MixtralConfig(**kw)
+    if arch == "qwen2_moe":  # a shared expert with its gate; layer 1 of 3 dense (mlp_only_layers)
+        kw["num_hidden_layers"] = overrides.get("num_hidden_layers", 3)
+        kw.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+        kw.setdefault("shared_expert_intermediate_size", 48)
+        kw.setdefault("mlp_only_layers", [1])
+        kw.setdefault("norm_topk_prob", False)
+        return tf.Qwen2MoeConfig(**kw)
+    if arch == "qwen3_moe":  # top-2 renormalized; every second layer sparse (decoder_sparse_step 2)
+        kw["num_hidden_layers"] = overrides.get("num_hidden_layers", 4)
+        kw.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+        kw.setdefault("head_dim", 32)
+        kw.setdefault("decoder_sparse_step", 2)
+        kw.setdefault("norm_topk_prob", True)
+        kw.setdefault("tie_word_embeddings", True)
+        return tf.Qwen3MoeConfig(**kw)
     if arch == "gemma3":
         # windows (40) shorter than most prompts; local and global layers with their own rope (global scaled);
         # head_dim * heads != hidden and an attention scale other than head_dim ** -0.5

@@ -134,7 +134,9 @@ class TorchExecutor:
         elements = sum(p.numel() for p in self.model.parameters()) + sum(
             b.out_features * b.in_features for b in in_blocks
         )
-        self.flops_per_token = 2 * elements  # roughly: GEMMs only
+        mc = model_config  # routed experts: a token runs k of each MoE layer's E
+        unchosen = sum(mc.layer_moe) * (mc.num_experts - mc.experts_per_token) * 3 * mc.hidden_size
+        self.flops_per_token = 2 * (elements - unchosen * mc.moe_intermediate_size)  # roughly: GEMMs only
         self.block_formats = sorted({b.label for b in in_blocks})  # weights kept in blocks ("Q4_1", "int4")
         self.max_threads = torch.get_num_threads()
         self.light_threads = self.max_threads  # reserve_frontend_core() lowers it

@@ -45,14 +45,26 @@ def packing_available(dtype: torch.dtype) -> bool:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear of a CPU model with a PackedLinear; returns how many were replaced."""
+    """Replace every nn.Linear of a CPU model with a PackedLinear, and let each module that holds its
+    matrices otherwise (a ``pack_weights()`` method: MoE experts) pack them; returns how many matrices."""
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
                 setattr(module, name, PackedLinear(child))
                 count += 1
+        pack = getattr(module, "pack_weights", None)
+        if callable(pack):
+            count += int(pack())
     return count
+
+
+def packed_matrix(w: torch.Tensor) -> PackedLinear:
+    """A PackedLinear of the matrix ``w`` (out, in), no bias."""
+    with torch.device("meta"):
+        linear = nn.Linear(w.shape[1], w.shape[0], bias=False)
+    linear.weight = nn.Parameter(w, requires_grad=False)
+    return PackedLinear(linear)
 
 
 class ConcatLinear(nn.Module):

@@ -40,6 +40,11 @@ class CausalLM(nn.Module):
     def fuse(self) -> None:
         """Rearrange weights for speed once the checkpoint is loaded by HF names (a no-op is valid)."""
 
+    def checkpoint_view(self, name: str, params: dict[str, nn.Parameter]) -> tuple[str, torch.Tensor] | None:
+        """(parameter name, the tensor a checkpoint tensor ``name`` is copied into: the parameter or a view
+        of it), or None when the model has no place for it. ``params``: the model's, by name."""
+        return (name, params[name]) if name in params else None
+
     def tie_weights(self) -> None:
         """Share the embedding table with the LM head (tied checkpoints store it once)."""
         embed = self.get_submodule("model.embed_tokens")

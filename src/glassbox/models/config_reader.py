@@ -43,7 +43,7 @@ def layer_kinds(cfg: dict[str, Any], n_layers: int) -> tuple[list[str], int | No
     if window and pattern:  # Gemma 3: every pattern-th layer is global
         kinds = ["full" if (i + 1) % int(pattern) == 0 else "sliding" for i in range(n_layers)]
         return kinds, int(window)
-    use_sw = cfg.get("use_sliding_window", cfg.get("model_type") == "mistral")
+    use_sw = cfg.get("use_sliding_window", cfg.get("model_type") in ("mistral", "mixtral"))
     if window and use_sw:
         limit = int(cfg.get("max_window_layers", n_layers))
         # Qwen2 convention: layers below max_window_layers use full attention.
@@ -57,8 +57,10 @@ def layer_kinds(cfg: dict[str, Any], n_layers: int) -> tuple[list[str], int | No
 
 def _attention_biases(cfg: dict[str, Any]) -> tuple[bool, bool]:
     """(q/k/v biases, o_proj bias): Qwen2 always biases q/k/v only; others follow attention_bias."""
-    if cfg.get("model_type") in ("qwen2", "qwen2_moe"):
+    if cfg.get("model_type") == "qwen2":
         return True, False
+    if cfg.get("model_type") == "qwen2_moe":  # transformers 5 names it qkv_bias (default True)
+        return bool(cfg.get("qkv_bias", True)), False
     bias = bool(cfg.get("attention_bias", False))
     return bias, bias
 
@@ -157,6 +159,7 @@ def transformer_facts(cfg: dict[str, Any], name: str) -> ModelFacts:
     top_k = int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0)
     mlp = experts = shared = per_expert = moe_layers = exp_inter = shared_inter = 0
     ffn_width = inter
+    is_moe: list[bool] = []
     if n_exp:
         exp_inter = int(cfg.get("moe_intermediate_size") or inter)
         if mt == "gpt_oss":  # fused gate_up (+bias) and down (+bias)
@@ -200,6 +203,10 @@ def transformer_facts(cfg: dict[str, Any], name: str) -> ModelFacts:
         params_per_expert=per_expert if n_exp else 0,
         moe_intermediate_size=exp_inter,
         shared_expert_intermediate_size=shared_inter,
+        shared_expert_gated=mt == "qwen2_moe" and shared_inter > 0,
+        # Mixtral renormalizes its top-k always; Qwen2/3-MoE where the config says so (default False)
+        norm_topk_prob=bool(n_exp) and (mt == "mixtral" or bool(cfg.get("norm_topk_prob", False))),
+        layer_moe=tuple(is_moe),
         ffn_width=ffn_width,
     )
 

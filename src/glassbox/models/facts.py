@@ -54,6 +54,9 @@ class ModelFacts:
     params_per_expert: int = 0  # one routed expert in one layer
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    shared_expert_gated: bool = False  # the shared expert's output times sigmoid(a linear of x) (Qwen2-MoE)
+    norm_topk_prob: bool = False  # the top-k routing weights renormalized to sum to 1 (Mixtral: always)
+    layer_moe: tuple[bool, ...] = ()  # per layer: its FFN is the routed MoE block; (): none is
     ffn_width: int = 0  # widest FFN activation per token (activation-memory estimate)
     tie_word_embeddings: bool = False
     state_bytes_per_seq: int = 0  # recurrent (Mamba) state per sequence: SSM + conv, read+written each step

@@ -110,6 +110,8 @@ def build_config(
             raise ValueError(f"GGUF metadata lacks {key}, which a {arch} model needs")
         return default
 
+    if int(get("expert_count", 0) or 0):  # Mixtral-style GGUF files say "llama" and count experts
+        raise ValueError("GGUF mixture-of-experts files are not supported yet (Hugging Face directories are)")
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
     kv_heads = int(get("attention.head_count_kv", heads))

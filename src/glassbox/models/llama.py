@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama, Qwen2, Qwen3, Mistral) with Hugging Face parameter names."""
+"""Llama-family decoder (Llama, Qwen2, Qwen3, Mistral; with routed experts (models/moe.py) in the layers
+the config names: Mixtral, Qwen2-MoE, Qwen3-MoE) with Hugging Face parameter names."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from glassbox.layers.norm import RMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.model_config import ModelConfig
+from glassbox.models.moe import SparseMoeBlock, checkpoint_name, checkpoint_slot
 
 
 class LlamaAttention(nn.Module):
@@ -60,9 +62,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, intermediate: int | None = None) -> None:
         super().__init__()
-        h, i, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        h, i, bias = cfg.hidden_size, intermediate or cfg.intermediate_size, cfg.mlp_bias
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
@@ -86,7 +88,19 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer: int) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(cfg, rotary, layer)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp: LlamaMLP | SparseMoeBlock = LlamaMLP(cfg)
+        if cfg.layer_moe and cfg.layer_moe[layer]:
+            shared = cfg.shared_expert_intermediate_size
+            self.mlp = SparseMoeBlock(
+                cfg.hidden_size,
+                cfg.num_experts,
+                cfg.experts_per_token,
+                cfg.moe_intermediate_size,
+                cfg.hidden_act,
+                cfg.norm_topk_prob,
+                LlamaMLP(cfg, shared) if shared else None,
+                cfg.shared_expert_gated,
+            )
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -154,4 +168,17 @@ class LlamaForCausalLM(CausalLM):
         for layer in self.model.layers:
             assert isinstance(layer, LlamaDecoderLayer)
             layer.self_attn.fuse()
-            layer.mlp.fuse()
+            if isinstance(layer.mlp, LlamaMLP):
+                layer.mlp.fuse()
+            elif isinstance(layer.mlp.shared_expert, LlamaMLP):
+                layer.mlp.shared_expert.fuse()
+
+    def checkpoint_view(self, name: str, params: dict[str, nn.Parameter]) -> tuple[str, torch.Tensor] | None:
+        """MoE checkpoints: one expert's tensor fills its rows of the fused expert tensors."""
+        if not self.config.layer_moe:
+            return super().checkpoint_view(name, params)
+        slot = checkpoint_slot(name, self.config.moe_intermediate_size)
+        if slot is not None and slot[0] in params:
+            target, e, rows = slot
+            return target, params[target][e, rows]
+        return super().checkpoint_view(checkpoint_name(name), params)

@@ -5,7 +5,8 @@ the model's signature that the executor calls instead of the model. Same math as
 with the PyTorch ops, arranged for a CPU decode step: each residual
 add is fused with the next norm (x += sublayer(h); h = norm(x)), q/k norm, rotary and the cache write are
 one call, decode rows attend through the block tables, and the linears are called as bound methods (no
-module hooks or attribute lookups on the hot path). Prefill rows still use PyTorch's SDPA.
+module hooks or attribute lookups on the hot path). Prefill rows still use PyTorch's SDPA. A layer whose
+FFN is routed experts (models/moe.py) calls that block's own forward between the kernels.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from glassbox.kernels import cpu_ops
 from glassbox.kernels.cpu_prefill import prefill_attention_bf16
 from glassbox.layers.attention import AttentionMetadata, prefill_attention
 from glassbox.layers.kv_quant import KV8_DTYPES
-from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -32,9 +33,10 @@ class LayerOps:
     attn: cpu_ops.PagedAttention
     o_proj: Fn
     post_norm: cpu_ops.AddRMSNorm
-    gate_up: Fn
-    act_mul: Fn  # (T, 2I) [gate | up] -> (T, I)
-    down: Fn
+    gate_up: Fn | None
+    act_mul: Fn | None  # (T, 2I) [gate | up] -> (T, I)
+    down: Fn | None
+    moe: Fn | None = None  # a routed-experts FFN (models/moe.py) in place of gate_up/act_mul/down
 
 
 @dataclass
@@ -73,13 +75,24 @@ def bind(lm: LlamaForCausalLM, kv_caches: list[torch.Tensor], dtype: torch.dtype
     for layer, cache in zip(model.layers, kv_caches, strict=True):
         assert isinstance(layer, LlamaDecoderLayer)
         attn, mlp = layer.self_attn, layer.mlp
-        if attn.qkv_proj is None or mlp.gate_up_proj is None:
+        if attn.qkv_proj is None or (isinstance(mlp, LlamaMLP) and mlp.gate_up_proj is None):
             raise ValueError("the kernels need fused q/k/v and gate/up projections (LlamaForCausalLM.fuse)")
         inorm, post = layer.input_layernorm, layer.post_attention_layernorm
         qn = None if attn.q_norm is None else attn.q_norm.weight.detach()
         kn = None if attn.k_norm is None else attn.k_norm.weight.detach()
         eps = 0.0 if attn.q_norm is None else attn.q_norm.eps
-        silu = mlp.act is F.silu
+        gate_up = act_mul = down = moe = None
+        if isinstance(mlp, LlamaMLP):
+            assert mlp.gate_up_proj is not None
+            gate_up, down = mlp.gate_up_proj.forward, mlp.down_proj.forward
+            silu = mlp.act is F.silu
+            act_mul = (
+                cpu_ops.SiluMul(mlp.intermediate, dtype)
+                if silu
+                else _torch_act_mul(mlp.act, mlp.intermediate)
+            )
+        else:  # routed experts: the block's own forward (router, grouped expert GEMMs, shared expert)
+            moe = mlp.forward
         layers.append(
             LayerOps(
                 in_norm=cpu_ops.AddRMSNorm(inorm.weight.detach(), inorm.eps),
@@ -89,11 +102,10 @@ def bind(lm: LlamaForCausalLM, kv_caches: list[torch.Tensor], dtype: torch.dtype
                 ),
                 o_proj=attn.o_proj.forward,
                 post_norm=cpu_ops.AddRMSNorm(post.weight.detach(), post.eps),
-                gate_up=mlp.gate_up_proj.forward,
-                act_mul=cpu_ops.SiluMul(mlp.intermediate, dtype)
-                if silu
-                else _torch_act_mul(mlp.act, mlp.intermediate),
-                down=mlp.down_proj.forward,
+                gate_up=gate_up,
+                act_mul=act_mul,
+                down=down,
+                moe=moe,
             )
         )
     final = cpu_ops.AddRMSNorm(model.norm.weight.detach(), model.norm.eps)
@@ -124,7 +136,11 @@ def forward(
         if meta.prefills:
             _prefill(lo, qkv, o, meta)
         lo.post_norm(x, lo.o_proj(o), h)
-        next_norm(x, lo.down(lo.act_mul(lo.gate_up(h))), h)
+        if lo.moe is not None:
+            next_norm(x, lo.moe(h), h)
+        else:
+            assert lo.down is not None and lo.act_mul is not None and lo.gate_up is not None
+            next_norm(x, lo.down(lo.act_mul(lo.gate_up(h))), h)
     return h
 
 

@@ -33,6 +33,9 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "MixtralForCausalLM": LlamaForCausalLM,  # Llama layers with routed experts (models/moe.py)
+    "Qwen2MoeForCausalLM": LlamaForCausalLM,
+    "Qwen3MoeForCausalLM": LlamaForCausalLM,
 }
 # The families with a forward on glassbox's CPU kernels: (model, KV caches, dtype) -> that forward.
 # A family absent here (Gemma 3) runs on the PyTorch ops on the CPU.
@@ -161,29 +164,34 @@ def _fill_random(model: nn.Module, seed: int) -> None:
 
 
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], where: str) -> None:
-    """Copy each (HF name, tensor) into the parameter of that name; ValueError on a shape mismatch or a
-    parameter the checkpoint lacks (``where`` names the checkpoint)."""
+    """Copy each (HF name, tensor) into the parameter of that name (or the part of one the family maps
+    it to: ``CausalLM.checkpoint_view``); ValueError on a shape mismatch or a parameter the checkpoint
+    does not fill (``where`` names the checkpoint)."""
     params = dict(model.named_parameters(remove_duplicate=False))
-    loaded: set[str] = set()
+    filled: dict[str, int] = {}  # parameter -> elements copied into it
     with torch.no_grad():
         for name, tensor in weights:
-            if name not in params:
+            if isinstance(model, CausalLM):
+                view = model.checkpoint_view(name, params)
+            else:
+                view = (name, params[name]) if name in params else None
+            if view is None:
                 logger.debug("ignoring checkpoint tensor %s", name)
                 continue
-            target = params[name]
+            target_name, target = view
             if tuple(tensor.shape) != tuple(target.shape):
                 raise ValueError(
                     f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}"
                 )
             target.copy_(tensor.to(target.dtype))
-            loaded.add(name)
+            filled[target_name] = filled.get(target_name, 0) + target.numel()
     config = getattr(model, "config", None)
     if (
         isinstance(config, ModelConfig)
         and config.tie_word_embeddings
-        and "model.embed_tokens.weight" in loaded
+        and "model.embed_tokens.weight" in filled
     ):
-        loaded.add("lm_head.weight")
-    missing = sorted(set(params) - loaded)
+        filled["lm_head.weight"] = params["lm_head.weight"].numel()
+    missing = sorted(n for n, p in params.items() if filled.get(n, 0) < p.numel())
     if missing:
         raise ValueError(f"weights missing from {where}: {', '.join(missing[:8])}")

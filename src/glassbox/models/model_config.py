@@ -19,6 +19,9 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "MistralForCausalLM",
     "Gemma3ForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 
 # canonical dtype names (glassbox.dtypes) <-> torch
@@ -59,6 +62,14 @@ class ModelConfig:
     embed_scale: float = 1.0  # token embeddings times this (Gemma: sqrt(hidden_size), rounded to the dtype)
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
+    # mixture of experts (models/moe.py): the layers whose FFN is routed, and its shape and rules
+    layer_moe: tuple[bool, ...] = ()  # per layer; (): no MoE layer
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
+    shared_expert_gated: bool = False
 
     @classmethod
     def from_facts(cls, facts: ModelFacts) -> ModelConfig:
@@ -68,6 +79,9 @@ class ModelConfig:
                 f"architecture {facts.architecture or '(none)'!r} is not supported by the engine; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        if facts.is_moe and facts.quantization_config:
+            method = facts.quantization_config.get("quant_method", "?")
+            raise ValueError(f"quantized ({method}) mixture-of-experts checkpoints are not supported yet")
         # HF's default for a config that names no dtype is float32
         dtype = TORCH_DTYPES[facts.dtype] if facts.dtype_declared else torch.float32
         return cls(
@@ -96,4 +110,11 @@ class ModelConfig:
             embed_scale=facts.embed_scale,
             final_logit_softcapping=facts.final_logit_softcapping,
             attn_logit_softcapping=facts.attn_logit_softcapping,
+            layer_moe=facts.layer_moe if facts.is_moe else (),
+            num_experts=facts.num_experts,
+            experts_per_token=facts.experts_per_token,
+            moe_intermediate_size=facts.moe_intermediate_size,
+            norm_topk_prob=facts.norm_topk_prob,
+            shared_expert_intermediate_size=facts.shared_expert_intermediate_size,
+            shared_expert_gated=facts.shared_expert_gated,
         )

@@ -1,0 +1,178 @@
+"""The routed mixture-of-experts FFN (Mixtral, Qwen2-MoE, Qwen3-MoE) with Hugging Face parameter names.
+
+A router linear picks each token's top-k experts: softmax over all experts in float32, top-k (ties as
+``torch.topk`` breaks them), the k weights renormalized to sum to 1 where the family does so (Mixtral
+always, which equals a softmax over the top-k logits; Qwen2/3-MoE iff ``norm_topk_prob``). The experts
+are gated MLPs held fused for execution: one (E, 2I, H) [gate | up] tensor and one (E, H, I) down tensor
+(transformers 5's own layout; checkpoints that store one tensor per expert are loaded into their rows,
+:func:`checkpoint_slot`). Qwen2-MoE adds a shared expert that every token runs, scaled by
+sigmoid(``shared_expert_gate``(x)).
+
+Execution is grouped (:meth:`MoEExperts.grouped`): the (token, choice) pairs sorted by expert, each
+expert that some token chose runs its two GEMMs once on its gathered rows, and the rows go back weighted
+by their routing weights (one ``index_add_``). A batch-1 decode step thus reads k experts' weights, not E.
+:meth:`MoEExperts.dense` runs every expert on every row (no data-dependent shapes: what a CUDA graph
+captures) and :meth:`MoEExperts.reference` one (token, choice) at a time (for tests).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glassbox.layers.activation import get_activation
+from glassbox.layers.linear import PackedLinear, packed_matrix
+
+
+class RouterLinear(nn.Linear):
+    """A router (or shared-expert gate) linear. A subclass so that oneDNN packing and ``--quantization``
+    (which replace exactly ``nn.Linear``) leave it in the model's dtype: routing stays as trained."""
+
+
+def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights (T, k) float32, expert ids (T, k) int64) from router logits (T, E), as transformers does:
+    softmax in float32, ``torch.topk`` (ties to the lower id), renormalized over the k where asked."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+class MoEExperts(nn.Module):
+    """E gated MLPs: ``gate_up_proj`` (E, 2I, H) holds each expert's gate rows then its up rows,
+    ``down_proj`` (E, H, I)."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int, act: str) -> None:
+        super().__init__()
+        self.num_experts, self.inter = num_experts, inter
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+        self.act = get_activation(act)
+        # per expert (gate_up, down) in oneDNN's layout once pack_weights() ran (CPU bf16); then the 3-D
+        # tensors are dropped and only the grouped path runs
+        self.packed: list[tuple[PackedLinear, PackedLinear]] = []
+
+    def pack_weights(self) -> int:
+        """Each expert's two matrices in oneDNN's blocked layout (layers/linear.py: ~2x faster bf16 GEMVs
+        than plain ``F.linear``); the 3-D parameters are then freed. Returns the matrices packed."""
+        w1, w2 = self.gate_up_proj.detach(), self.down_proj.detach()
+        self.packed = [(packed_matrix(w1[e]), packed_matrix(w2[e])) for e in range(self.num_experts)]
+        self.gate_up_proj = nn.Parameter(w1.new_empty(0, *w1.shape[1:]), requires_grad=False)
+        self.down_proj = nn.Parameter(w2.new_empty(0, *w2.shape[1:]), requires_grad=False)
+        return 2 * self.num_experts
+
+    def _expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:  # (n, H) -> (n, H)
+        if self.packed:
+            gate_up, down = self.packed[e]
+            gate, up = gate_up(rows).split(self.inter, dim=-1)
+            return down(self.act(gate) * up)
+        gate, up = F.linear(rows, self.gate_up_proj[e]).split(self.inter, dim=-1)
+        return F.linear(self.act(gate) * up, self.down_proj[e])
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x (T, H), ids (T, k), weights (T, k) in x's dtype -> (T, H). Grouped; on CUDA while a graph
+        is being captured, dense (the grouped path reads the counts on the host)."""
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self.dense(x, ids, weights)
+        return self.grouped(x, ids, weights)
+
+    def grouped(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        k = ids.shape[1]
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # (T k,): the pairs by expert, then by token
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        rows = order // k  # each sorted pair's token
+        xs = x.index_select(0, rows)
+        ys = torch.empty_like(xs)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:  # an expert nobody chose is skipped: its weights are not read
+                ys[start : start + n] = self._expert(e, xs[start : start + n])
+                start += n
+        ys.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1))
+        return torch.zeros_like(x).index_add_(0, rows, ys)
+
+    def dense(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Every expert on every row, the unchosen ones weighted 0 (reads all E experts)."""
+        assert not self.packed, "packed experts run grouped"
+        w = torch.zeros(x.shape[0], self.num_experts, dtype=x.dtype, device=x.device)
+        w.scatter_(1, ids, weights)
+        gate, up = torch.einsum("th,eoh->teo", x, self.gate_up_proj).split(self.inter, dim=-1)
+        y = torch.einsum("tei,ehi->teh", self.act(gate) * up, self.down_proj)
+        return torch.einsum("teh,te->th", y, w)
+
+    def reference(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """One (token, choice) at a time, in expert order per token (as transformers adds them)."""
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for j in sorted(range(ids.shape[1]), key=lambda j: int(ids[t, j])):
+                out[t] += self._expert(int(ids[t, j]), x[t : t + 1])[0] * weights[t, j]
+        return out
+
+
+class SparseMoeBlock(nn.Module):
+    """Router + routed experts (+ the optional shared expert and its gate), HF names: ``gate``,
+    ``experts``, ``shared_expert``, ``shared_expert_gate``."""
+
+    def __init__(
+        self,
+        hidden: int,
+        num_experts: int,
+        top_k: int,
+        inter: int,
+        act: str,
+        renormalize: bool,
+        shared_expert: nn.Module | None = None,
+        shared_gated: bool = False,
+    ) -> None:
+        super().__init__()
+        self.top_k, self.renormalize = top_k, renormalize
+        self.gate = RouterLinear(hidden, num_experts, bias=False)
+        self.experts = MoEExperts(num_experts, hidden, inter, act)
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = RouterLinear(hidden, 1, bias=False) if shared_gated else None
+
+    def routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights (T, k) in x's dtype, ids (T, k))."""
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        return weights.to(x.dtype), ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
+        weights, ids = self.routing(x)
+        out = self.experts(x, ids, weights)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
+        return out
+
+
+# one expert's tensor as older checkpoints (and transformers' save_pretrained) store it
+_PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(w1|w3|w2|gate_proj|up_proj|down_proj)\.weight$")
+_GATE, _UP = ("w1", "gate_proj"), ("w3", "up_proj")
+
+
+def checkpoint_slot(name: str, inter: int) -> tuple[str, int, slice] | None:
+    """For a per-expert checkpoint tensor (Mixtral's ``block_sparse_moe.experts.N.w1/w3/w2``, Qwen's
+    ``mlp.experts.N.gate_proj/up_proj/down_proj``): (the fused parameter's name, expert N, its rows
+    there); None for any other name. Mixtral's ``block_sparse_moe`` is glassbox's ``mlp`` (as in
+    transformers 5)."""
+    m = _PER_EXPERT.match(name.replace(".block_sparse_moe.", ".mlp."))
+    if m is None:
+        return None
+    prefix, e, kind = m.group(1), int(m.group(2)), m.group(3)
+    if kind in _GATE:
+        return f"{prefix}.gate_up_proj", e, slice(0, inter)
+    if kind in _UP:
+        return f"{prefix}.gate_up_proj", e, slice(inter, 2 * inter)
+    return f"{prefix}.down_proj", e, slice(None)
+
+
+def checkpoint_name(name: str) -> str:
+    """A checkpoint tensor's name in glassbox's MoE module (Mixtral's ``block_sparse_moe`` -> ``mlp``)."""
+    return name.replace(".block_sparse_moe.", ".mlp.")
