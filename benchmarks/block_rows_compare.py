@@ -3,7 +3,7 @@
 The default model (SmolLM2-135M-Instruct, its Q4_1/Q8_0 blocks kept) decoding ``--batch`` sequences of
 ``--context`` random prompt tokens; once all are prefilled, the same engine runs ``--steps`` decode steps
 under each rule in turns for ``--rounds`` rounds: "kernel" (every decode-only step on the int8 kernel, the
-rule before 2026-11-23) and "gemm" (decode-only steps of more than layers/block_quant.KERNEL_ROWS rows on the
+rule before 2026-11-23) and "gemm" (decode-only steps of more than layers/block_linear.KERNEL_ROWS rows on the
 dequantized weight, the rule since). Writes benchmarks/results/block-rows-compare-<date>.json.
 
     .venv/bin/python benchmarks/block_rows_compare.py [--batch 64] [--context 256] [--rounds 6]
@@ -23,7 +23,7 @@ import torch
 
 import glassbox.engine.torch_executor as executor_module
 from glassbox import LLM, SamplingParams
-from glassbox.layers.block_quant import KERNEL_ROWS
+from glassbox.layers.block_linear import KERNEL_ROWS
 from glassbox.models.sources import default_gguf
 from glassbox.perf.hardware import cpu_name
 

@@ -18,7 +18,7 @@ from tiny_models import build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
 from glassbox.kernels.native import library
-from glassbox.layers.block_quant import BlockQuantLinear
+from glassbox.layers.block_linear import BlockQuantLinear
 from glassbox.models.gptq_awq import layer_blocks
 from glassbox.models.quant_config import GroupQuant, group_quant
 from glassbox.tokenizer.hf_tokenizer import Tokenizer

@@ -14,14 +14,8 @@ from tiny_models import build_tiny_model
 
 from glassbox import LLM, SamplingParams
 from glassbox.kernels.native import library
-from glassbox.layers.block_quant import (
-    BLOCK,
-    BlockQuantEmbedding,
-    BlockQuantLinear,
-    BlockWeights,
-    from_gguf,
-    quantize,
-)
+from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
+from glassbox.layers.block_quant import BLOCK, BlockWeights, from_gguf, quantize
 from glassbox.layers.quantization import quantize_model
 
 needs_kernels = pytest.mark.skipif(library() is None, reason="no C compiler: the kernels are not built")

@@ -35,7 +35,7 @@ from glassbox.engine.sampler import SampledBatch, sample_on_device, to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
 from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
-from glassbox.layers.block_quant import KERNEL_ROWS, block_kernel_rows, block_weights
+from glassbox.layers.block_linear import KERNEL_ROWS, block_kernel_rows, block_weights
 from glassbox.layers.host import parts_to_device
 from glassbox.layers.kv_quant import row_width
 from glassbox.models.facts import ModelFacts
@@ -312,7 +312,7 @@ class TorchExecutor:
         rows = to_device(sample_rows, torch.long, self.device) if sample_rows else None  # before the forward
         # block weights run their int8-activation kernel in decode-only steps of few rows, the dequantized
         # weight in a GEMM otherwise: a prompt gives the same first token whether or not its prefix was
-        # cached, and wide decode batches take the GEMM, faster there (layers/block_quant.KERNEL_ROWS)
+        # cached, and wide decode batches take the GEMM, faster there (layers/block_linear.KERNEL_ROWS)
         with torch.inference_mode(), block_kernel_rows(not prefills and len(decodes) <= KERNEL_ROWS):
             hidden = self.forward(ids, pos, self.kv_caches, meta)
             if rows is None:

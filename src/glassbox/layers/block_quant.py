@@ -7,55 +7,27 @@ o[n, b], the offset stored (float16: Q4_1's min m), or -z d for an integer zero 
 AWQ, W = d (q - z) exactly, a group's scale and zero repeated over its blocks), or c d for one constant c
 (Q4_0 and int4: c = -8, Q8_0 and int8: c = -128). GPTQ's act-order (input channels grouped out of order)
 keeps the channels sorted by group and a permutation ``perm`` that the linear applies to its input first.
-The bytes per weight are the file's own (Q4_0 4.5 bits, Q4_1 5, Q8_0 8.5). Decode rows run the kernels' int8-activation
-GEMV (llama.cpp's arithmetic); other rows, and float32 models, multiply the dequantized weight
-(``dequantize``, exact in float32), so a float32 model gives what the dequantized model gives.
-``dequantize_reference`` is the same dequantization in PyTorch ops: the kernels' reference and fallback.
+The bytes per weight are the file's own (Q4_0 4.5 bits, Q4_1 5, Q8_0 8.5). The modules that run them are
+in layers/block_linear.py. ``dequantize`` (exact in float32) is the kernels' dequantization;
+``dequantize_reference`` is the same in PyTorch ops: the kernels' reference and fallback.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import ctypes
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 BLOCK = 32
 GROUP = 64  # Kp (the padded row length) is a multiple of it
-# Up to this many rows run the int8-activation kernel and more multiply the dequantized weight (bf16 GEMM).
-# Measured on a 3072 x 1024 Q4 layer (2 cores): kernel 0.60 / 2.69 / 5.54 ms at 16 / 64 / 128 rows,
-# dequantize + GEMM 0.68 / 1.51 / 2.45 ms. Inside an engine step the step says (block_kernel_rows): the
-# executor asks for the kernel in decode-only steps of at most this many rows.
-KERNEL_ROWS = 16
-# The per-forward choice: None (the row count decides), or whether this step's rows run the kernel.
-_STEP_KERNEL: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
-    "glassbox_block_kernel", default=None
-)
-
-
-@contextlib.contextmanager
-def block_kernel_rows(use_kernel: bool) -> Iterator[None]:
-    """Within: block weights run the int8 kernel (``use_kernel``: decode-only steps) or the dequantized
-    weight (steps with prompt rows), whatever their row count; the kernel takes at most 64 rows a call."""
-    token = _STEP_KERNEL.set(use_kernel)
-    try:
-        yield
-    finally:
-        _STEP_KERNEL.reset(token)
-
-
 GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # GGML types kept packed
 _BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # per 32-value block
 
 
-def _lib() -> ctypes.CDLL | None:
+def native_library() -> ctypes.CDLL | None:
     from glassbox.kernels.native import library
 
     return library()
@@ -117,7 +89,7 @@ class BlockWeights:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(N, K) in ``dtype`` (float32 or bf16): the kernels' dequantization, else the reference."""
-        lib = _lib()
+        lib = native_library()
         if lib is None or dtype not in (torch.float32, torch.bfloat16):
             return self.dequantize_reference(dtype)
         out = torch.empty(self.out_features, self.in_features, dtype=dtype)
@@ -317,90 +289,3 @@ def concat(parts: list[BlockWeights]) -> BlockWeights | None:
         zeros,
         first.perm,
     )
-
-
-def _register(module: nn.Module, w: BlockWeights) -> None:
-    """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold."""
-    module.register_buffer("codes", w.codes, persistent=False)
-    module.register_buffer("scales", w.scales, persistent=False)
-    for name in ("offsets", "zeros", "perm"):
-        if getattr(w, name) is not None:
-            module.register_buffer(name, getattr(w, name), persistent=False)
-
-
-def block_weights(model: nn.Module) -> list[BlockWeights]:
-    """Every distinct BlockWeights of a model (a tied table counted once)."""
-    seen: dict[int, BlockWeights] = {}
-    for m in model.modules():
-        if isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
-            seen.setdefault(id(m.w), m.w)
-    return list(seen.values())
-
-
-class BlockQuantLinear(nn.Module):
-    """y = x W^T + b with W in ``BlockWeights`` (CPU)."""
-
-    kernel_rows = KERNEL_ROWS
-
-    def __init__(self, weights: BlockWeights, bias: torch.Tensor | None = None) -> None:
-        super().__init__()
-        self.w = weights
-        _register(self, weights)
-        self.in_features, self.out_features = weights.in_features, weights.out_features
-        # float32 whatever the model's dtype (the kernels add it in float); a parameter, so that a
-        # checkpoint's bias loads into it by name
-        self.bias = (
-            None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
-        )
-        self.nbytes = weights.nbytes
-        self._call: tuple[Any, tuple[Any, ...]] | None = None  # the kernel and the weight's arguments
-
-    @property
-    def _bias_ptr(self) -> int | None:
-        return None if self.bias is None else self.bias.data_ptr()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        if self.w.perm is not None:  # act-order: the input channels in the blocks' order
-            x = x.index_select(-1, self.w.perm)
-        x2 = x.reshape(-1, self.in_features)
-        rows = x2.shape[0]
-        step = _STEP_KERNEL.get()
-        kernel = rows <= self.kernel_rows if step is None else step
-        unbuilt = self._call is None and _lib() is None  # no C kernels
-        if not kernel or x.dtype != torch.bfloat16 or x.device.type != "cpu" or unbuilt:
-            bias = None if self.bias is None else self.bias.to(x.dtype)
-            return F.linear(x, self.w.dequantize(x.dtype).to(x.device), bias)
-        return self._gemv(x2.contiguous()).view(*lead, self.out_features)
-
-    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
-        """Decode rows in one kernel call: activations to int8 blocks, then the GEMV; output in x's dtype.
-        The weight's arguments are taken once, at the first call (after loading: the tensors stay put)."""
-        if self._call is None:
-            lib = _lib()
-            assert lib is not None
-            w = self.w
-            self._call = (
-                lib.gb_linear_blocks,
-                (*w.pointers(), self._bias_ptr, self.out_features, w.padded, w.bits),
-            )
-        fn, weight_args = self._call
-        m = x.shape[0]
-        out = torch.empty(m, self.out_features, dtype=x.dtype)
-        fn(x.data_ptr(), m, self.in_features, *weight_args, out.data_ptr(), int(x.dtype == torch.bfloat16),
-           torch.get_num_threads())  # fmt: skip
-        return out
-
-
-class BlockQuantEmbedding(nn.Module):
-    """An embedding table in ``BlockWeights``: looked-up rows are dequantized (to the model's dtype)."""
-
-    def __init__(self, weights: BlockWeights, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.w = weights
-        _register(self, weights)
-        self.dtype = dtype
-        self.num_embeddings, self.embedding_dim = weights.out_features, weights.in_features
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.w.rows(ids, self.dtype)

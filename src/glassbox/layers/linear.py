@@ -84,7 +84,8 @@ def concat_linears(*linears: nn.Module) -> nn.Module:
     gives each one's output: nn.Linear weights (and biases) concatenated along the output dim, block
     weights stacked by rows when they share their bits, else a ConcatLinear. All share in_features and
     either all carry a bias or none does."""
-    from glassbox.layers.block_quant import BlockQuantLinear, concat
+    from glassbox.layers.block_linear import BlockQuantLinear
+    from glassbox.layers.block_quant import concat
 
     quantized = [lin for lin in linears if isinstance(lin, BlockQuantLinear)]
     if len(quantized) == len(linears):

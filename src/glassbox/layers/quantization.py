@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from glassbox.layers.block_quant import BlockQuantEmbedding, BlockQuantLinear, BlockWeights, quantize
+from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
+from glassbox.layers.block_quant import BlockWeights, quantize
 
 
 def quantize_model(model: nn.Module, bits: int) -> int:

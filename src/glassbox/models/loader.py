@@ -12,7 +12,8 @@ from safetensors import safe_open
 from torch import nn
 
 from glassbox.layers.attention import AttentionMetadata
-from glassbox.layers.block_quant import BlockQuantEmbedding, BlockQuantLinear, BlockWeights
+from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
+from glassbox.layers.block_quant import BlockWeights
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native

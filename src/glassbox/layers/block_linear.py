@@ -1,0 +1,127 @@
+"""The modules that run ``BlockWeights`` (layers/block_quant.py): a linear layer and an embedding table.
+
+Decode rows run the kernels' int8-activation GEMV (llama.cpp's arithmetic); other rows, and float32
+models, multiply the dequantized weight (exact in float32), so a float32 model gives what the dequantized
+model gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glassbox.layers.block_quant import BlockWeights, native_library
+
+# Up to this many rows run the int8-activation kernel and more multiply the dequantized weight (bf16 GEMM).
+# Measured on a 3072 x 1024 Q4 layer (2 cores): kernel 0.60 / 2.69 / 5.54 ms at 16 / 64 / 128 rows,
+# dequantize + GEMM 0.68 / 1.51 / 2.45 ms. Inside an engine step the step says (block_kernel_rows): the
+# executor asks for the kernel in decode-only steps of at most this many rows.
+KERNEL_ROWS = 16
+# The per-forward choice: None (the row count decides), or whether this step's rows run the kernel.
+_STEP_KERNEL: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "glassbox_block_kernel", default=None
+)
+
+
+@contextlib.contextmanager
+def block_kernel_rows(use_kernel: bool) -> Iterator[None]:
+    """Within: block weights run the int8 kernel (``use_kernel``: decode-only steps) or the dequantized
+    weight (steps with prompt rows), whatever their row count; the kernel takes at most 64 rows a call."""
+    token = _STEP_KERNEL.set(use_kernel)
+    try:
+        yield
+    finally:
+        _STEP_KERNEL.reset(token)
+
+
+def _register(module: nn.Module, w: BlockWeights) -> None:
+    """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold."""
+    module.register_buffer("codes", w.codes, persistent=False)
+    module.register_buffer("scales", w.scales, persistent=False)
+    for name in ("offsets", "zeros", "perm"):
+        if getattr(w, name) is not None:
+            module.register_buffer(name, getattr(w, name), persistent=False)
+
+
+def block_weights(model: nn.Module) -> list[BlockWeights]:
+    """Every distinct BlockWeights of a model (a tied table counted once)."""
+    seen: dict[int, BlockWeights] = {}
+    for m in model.modules():
+        if isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
+            seen.setdefault(id(m.w), m.w)
+    return list(seen.values())
+
+
+class BlockQuantLinear(nn.Module):
+    """y = x W^T + b with W in ``BlockWeights`` (CPU)."""
+
+    kernel_rows = KERNEL_ROWS
+
+    def __init__(self, weights: BlockWeights, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.w = weights
+        _register(self, weights)
+        self.in_features, self.out_features = weights.in_features, weights.out_features
+        # float32 whatever the model's dtype (the kernels add it in float); a parameter, so that a
+        # checkpoint's bias loads into it by name
+        self.bias = (
+            None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
+        )
+        self.nbytes = weights.nbytes
+        self._call: tuple[Any, tuple[Any, ...]] | None = None  # the kernel and the weight's arguments
+
+    @property
+    def _bias_ptr(self) -> int | None:
+        return None if self.bias is None else self.bias.data_ptr()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        if self.w.perm is not None:  # act-order: the input channels in the blocks' order
+            x = x.index_select(-1, self.w.perm)
+        x2 = x.reshape(-1, self.in_features)
+        rows = x2.shape[0]
+        step = _STEP_KERNEL.get()
+        kernel = rows <= self.kernel_rows if step is None else step
+        unbuilt = self._call is None and native_library() is None  # no C kernels
+        if not kernel or x.dtype != torch.bfloat16 or x.device.type != "cpu" or unbuilt:
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return F.linear(x, self.w.dequantize(x.dtype).to(x.device), bias)
+        return self._gemv(x2.contiguous()).view(*lead, self.out_features)
+
+    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+        """Decode rows in one kernel call: activations to int8 blocks, then the GEMV; output in x's dtype.
+        The weight's arguments are taken once, at the first call (after loading: the tensors stay put)."""
+        if self._call is None:
+            lib = native_library()
+            assert lib is not None
+            w = self.w
+            self._call = (
+                lib.gb_linear_blocks,
+                (*w.pointers(), self._bias_ptr, self.out_features, w.padded, w.bits),
+            )
+        fn, weight_args = self._call
+        m = x.shape[0]
+        out = torch.empty(m, self.out_features, dtype=x.dtype)
+        fn(x.data_ptr(), m, self.in_features, *weight_args, out.data_ptr(), int(x.dtype == torch.bfloat16),
+           torch.get_num_threads())  # fmt: skip
+        return out
+
+
+class BlockQuantEmbedding(nn.Module):
+    """An embedding table in ``BlockWeights``: looked-up rows are dequantized (to the model's dtype)."""
+
+    def __init__(self, weights: BlockWeights, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.w = weights
+        _register(self, weights)
+        self.dtype = dtype
+        self.num_embeddings, self.embedding_dim = weights.out_features, weights.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.w.rows(ids, self.dtype)
