@@ -184,3 +184,16 @@ def test_a_fixed_budget_holds_twice_the_blocks_and_the_planner_agrees(qwen3: Pat
 def test_an_unknown_cache_dtype_names_the_flag() -> None:
     with pytest.raises(ValueError, match="--kv-cache-dtype must be one of .*fp8, int8, got 'fp4'"):
         EngineConfig(kv_cache_dtype="fp4")
+
+
+def test_trace_names_the_cache_and_counts_its_bytes(qwen3: Path) -> None:
+    from glassbox.trace import run_trace
+
+    engine = LLM(str(qwen3), dtype="bfloat16", kv_cache_dtype="int8").engine
+    r = run_trace(engine, "def add(a, b): return a + b", 20, None)
+    kv = r["kv_cache"]
+    assert kv["dtype"] == "int8"
+    assert kv["bytes"] == kv["blocks"] * engine.executor.kv_plan.bytes_per_block
+    d = engine.executor.model_config.head_dim
+    per_token = engine.facts.kv_bytes_per_token(1 + 4 / d)  # a byte per element, 4 per head row
+    assert engine.executor.kv_plan.bytes_per_block == round(per_token * kv["block_size"])

@@ -81,6 +81,7 @@ def run_trace(
             "detokenize": {"ms": m.detokenize_s * 1e3},
         },
         "kv_cache": {
+            "dtype": dtype_name(engine.executor.kv_dtype),
             "block_size": bs,
             "blocks": growth[-1]["blocks"] if growth else 0,
             "bytes": growth[-1]["bytes"] if growth else 0,

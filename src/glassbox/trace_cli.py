@@ -81,7 +81,7 @@ def render(r: dict[str, Any]) -> None:
     grew = " -> ".join(str(g["blocks"]) for g in kv["growth"])
     t.add_row(
         "3/5 KV cache",
-        f"{kv['blocks']} blocks x {kv['block_size']} tokens = {kv['bytes'] / 1024:,.1f} KiB",
+        f"{kv['blocks']} blocks x {kv['block_size']} tokens = {kv['bytes'] / 1024:,.1f} KiB ({kv['dtype']})",
         f"grew {grew} blocks",
     )
     t.add_row("6 detokenize", f"{ph['detokenize']['ms']:.2f} ms", "")
