@@ -39,10 +39,13 @@ CASES = [
 ]
 CASES += [(torch.float32, s, tuple(TARGETS), torch.float32) for s in [(4, 2, 16), (4, 2, 32)]]
 CASES += [(torch.float32, (16, 8, 128), ("dgx-spark",), torch.float32)]
-for kv in (torch.int8, torch.float8_e4m3fn):
-    CASES += [
-        (torch.bfloat16, s, tuple(TARGETS), kv) for s in [(32, 8, 128), (4, 2, 64), (8, 2, 80), (8, 8, 256)]
-    ]
+# (fp8 shares int8's tiles and differs only in how codes widen: its cases are the tightest head sizes, 64 and
+# 256, which keeps this file's cold compile within the suite's time budget)
+for kv, shapes in (
+    (torch.int8, [(32, 8, 128), (4, 2, 64), (8, 2, 80), (8, 8, 256)]),
+    (torch.float8_e4m3fn, [(4, 2, 64), (8, 8, 256)]),
+):
+    CASES += [(torch.bfloat16, s, tuple(TARGETS), kv) for s in shapes]
     CASES += [(torch.float32, (4, 2, 32), tuple(TARGETS), kv)]
 PARAMS = [(target, dtype, shape, kv) for dtype, shape, targets, kv in CASES for target in targets]
 
