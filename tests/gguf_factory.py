@@ -15,7 +15,11 @@ from typing import Any
 
 import gguf
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType as Q
+from tiny_models import greedy_continuation
+
+from glassbox import SamplingParams
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -292,3 +296,18 @@ def transformers_reference(path: Path) -> tuple[Any, Any]:
     model = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     tokenizer = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return model.eval(), tokenizer
+
+
+def assert_greedy_like_transformers(
+    llm: Any, ref_model: Any, prompts: list[list[int]], new_tokens: int
+) -> None:
+    """``llm``'s greedy continuation of each prompt equals the transformers model's, token for token, with the
+    chosen tokens' logprobs within 2e-3 (the real-model tests' check)."""
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True, logprobs=0)
+    outs = llm.generate(prompts, params)
+    for ids, out in zip(prompts, outs, strict=True):
+        toks, lps = greedy_continuation(ref_model, ids, new_tokens)
+        assert out.token_ids == toks, f"prompt {ids[:8]}...: {out.token_ids} != {toks}"
+        assert out.logprobs is not None
+        ours = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+        assert ours == pytest.approx(lps, abs=2e-3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -48,15 +49,20 @@ def _prompts(tok: Tokenizer) -> list[list[int]]:
     return prompts
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[list[int]], list]]:
-    root = tmp_path_factory.mktemp("parity")
+def reference_runs(root: Path, archs: Sequence[str]) -> dict[str, tuple[Path, list[list[int]], list]]:
+    """Per architecture: a tiny random model under ``root``, its test prompts, and transformers' greedy
+    continuations of them (MAX_NEW tokens, with logprobs): what ``_check`` holds the engine to."""
     out = {}
-    for arch in ARCHS:
+    for arch in archs:
         d = build_tiny_model(arch, root)
         prompts = _prompts(Tokenizer.from_dir(d))
         out[arch] = (d, prompts, hf_greedy(d, prompts, MAX_NEW))
     return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[list[int]], list]]:
+    return reference_runs(tmp_path_factory.mktemp("parity"), ARCHS)
 
 
 def _check(llm: LLM, prompts: list[list[int]], ref: list, lp_tol: float = 1e-3) -> None:

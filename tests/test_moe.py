@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_engine_parity import CPU_KERNELS, _check, _hf_logprobs, _prompts
+from test_engine_parity import CPU_KERNELS, _check, _hf_logprobs, reference_runs
 from tiny_models import MOE_ARCHS, build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
@@ -19,20 +19,11 @@ from glassbox.models.llama import LlamaMLP
 from glassbox.models.loader import build_model, safetensors_tensors
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.moe import MoEExperts, SparseMoeBlock, route
-from glassbox.tokenizer.hf_tokenizer import Tokenizer
-
-MAX_NEW = 12  # as test_engine_parity's _check expects
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[list[int]], list]]:
-    root = tmp_path_factory.mktemp("moe")
-    out = {}
-    for arch in MOE_ARCHS:
-        d = build_tiny_model(arch, root)
-        prompts = _prompts(Tokenizer.from_dir(d))
-        out[arch] = (d, prompts, hf_greedy(d, prompts, MAX_NEW))
-    return out
+    return reference_runs(tmp_path_factory.mktemp("moe"), MOE_ARCHS)
 
 
 # ---- the model description -------------------------------------------------------------------------

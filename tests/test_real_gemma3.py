@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from gemma3_package import assemble, expected_sha256, gemma3_270m_path, part_paths
-from gguf_factory import transformers_reference
-from tiny_models import greedy_continuation
+from gguf_factory import assert_greedy_like_transformers, transformers_reference
 
 from glassbox import LLM, SamplingParams
 from glassbox.models.gguf_reader import GGUFCheckpoint, open_gguf
@@ -198,14 +197,7 @@ def test_tokenizer_matches_transformers(llm: LLM, reference: tuple[Any, Any]) ->
 
 
 def _check(llm: LLM, ref_model: Any, prompts: list[list[int]]) -> None:
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
-    outs = llm.generate(prompts, params)
-    for ids, out in zip(prompts, outs, strict=True):
-        toks, lps = greedy_continuation(ref_model, ids, NEW_TOKENS)
-        assert out.token_ids == toks, f"prompt {ids[:8]}...: {out.token_ids} != {toks}"
-        assert out.logprobs is not None
-        ours = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
-        assert ours == pytest.approx(lps, abs=2e-3)
+    assert_greedy_like_transformers(llm, ref_model, prompts, NEW_TOKENS)
 
 
 def test_raw_prompts_match_transformers(llm: LLM, reference: tuple[Any, Any]) -> None:

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gguf_factory import smollm2_path, transformers_reference
+from gguf_factory import assert_greedy_like_transformers, smollm2_path, transformers_reference
 from test_server_harness import MODEL_NAME, ServerProcess, start_server
-from tiny_models import greedy_continuation
 
 from glassbox import LLM, SamplingParams
 
@@ -55,14 +54,7 @@ def llm(path: Path) -> LLM:
 
 
 def _check(llm: LLM, ref_model: Any, prompts: list[list[int]]) -> None:
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
-    outs = llm.generate(prompts, params)
-    for ids, out in zip(prompts, outs, strict=True):
-        toks, lps = greedy_continuation(ref_model, ids, NEW_TOKENS)
-        assert out.token_ids == toks, f"prompt {ids[:8]}...: {out.token_ids} != {toks}"
-        assert out.logprobs is not None
-        ours = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
-        assert ours == pytest.approx(lps, abs=2e-3)
+    assert_greedy_like_transformers(llm, ref_model, prompts, NEW_TOKENS)
 
 
 def test_raw_prompts_match_transformers(llm: LLM, reference: tuple[Any, Any]) -> None:

@@ -250,21 +250,13 @@ class GGUFCheckpoint:
     def tensors(self, skip: set[str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """(HF name, float32 array in HF shape) for every weight (but those named in ``skip``), dequantized
         one at a time, in file order."""
-        permuted = self.architecture in PERMUTED_QK_ARCHITECTURES
         norm_offset = NORM_OFFSETS.get(self.architecture, 0.0)
-        heads = {
-            "attn_q": int(self.config["num_attention_heads"]),
-            "attn_k": int(self.config["num_key_value_heads"]),
-        }
         for reader in self._readers:
             for t in reader.tensors:
                 name = self._names.get(t.name)
                 if name is None or (skip is not None and name in skip):
                     continue
-                values = dequantize_tensor(t)
-                part = t.name.split(".")[2] if t.name.startswith("blk.") else ""
-                if permuted and part in heads:
-                    values = unpermute_rotary_rows(values, heads[part])
+                values = self._hf_row_order(t.name, dequantize_tensor(t))
                 if norm_offset and name.endswith("norm.weight"):
                     values -= np.float32(norm_offset)  # float32, as the file stores it
                 yield name, values
@@ -272,21 +264,21 @@ class GGUFCheckpoint:
     def stored_tensors(self, types: set[str]) -> Iterator[tuple[str, str, np.ndarray, tuple[int, ...]]]:
         """(HF name, GGML type, raw block bytes (rows, row bytes), HF shape) of the 2-D tensors whose type is in
         ``types``, as stored (no dequantization), rows in the Hugging Face order (Q/K un-permuted)."""
-        permuted = self.architecture in PERMUTED_QK_ARCHITECTURES
-        heads = {
-            "attn_q": int(self.config["num_attention_heads"]),
-            "attn_k": int(self.config["num_key_value_heads"]),
-        }
         for reader in self._readers:
             for t in reader.tensors:
                 name = self._names.get(t.name)
                 if name is None or t.tensor_type.name not in types or len(t.shape) != 2:
                     continue
-                raw = np.asarray(t.data)
-                part = t.name.split(".")[2] if t.name.startswith("blk.") else ""
-                if permuted and part in heads:
-                    raw = unpermute_rotary_rows(raw, heads[part])
-                yield name, t.tensor_type.name, raw, hf_shape(t)
+                yield name, t.tensor_type.name, self._hf_row_order(t.name, np.asarray(t.data)), hf_shape(t)
+
+    def _hf_row_order(self, gguf_name: str, rows: np.ndarray) -> np.ndarray:
+        """The rows of tensor ``gguf_name`` (values or raw blocks) in the Hugging Face order: llama.cpp stores
+        the Q and K projections of llama/mistral with their rotary rows permuted."""
+        part = gguf_name.split(".")[2] if gguf_name.startswith("blk.") else ""
+        key = {"attn_q": "num_attention_heads", "attn_k": "num_key_value_heads"}.get(part)
+        if key is None or self.architecture not in PERMUTED_QK_ARCHITECTURES:
+            return rows
+        return unpermute_rotary_rows(rows, int(self.config[key]))
 
     def stored_sizes(self) -> dict[str, tuple[int, int]]:
         """HF name -> (elements, bytes as stored in the file): what the planner costs a GGUF by."""
