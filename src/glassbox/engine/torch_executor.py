@@ -106,7 +106,8 @@ class TorchExecutor:
             if "GLASSBOX_NUM_THREADS" in os.environ:
                 torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
             keep_large_allocations_in_heap()
-        bits = {"int8": 8, "int4": 4}.get(config.quantization or "")
+        at_load: dict[str, int | str] = {"int8": 8, "int4": 4, "mxfp4": "mxfp4", "nvfp4": "nvfp4"}
+        bits = at_load.get(config.quantization or "")
         if bits is not None and self.device.type != "cpu":
             raise ValueError(
                 f"--quantization {config.quantization} runs on the CPU only so far (not on CUDA)"

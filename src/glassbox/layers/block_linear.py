@@ -29,6 +29,13 @@ _STEP_KERNEL: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
 )
 
 
+def runs_kernel(rows: int) -> bool:
+    """Whether a forward of ``rows`` rows runs the int8-activation kernel: the step's choice, else the
+    row count (also read by layers/fp4_linear.py)."""
+    step = _STEP_KERNEL.get()
+    return rows <= KERNEL_ROWS if step is None else step
+
+
 @contextlib.contextmanager
 def block_kernel_rows(use_kernel: bool) -> Iterator[None]:
     """Within: block weights run the int8 kernel (``use_kernel``: decode-only steps) or the dequantized
@@ -50,11 +57,14 @@ def _register(module: nn.Module, w: BlockWeights) -> None:
 
 
 def block_weights(model: nn.Module) -> list[BlockWeights]:
-    """Every distinct BlockWeights of a model (a tied table counted once)."""
+    """Every distinct BlockWeights of a model (a tied table counted once), and the weights other packed
+    modules list (``packed_weights()``: FP4 weights, with the same ``nbytes``, ``label`` and shape)."""
     seen: dict[int, BlockWeights] = {}
     for m in model.modules():
         if isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
             seen.setdefault(id(m.w), m.w)
+        for w in getattr(m, "packed_weights", list)():  # other packed formats (layers/fp4_linear.py, MoE)
+            seen.setdefault(id(w), w)
     return list(seen.values())
 
 

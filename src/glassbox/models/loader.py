@@ -14,6 +14,8 @@ from torch import nn
 from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
 from glassbox.layers.block_quant import BlockWeights
+from glassbox.layers.fp4_linear import FP4Linear
+from glassbox.layers.fp4_quant import FP4Weights
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
@@ -86,7 +88,7 @@ def build_model(
     device: torch.device,
     seed: int = 0,
     where: str = "the checkpoint",
-    packed: dict[str, BlockWeights] | None = None,
+    packed: dict[str, BlockWeights | FP4Weights] | None = None,
 ) -> CausalLM:
     """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None,
     and the ``packed`` weights (HF name -> blocks) kept in their blocks; then fused, in eval mode, and with
@@ -118,7 +120,9 @@ def build_model(
     return model
 
 
-def _swap_in_blocks(model: nn.Module, packed: dict[str, BlockWeights], dtype: torch.dtype) -> None:
+def _swap_in_blocks(
+    model: nn.Module, packed: dict[str, BlockWeights | FP4Weights], dtype: torch.dtype
+) -> None:
     """Replace each module whose weight is in ``packed`` by its block-quantized form (a bias stays a
     parameter, loaded from the checkpoint by name)."""
     for name, blocks in packed.items():
@@ -126,16 +130,18 @@ def _swap_in_blocks(model: nn.Module, packed: dict[str, BlockWeights], dtype: to
         parent = model.get_submodule(parent_name)
         old = getattr(parent, child)
         new: nn.Module
-        if isinstance(old, nn.Embedding):
+        bias = None if not isinstance(old, nn.Linear) or old.bias is None else torch.zeros(old.out_features)
+        if isinstance(blocks, FP4Weights) and isinstance(old, nn.Linear):
+            new = FP4Linear(blocks, bias)
+        elif isinstance(old, nn.Embedding) and isinstance(blocks, BlockWeights):
             new = BlockQuantEmbedding(blocks, dtype)
-        elif isinstance(old, nn.Linear):
-            bias = None if old.bias is None else torch.zeros(old.out_features)
+        elif isinstance(old, nn.Linear) and isinstance(blocks, BlockWeights):
             new = BlockQuantLinear(blocks, bias)
         else:
             raise ValueError(f"{name}: packed weights for a {type(old).__name__}, not a linear or embedding")
-        if (
-            new.out_features if isinstance(new, BlockQuantLinear) else new.num_embeddings
-        ) != blocks.out_features:
+        if (new.num_embeddings if isinstance(new, BlockQuantEmbedding) else new.out_features) != (
+            blocks.out_features
+        ) or (isinstance(old, nn.Linear) and old.in_features != blocks.in_features):
             raise ValueError(f"{name}: packed shape does not match the model")
         setattr(parent, child, new)
 
