@@ -237,10 +237,12 @@ def _decode_reference(
     return torch.stack(out)
 
 
+@pytest.mark.parametrize("d", [20, 64])  # 64: the C kernel's bf16 copy for gpt-oss's head size
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("lens", [[1, 5, 17, 40], [40]])  # one sequence: the C kernel splits it in parts
-def test_decode_with_sinks_is_a_softmax_with_one_more_logit(window: int | None, lens: list[int]) -> None:
-    d = 20
+def test_decode_with_sinks_is_a_softmax_with_one_more_logit(
+    d: int, window: int | None, lens: list[int]
+) -> None:
     cache, tables, lens_t, qkv = _decode_case(d, lens, seed=len(lens) + (window or 0))
     q = qkv[:, : HQ * d].reshape(-1, HQ, d)
     want = _decode_reference(cache, tables, lens_t, q, window, SINKS)
