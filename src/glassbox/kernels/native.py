@@ -39,8 +39,8 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_add_rms_norm": [_P, _P, _P, _P, _I, _I, _F, _C, _C],
     "gb_silu_mul": [_P, _P, _I, _I, _C, _C],
     "gb_qkv_rope_store": [_P, _I, _I, _I, _I, _I, _P, _P, _F, _P, _P, _I, _P, _P, _P, _P, _C, _C, _C],
-    "gb_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _C, _C, _C],
-    "gb_prefill_softmax_bf16": [_P, _I, _I, _I, _I, _I, _F, _C],
+    "gb_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _P, _C, _C, _C],
+    "gb_prefill_softmax_bf16": [_P, _I, _I, _I, _I, _I, _F, _P, _P, _I, _C],
     "gb_prefill_row_offsets_bf16": [_P, _I, _I, _I, _I, _I, _P, _I, _C],
     # cpu_quant.c: weights in 32-value blocks of 4 or 8 bits
     "gb_quantize_rows_q8": [_P, _I, _I, _I, _P, _P, _P, _C, _C],

@@ -98,7 +98,7 @@ def bind(lm: LlamaForCausalLM, kv_caches: list[torch.Tensor], dtype: torch.dtype
                 in_norm=cpu_ops.AddRMSNorm(inorm.weight.detach(), inorm.eps),
                 qkv=attn.qkv_proj.forward,
                 attn=cpu_ops.PagedAttention(
-                    attn.num_heads, cache, tables, qn, kn, eps, attn.scale, attn.sliding_window
+                    attn.num_heads, cache, tables, qn, kn, eps, attn.scale, attn.sliding_window, attn.sinks
                 ),
                 o_proj=attn.o_proj.forward,
                 post_norm=cpu_ops.AddRMSNorm(post.weight.detach(), post.eps),
@@ -152,8 +152,8 @@ def _prefill(lo: LayerOps, qkv: torch.Tensor, o: torch.Tensor, meta: AttentionMe
     k = qkv[:, hq * d : (hq + hk) * d].unflatten(1, (hk, d))
     v = qkv[:, (hq + hk) * d :].unflatten(1, (hk, d))
     out = o.view(t, hq, d)
-    window = lo.attn.window or None
+    window, sinks = lo.attn.window or None, lo.attn.sinks
     if qkv.dtype == torch.bfloat16 and lo.attn.kv_cache.dtype in (torch.bfloat16, *KV8_DTYPES):
-        prefill_attention_bf16(q, k, v, lo.attn.kv_cache, meta.prefills, lo.attn.scale, window, out)
-    else:  # float32: SDPA, the reference's own attention
-        prefill_attention(q, k, v, lo.attn.kv_cache, meta.prefills, lo.attn.scale, window, out)
+        prefill_attention_bf16(q, k, v, lo.attn.kv_cache, meta.prefills, lo.attn.scale, window, out, sinks)
+    else:  # float32: SDPA (or with sinks its explicit softmax), the reference's own attention
+        prefill_attention(q, k, v, lo.attn.kv_cache, meta.prefills, lo.attn.scale, window, out, sinks)
