@@ -22,6 +22,7 @@ from glassbox.kernels.cpu_prefill import prefill_attention_bf16
 from glassbox.layers.attention import AttentionMetadata, prefill_attention
 from glassbox.layers.kv_quant import KV8_DTYPES
 from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+from glassbox.models.llama_step import DecodeStep, bind_step
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -47,6 +48,7 @@ class NativeForward:
     kv_caches: list[torch.Tensor]
     layers: list[LayerOps]
     final_norm: cpu_ops.AddRMSNorm
+    step: DecodeStep | None = None  # decode-only steps in one native call (all linears block weights)
 
     def __call__(
         self,
@@ -109,7 +111,8 @@ def bind(lm: LlamaForCausalLM, kv_caches: list[torch.Tensor], dtype: torch.dtype
             )
         )
     final = cpu_ops.AddRMSNorm(model.norm.weight.detach(), model.norm.eps)
-    return NativeForward(model.embed_tokens.forward, kv_caches, layers, final)
+    step = bind_step(lm, [(lo.attn, lo.in_norm, lo.post_norm) for lo in layers], final)
+    return NativeForward(model.embed_tokens.forward, kv_caches, layers, final, step)
 
 
 def forward(
@@ -123,6 +126,8 @@ def forward(
     )  # fmt: skip
     t, nd = x.shape[0], meta.num_decode
     tables, lens = meta.decode_block_tables, meta.decode_context_lens
+    if ops.step is not None and nd == t and not meta.prefills and tables is not None and lens is not None:
+        return ops.step(x, positions, meta.slot_mapping, tables, lens)
     h = torch.empty_like(x)
     ops.layers[0].in_norm(x, None, h)
     nexts = [lo.in_norm for lo in ops.layers[1:]] + [ops.final_norm]
