@@ -18,7 +18,8 @@ void gb_qkv_rope_store(void *qkv, i64 T, i64 stride, i64 hq, i64 hk, i64 d, cons
                        void *v_cache, const i64 *slots, int dt, int kv8, int threads);
 void gb_decode_attention(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache,
                          const i64 *block_tables, i64 max_blocks, const i64 *context_lens, i64 nd, i64 hq, i64 hk,
-                         i64 d, i64 bs, float scale, i64 window, void *out, int dt, int kv8, int threads);
+                         i64 d, i64 bs, float scale, i64 window, const float *sinks, void *out, int dt, int kv8,
+                         int threads);
 void gb_linear_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint16_t *d, const uint16_t *o,
                       const uint8_t *z, float c, const float *bias, i64 N, i64 Kp, int bits, void *out, int dt,
                       int threads);
@@ -42,6 +43,7 @@ typedef struct {
     const void *k_norm;
     void *k_cache; /* this layer's caches (cpu_ops.PagedAttention) */
     void *v_cache;
+    const float *sinks; /* (hq,) attention sinks or NULL */
     gb_step_linear qkv, o, gate_up, down;
     i64 window;
     float in_eps, post_eps, qk_eps;
@@ -80,7 +82,7 @@ void gb_decode_step(const gb_step_model *m, const gb_step_layer *layers, void *x
         gb_qkv_rope_store(qkv, T, width, m->hq, m->hk, m->d, l->q_norm, l->k_norm, l->qk_eps, m->cos_t, m->sin_t,
                           m->rd, positions, l->k_cache, l->v_cache, slots, dt, m->kv8, threads);
         gb_decode_attention(qkv, width, l->k_cache, l->v_cache, block_tables, max_blocks, context_lens, T, m->hq,
-                            m->hk, m->d, m->bs, m->scale, l->window, attn, dt, m->kv8, threads);
+                            m->hk, m->d, m->bs, m->scale, l->window, l->sinks, attn, dt, m->kv8, threads);
         linear(&l->o, attn, T, tmp, dt, threads);
         gb_add_rms_norm(x, tmp, l->post_norm, h, T, m->hidden, l->post_eps, dt, threads);
         linear(&l->gate_up, h, T, gate_up, dt, threads);

@@ -34,7 +34,7 @@ class _Linear(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [
         ("in_norm", _P), ("post_norm", _P), ("q_norm", _P), ("k_norm", _P), ("k_cache", _P), ("v_cache", _P),
-        ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear), ("down", _Linear),
+        ("sinks", _P), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear), ("down", _Linear),
         ("window", _I), ("in_eps", _F), ("post_eps", _F), ("qk_eps", _F),
     ]  # fmt: skip
 
@@ -135,6 +135,7 @@ def bind_step(lm: LlamaForCausalLM, bound: list[Bound], final: cpu_ops.AddRMSNor
                 attn.kn,
                 attn.k_ptr,
                 attn.v_ptr,
+                attn.sinks_ptr,
                 qkv,
                 o,
                 gate_up,
