@@ -15,31 +15,33 @@ from glassbox.models.llama_native import NativeForward
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "你好，世界", "class Foo:\n    def", "x = [1, 2"]
 
 
-def _runs(llm: LLM) -> tuple[list[list[int]], list[list[float]]]:
+def _runs(llm: LLM, copies: int) -> tuple[list[list[int]], list[list[float]]]:
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
-    outs = llm.generate(PROMPTS, params)
+    outs = llm.generate(PROMPTS * copies, params)
     lps = [[lp[t] for lp, t in zip(o.logprobs or [], o.token_ids, strict=True)] for o in outs]
     return [o.token_ids for o in outs], lps
 
 
 @pytest.mark.parametrize(
-    ("arch", "dtype", "quantization", "kv"),
+    ("arch", "dtype", "quantization", "kv", "copies"),
     [
-        ("llama", "bfloat16", "int4", "auto"),
-        ("qwen3", "bfloat16", "int8", "auto"),  # q/k norms
-        ("mistral", "bfloat16", "int8", "int8"),  # sliding window, 8-bit KV cache
+        ("llama", "bfloat16", "int4", "auto", 1),
+        ("qwen3", "bfloat16", "int8", "auto", 1),  # q/k norms
+        ("mistral", "bfloat16", "int8", "int8", 1),  # sliding window, 8-bit KV cache
+        # 20 sequences at once: past KERNEL_ROWS decode rows the linears multiply dequantized weights
+        ("llama", "bfloat16", "int4", "auto", 4),
     ],
 )
 def test_native_step_equals_the_per_op_forward(
-    tmp_path: Path, arch: str, dtype: str, quantization: str, kv: str
+    tmp_path: Path, arch: str, dtype: str, quantization: str, kv: str, copies: int
 ) -> None:
     d = build_tiny_model(arch, tmp_path)
-    llm = LLM(str(d), dtype=dtype, quantization=quantization, kv_cache_dtype=kv, max_num_seqs=3)
+    llm = LLM(str(d), dtype=dtype, quantization=quantization, kv_cache_dtype=kv, max_num_seqs=3 * copies + 8)
     forward = llm.engine.executor.forward
     assert isinstance(forward, NativeForward) and forward.step is not None
-    native = _runs(llm)
+    native = _runs(llm, copies)
     forward.step = None  # the per-op forward for every step
-    assert native == _runs(llm)
+    assert native == _runs(llm, copies)
 
 
 @pytest.mark.parametrize(("dtype", "quantization"), [("bfloat16", "none"), ("float32", "int8")])

@@ -40,6 +40,12 @@ def block_kernel_rows(use_kernel: bool) -> Iterator[None]:
         _STEP_KERNEL.reset(token)
 
 
+def kernel_chosen(rows: int) -> bool:
+    """Whether ``rows`` rows of a block linear run the int8 kernel here (the step's choice, else the count)."""
+    step = _STEP_KERNEL.get()
+    return rows <= KERNEL_ROWS if step is None else step
+
+
 def _register(module: nn.Module, w: BlockWeights) -> None:
     """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold."""
     module.register_buffer("codes", w.codes, persistent=False)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from glassbox.kernels import cpu_ops
 from glassbox.kernels.cpu_prefill import prefill_attention_bf16
 from glassbox.layers.attention import AttentionMetadata, prefill_attention
+from glassbox.layers.block_linear import kernel_chosen
 from glassbox.layers.kv_quant import KV8_DTYPES
 from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from glassbox.models.llama_step import DecodeStep, bind_step
@@ -126,8 +127,8 @@ def forward(
     )  # fmt: skip
     t, nd = x.shape[0], meta.num_decode
     tables, lens = meta.decode_block_tables, meta.decode_context_lens
-    if ops.step is not None and nd == t and not meta.prefills and tables is not None and lens is not None:
-        return ops.step(x, positions, meta.slot_mapping, tables, lens)
+    if ops.step is not None and nd == t and tables is not None and lens is not None and kernel_chosen(t):
+        return ops.step(x, positions, meta.slot_mapping, tables, lens)  # the block linears' kernel rows
     h = torch.empty_like(x)
     ops.layers[0].in_norm(x, None, h)
     nexts = [lo.in_norm for lo in ops.layers[1:]] + [ops.final_norm]
