@@ -311,3 +311,48 @@ def test_engine_batches_constrained_rows_with_free_ones_through_preemption(tiny_
         for c in o.outputs:
             assert c.finish_reason == "stop", c.text
             jsonschema.validate(json.loads(c.text), schema)
+
+
+def test_apply_bitmask_matches_the_bits() -> None:
+    """The mask layout read bit by bit in Python: token t allowed iff bit t % 32 of word t // 32 is set;
+    only the listed rows change; tokens past the mask's 32 * W are forbidden."""
+    import torch
+
+    from glassbox.engine.structured import apply_bitmask
+
+    g = torch.Generator().manual_seed(0)
+    vocab, words = 70, 2  # 64 tokens covered, 6 past the mask
+    logits = torch.randn(5, vocab, generator=g)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (2, words), dtype=torch.int32, generator=g)
+    rows = [3, 1]
+    out = logits.clone()
+    apply_bitmask(out, bitmask, torch.tensor(rows))
+    for r in range(5):
+        for t in range(vocab):
+            if r not in rows:
+                allowed = True
+            else:
+                word = int(bitmask[rows.index(r), t // 32]) & 0xFFFFFFFF if t < 32 * words else 0
+                allowed = bool((word >> (t % 32)) & 1)
+            assert out[r, t].item() == (logits[r, t].item() if allowed else float("-inf")), (r, t)
+
+
+def test_compiled_grammars_are_cached_least_recently_used_out(tiny_model: Path) -> None:  # noqa: F811
+    from glassbox.engine.structured import GrammarCompiler, GrammarError
+    from glassbox.structured_outputs import StructuredOutputs
+    from glassbox.tokenizer.hf_tokenizer import Tokenizer
+
+    compiler = GrammarCompiler(Tokenizer.from_dir(tiny_model), 512, cache_size=2)
+    a, b, c = (StructuredOutputs(regex=r) for r in ("a+", "b+", "c+"))
+    first = compiler.compile(a)
+    assert compiler.compile(StructuredOutputs(regex="a+")) is first  # equal constraint, same entry
+    compiler.compile(b)
+    compiler.compile(c)  # evicts a, the least recently used
+    assert (compiler.hits, compiler.misses) == (1, 3)
+    assert compiler.compile(a) is not first and compiler.misses == 4
+    same = StructuredOutputs(json={"type": "object", "properties": {"x": {"type": "integer"}}})
+    assert (
+        same.key == StructuredOutputs(json='{"type": "object", "properties": {"x": {"type": "integer"}}}').key
+    )
+    with pytest.raises(GrammarError, match="invalid JSON schema"):
+        compiler.compile(StructuredOutputs(json={"type": "nope"}))
