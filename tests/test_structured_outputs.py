@@ -153,11 +153,11 @@ def test_json_schemas_at_temperature_1_always_validate(http: httpx.Client) -> No
         json.loads(_texts(free)[0][0])
 
 
-def test_n2_stream_and_json_object(http: httpx.Client) -> None:
+def test_n2_stream_json_object_and_cut_short(http: httpx.Client) -> None:
     schema = SCHEMAS[0]
     rf = {"type": "json_schema", "json_schema": {"name": "user", "schema": schema}}
     body = {"messages": CHAT, "response_format": rf, "temperature": 1.0, "max_tokens": MAX_TOKENS}
-    two, streamed, obj = _post_all(
+    two, streamed, obj, short = _post_all(
         http,
         [
             ("/v1/chat/completions", {**body, "n": 2, "seed": 7}),
@@ -166,8 +166,13 @@ def test_n2_stream_and_json_object(http: httpx.Client) -> None:
                 "/v1/completions",
                 {"prompt": "x", "response_format": {"type": "json_object"}, "max_tokens": 24},
             ),
+            ("/v1/chat/completions", {**body, "max_tokens": 6}),
         ],
     )
+    ((text, finish),) = _texts(short)  # max_tokens wins over the grammar: a prefix, "length"
+    assert finish == "length" and text.startswith('{"name": ')
+    with pytest.raises(ValueError):
+        json.loads(text)
     outs = _texts(two)
     assert len(outs) == 2
     for text, finish in outs:
@@ -203,7 +208,11 @@ def test_regex_choice_and_grammars_always_match(http: httpx.Client) -> None:
     calls.append(
         ("/v1/completions", {"prompt": "x", "structured_outputs": {"grammar": LARK}, "temperature": 1.0})
     )
+    stopped = {"prompt": "v", "guided_regex": REGEX, "stop": ["-"], "temperature": 1.0, "max_tokens": 40}
+    calls.append(("/v1/completions", stopped))  # a stop string inside the match cuts it as usual
     answers = _post_all(http, calls)
+    text, finish = _texts(answers[11])[0]
+    assert re.fullmatch("[A-Z]{2,4}", text) and finish == "stop", text
     for r, (_, body) in zip(answers[:8], calls[:8], strict=True):
         ((text, finish),) = _texts(r)
         assert finish == "stop"
@@ -220,17 +229,10 @@ def test_regex_choice_and_grammars_always_match(http: httpx.Client) -> None:
 def test_logprobs_see_the_mask(http: httpx.Client) -> None:
     """Logprobs are taken after the mask (vLLM's default): at every position the probability mass lies on
     the tokens the grammar allows (the top 5 hold them all), and forbidden ones are reported at vLLM's
-    floor of -9999 (the last position allows EOS alone)."""
-    r = http.post(
-        "/v1/chat/completions",
-        json={
-            "messages": CHAT,
-            "guided_choice": ["yes"],
-            "logprobs": True,
-            "top_logprobs": 5,
-            "temperature": 1.0,
-        },
-    )
+    floor of -9999. Once the choice is written only EOS and the request's stop token remain."""
+    (stop_id,) = http.post("/tokenize", json={"prompt": "Q", "add_special_tokens": False}).json()["tokens"]
+    body = {"messages": CHAT, "guided_choice": ["yes"], "logprobs": True, "top_logprobs": 5}
+    r = http.post("/v1/chat/completions", json={**body, "temperature": 1.0, "stop_token_ids": [stop_id]})
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["message"]["content"] == "yes" and choice["finish_reason"] == "stop"
@@ -238,8 +240,9 @@ def test_logprobs_see_the_mask(http: httpx.Client) -> None:
     for t in content:
         allowed = [x["logprob"] for x in t["top_logprobs"] if x["logprob"] > -9999.0]
         assert sum(math.exp(v) for v in allowed) == pytest.approx(1.0, abs=1e-4), t
-    assert [x["logprob"] for x in content[-1]["top_logprobs"][1:]] == [-9999.0] * 4
-    assert content[-1]["logprob"] == pytest.approx(0.0, abs=1e-6)
+    last = {x["token"] for x in content[-1]["top_logprobs"] if x["logprob"] > -9999.0}
+    assert last == {"<|end_of_text|>", "Q"}
+    assert [x["logprob"] for x in content[-1]["top_logprobs"][2:]] == [-9999.0] * 3
 
 
 @pytest.mark.parametrize(
