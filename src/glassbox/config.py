@@ -10,6 +10,9 @@ DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV cache block (engine and planner)
 LOAD_FORMATS = ("auto", "dummy")
 QUANTIZATIONS = (None, "none", "int8", "int4", "mxfp4", "nvfp4")
+# --quantization applied to the built model (layers/quantization.quantize_model): integer block bits or
+# the 4-bit float format
+QUANTIZED_AT_LOAD: dict[str, int | str] = {"int8": 8, "int4": 4, "mxfp4": "mxfp4", "nvfp4": "nvfp4"}
 
 
 @dataclass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from glassbox.structured_outputs import StructuredOutputs
+
 MAX_LOGPROBS = 20
 
 
@@ -31,6 +33,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs besides the chosen token
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = None  # a JSON schema, regex, choice or grammar to follow
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -67,6 +70,11 @@ class SamplingParams:
             raise ValueError("stop must be a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be non-negative integers")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputs):
+                raise ValueError("structured_outputs must be a StructuredOutputs")
+            if self.min_tokens > 0:  # the grammar decides where the text ends
+                raise ValueError("min_tokens cannot be combined with structured outputs (a grammar)")
 
     @property
     def greedy(self) -> bool:

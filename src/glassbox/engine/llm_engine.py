@@ -21,6 +21,7 @@ from glassbox.engine.device import resolve_device
 from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence, merge_metrics
+from glassbox.engine.structured import GrammarCompiler
 from glassbox.engine.torch_executor import TorchExecutor
 from glassbox.models.facts import ModelFacts
 from glassbox.models.sources import resolve_model
@@ -90,6 +91,7 @@ class LLMEngine:
         self.facts: ModelFacts = checkpoint.facts
         self.model_name = config.served_model_name or self.source.name
         self.tokenizer = checkpoint.tokenizer
+        self.grammars = GrammarCompiler(self.tokenizer, self.facts.vocab_size)  # structured outputs
         limit = self.facts.max_positions
         if config.max_model_len is not None and config.max_model_len > limit:
             raise ValueError(
@@ -164,9 +166,12 @@ class LLMEngine:
         )
         if params.max_tokens is None:
             params = replace(params, max_tokens=max_tokens)
+        spec = params.structured_outputs  # a bad one raises GrammarError (ValueError) before anything is queued
         states = []
         for i in range(params.n):
             seq = Sequence(next(self._seq_ids), request_id, ids, params, i, arrival, tokenize_s)
+            if spec is not None:
+                seq.grammar = self.grammars.new_state(spec, len(ids), params.stop_token_ids)
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
             states.append(_SeqState(seq, detok, StopChecker(params.stop, params.include_stop_str_in_output)))
         self.requests[request_id] = _Request(request_id, text, ids, params, states)

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from glassbox.config import EngineConfig
+from glassbox.config import QUANTIZED_AT_LOAD, EngineConfig
 from glassbox.dtypes import kv_element_bytes
 from glassbox.engine.checkpoint import Checkpoint
 from glassbox.engine.device import (
     available_ram_bytes,
+    check_model_on_device,
     describe_cuda,
     keep_large_allocations_in_heap,
     kv_budget,
@@ -83,6 +84,7 @@ class TorchExecutor:
         self.facts = facts
         self.model_config = model_config = ModelConfig.from_facts(facts)
         self.device = resolve_device(config.device)
+        check_model_on_device(model_config, self.device)
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
         self.kv_dtype = (
             self.dtype if config.kv_cache_dtype == "auto" else KV_TORCH_DTYPES[config.kv_cache_dtype]
@@ -106,8 +108,7 @@ class TorchExecutor:
             if "GLASSBOX_NUM_THREADS" in os.environ:
                 torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
             keep_large_allocations_in_heap()
-        at_load: dict[str, int | str] = {"int8": 8, "int4": 4, "mxfp4": "mxfp4", "nvfp4": "nvfp4"}
-        bits = at_load.get(config.quantization or "")
+        bits = QUANTIZED_AT_LOAD.get(config.quantization or "")
         if bits is not None and self.device.type != "cpu":
             raise ValueError(
                 f"--quantization {config.quantization} runs on the CPU only so far (not on CUDA)"

@@ -28,6 +28,7 @@ _C_FILES = (
     "cpu_kv8.c",
     "cpu_quant.c",
     "cpu_dequant.c",
+    "cpu_step.c",
     "cpu_fp4.c",  # 4-bit float weights: MXFP4, NVFP4
     "cpu_fp4_dequant.c",
 )
@@ -49,8 +50,8 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_add_rms_norm": [_P, _P, _P, _P, _I, _I, _F, _C, _C],
     "gb_silu_mul": [_P, _P, _I, _I, _C, _C],
     "gb_qkv_rope_store": [_P, _I, _I, _I, _I, _I, _P, _P, _F, _P, _P, _I, _P, _P, _P, _P, _C, _C, _C],
-    "gb_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _C, _C, _C],
-    "gb_prefill_softmax_bf16": [_P, _I, _I, _I, _I, _I, _F, _C],
+    "gb_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _P, _C, _C, _C],
+    "gb_prefill_softmax_bf16": [_P, _I, _I, _I, _I, _I, _F, _P, _P, _I, _C],
     "gb_prefill_row_offsets_bf16": [_P, _I, _I, _I, _I, _I, _P, _I, _C],
     # cpu_quant.c: weights in 32-value blocks of 4 or 8 bits
     "gb_quantize_rows_q8": [_P, _I, _I, _I, _P, _P, _P, _C, _C],
@@ -59,6 +60,8 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_gemv_blocks_generic": [_P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
     "gb_dequant_blocks": [_P, _P, _P, _P, _F, _I, _I, _I, _C, _P, _C, _C],
     "gb_linear_blocks": [_P, _I, _I, _P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _C, _C],
+    # cpu_step.c: a decode step of a block-weight layer stack (structures built by kernels/cpu_step.py)
+    "gb_decode_step": [_P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _C],
     # cpu_fp4.c: MXFP4 / NVFP4 (weight arguments: codes, scales, row scales (or NULL), kind)
     "gb_fp4_quantize_rows": [_P, _I, _I, _I, _P, _P, _P, _C, _C, _C],
     "gb_fp4_gemv": [_P, _P, _P, _C, _P, _I, _I, _P, _P, _P, _I, _P, _I, _C, _C, _C],

@@ -29,13 +29,6 @@ _STEP_KERNEL: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
 )
 
 
-def runs_kernel(rows: int) -> bool:
-    """Whether a forward of ``rows`` rows runs the int8-activation kernel: the step's choice, else the
-    row count (also read by layers/fp4_linear.py)."""
-    step = _STEP_KERNEL.get()
-    return rows <= KERNEL_ROWS if step is None else step
-
-
 @contextlib.contextmanager
 def block_kernel_rows(use_kernel: bool) -> Iterator[None]:
     """Within: block weights run the int8 kernel (``use_kernel``: decode-only steps) or the dequantized
@@ -45,6 +38,12 @@ def block_kernel_rows(use_kernel: bool) -> Iterator[None]:
         yield
     finally:
         _STEP_KERNEL.reset(token)
+
+
+def kernel_chosen(rows: int) -> bool:
+    """Whether ``rows`` rows of a block linear run the int8 kernel here (the step's choice, else the count)."""
+    step = _STEP_KERNEL.get()
+    return rows <= KERNEL_ROWS if step is None else step
 
 
 def _register(module: nn.Module, w: BlockWeights) -> None:

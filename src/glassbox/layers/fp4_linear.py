@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glassbox.layers.block_linear import runs_kernel
+from glassbox.layers.block_linear import kernel_chosen
 from glassbox.layers.fp4_quant import FP4Weights, native_library
 from glassbox.layers.fp4_quantize import quantize
 
@@ -25,7 +25,7 @@ def fp4_linear(x: torch.Tensor, w: FP4Weights, bias: torch.Tensor | None = None)
     x2 = x.reshape(-1, w.in_features)
     rows = x2.shape[0]
     lib = native_library()
-    if not runs_kernel(rows) or x.dtype != torch.bfloat16 or x.device.type != "cpu" or lib is None:
+    if not kernel_chosen(rows) or x.dtype != torch.bfloat16 or x.device.type != "cpu" or lib is None:
         b = None if bias is None else bias.to(x.dtype)
         return F.linear(x, w.dequantize(x.dtype).to(x.device), b)
     x2 = x2.contiguous()

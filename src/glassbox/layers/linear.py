@@ -59,11 +59,13 @@ def pack_linears(model: nn.Module) -> int:
     return count
 
 
-def packed_matrix(w: torch.Tensor) -> PackedLinear:
-    """A PackedLinear of the matrix ``w`` (out, in), no bias."""
+def packed_matrix(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
+    """A PackedLinear of the matrix ``w`` (out, in), with ``bias`` (out,) or none."""
     with torch.device("meta"):
         linear = nn.Linear(w.shape[1], w.shape[0], bias=False)
     linear.weight = nn.Parameter(w, requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias, requires_grad=False)
     return PackedLinear(linear)
 
 

@@ -21,6 +21,7 @@ from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.gemma3 import Gemma3ForCausalLM
+from glassbox.models.gpt_oss import GptOssForCausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
 
@@ -39,10 +40,14 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "MixtralForCausalLM": LlamaForCausalLM,  # Llama layers with routed experts (models/moe.py)
     "Qwen2MoeForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,  # Llama layers with sinks and its own experts (models/gpt_oss.py)
 }
 # The families with a forward on glassbox's CPU kernels: (model, KV caches, dtype) -> that forward.
 # A family absent here (Gemma 3) runs on the PyTorch ops on the CPU.
-CPU_KERNEL_FORWARDS: dict[type[nn.Module], Callable[..., Forward]] = {LlamaForCausalLM: llama_native.bind}
+CPU_KERNEL_FORWARDS: dict[type[nn.Module], Callable[..., Forward]] = {
+    LlamaForCausalLM: llama_native.bind,
+    GptOssForCausalLM: llama_native.bind,
+}
 
 
 def bind_cpu_kernels(model: nn.Module, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> Forward:

@@ -23,6 +23,7 @@ from glassbox.server.generation import (
     usage,
 )
 from glassbox.server.protocol import ChatCompletionRequest, ChatMessage
+from glassbox.server.response_format import with_structured_outputs
 from glassbox.server.state import ServerState
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
@@ -53,13 +54,11 @@ async def create_chat_completion(
     state.check_model(req.model)
     if req.tools:
         raise bad_request("tools are not supported", "tools")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise bad_request('response_format must be {"type": "text"}', "response_format")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
     k = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    base = sampling_params(req, max_tokens, k)
+    base = with_structured_outputs(state, req, sampling_params(req, max_tokens, k))
     t0 = time.perf_counter()
     text = render_chat(state.tokenizer, req.messages, req.add_generation_prompt)
     ids = state.tokenizer.encode(text, add_special_tokens=False)  # the template wrote any BOS

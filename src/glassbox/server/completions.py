@@ -23,6 +23,7 @@ from glassbox.server.generation import (
     usage,
 )
 from glassbox.server.protocol import CompletionRequest
+from glassbox.server.response_format import with_structured_outputs
 from glassbox.server.state import ServerState
 
 
@@ -62,7 +63,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         raise bad_request("suffix is not supported", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of ({req.best_of}) must equal n ({req.n}) or be omitted", "best_of")
-    base = sampling_params(req, req.max_tokens, req.logprobs)
+    base = with_structured_outputs(state, req, sampling_params(req, req.max_tokens, req.logprobs))
     prompts: list[list[int]] = []
     tokenize_s: list[float] = []
     for item in _prompt_list(req.prompt):

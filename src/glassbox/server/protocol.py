@@ -50,6 +50,19 @@ class SamplingFields(_Request):
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # structured outputs (server/response_format.py): OpenAI's, vLLM's, vLLM's older names; one at most
+    response_format: dict[str, Any] | None = Field(
+        None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema"}}'
+    )
+    structured_outputs: dict[str, Any] | None = Field(
+        None, description="vLLM's: one of json (a schema), regex, choice, grammar (Lark or GBNF), json_object"
+    )
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = Field(None, description="not supported: must be null")
+    guided_decoding_backend: str | None = Field(None, description="ignored: the backend is llguidance")
 
 
 class CompletionRequest(SamplingFields):
@@ -86,7 +99,6 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = Field(None, description="not supported: must be empty")
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = Field(None, description='only {"type": "text"}')
     add_generation_prompt: bool = True
 
 

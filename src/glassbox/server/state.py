@@ -38,6 +38,7 @@ class ServerState:
         self.vocab_size = llm.facts.vocab_size
         self.kv_capacity_tokens = llm.kv_capacity_tokens
         self.logprobs = LogprobFormatter(self.tokenizer)
+        self.grammars = llm.grammars  # structured outputs: compiled (and cached) for the engine too
         self.created = int(time.time())
         self.draining = False
 

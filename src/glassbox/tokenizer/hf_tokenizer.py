@@ -300,6 +300,10 @@ class Tokenizer:
         token: str | None = self._backend.id_to_token(token_id)
         return token
 
+    def backend_json(self) -> str:
+        """The tokenizer as tokenizer.json text, added tokens included (what grammar engines read)."""
+        return str(self._backend.to_str())
+
     def token_to_id(self, token: str) -> int | None:
         """The id of a vocabulary string, or None when it is not in the vocabulary."""
         token_id: int | None = self._backend.token_to_id(token)
