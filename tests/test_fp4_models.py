@@ -20,7 +20,7 @@ from glassbox import LLM, SamplingParams
 from glassbox.layers.fp4_linear import FP4Linear
 from glassbox.layers.fp4_quantize import quantize_mxfp4, quantize_nvfp4
 from glassbox.models.config_reader import read_config
-from glassbox.models.modelopt_fp4 import nvfp4_spec
+from glassbox.models.fp4_checkpoint import nvfp4_spec
 from glassbox.models.moe import MoEExperts
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
@@ -171,3 +171,27 @@ def test_mxfp4_quantized_moe_runs_as_transformers_dequantized(root: Path) -> Non
     assert ex.weight_bytes - held == quantized * 17 // 32  # 4.25 bits a weight
     _greedy_matches(llm, prompts, ref, 1e-4)
     _bf16_top_choices(LLM(str(base), dtype="bfloat16", device="cpu", quantization="mxfp4"), prompts, ddir)
+
+
+def test_gpt_oss_mxfp4_checkpoint_runs_as_transformers_loads_it(root: Path) -> None:
+    """gpt-oss's own MXFP4 format (experts' ``*_blocks`` / ``*_scales``, the rest float): transformers
+    loads the checkpoint itself (on the CPU it dequantizes the experts), glassbox keeps the experts packed;
+    token-exact in float32."""
+    base = build_tiny_model("gpt_oss", root)
+    tensors = load_file(str(base / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith((".experts.gate_up_proj", ".experts.down_proj"))]:
+        w = tensors.pop(name).transpose(1, 2)  # stored (E, K, N): as MXFP4, one (N, K) matrix per expert
+        parts = [quantize_mxfp4(w[e]) for e in range(w.shape[0])]
+        tensors[f"{name}_blocks"] = torch.stack([b for b, _ in parts])
+        tensors[f"{name}_scales"] = torch.stack([s for _, s in parts])
+    qc = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                               "model.embed_tokens", "lm_head"]}  # fmt: skip
+    qdir = _write(base, root / "gpt-oss-mxfp4", tensors, qc)
+    prompts = [Tokenizer.from_dir(qdir).encode(p) for p in PROMPTS]
+    ref = hf_greedy(qdir, prompts, MAX_NEW)
+    llm = LLM(str(qdir), dtype="float32", device="cpu")
+    experts = [m for m in llm.engine.executor.model.modules() if isinstance(m, MoEExperts)]
+    assert experts and all(len(m.fp4) == m.num_experts and m.gate_up_proj.numel() == 0 for m in experts)
+    assert all(m.gate_up_proj_bias is not None for m in experts)  # biases load as float tensors
+    assert llm.engine.executor.block_formats == ["MXFP4"]
+    _greedy_matches(llm, prompts, ref, 1e-4)

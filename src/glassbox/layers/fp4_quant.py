@@ -114,6 +114,9 @@ class FP4Weights:
         return self.dequantize(dtype)
 
 
+FP4Experts = list[tuple[FP4Weights, FP4Weights]]  # a MoE layer's experts: (gate_up, down) each
+
+
 def _chunks(nb: int) -> list[tuple[int, int]]:
     """(first block, blocks) of each chunk of a row of ``nb`` blocks."""
     return [(b, min(CHUNK, nb - b)) for b in range(0, nb, CHUNK)]

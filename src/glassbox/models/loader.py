@@ -15,7 +15,7 @@ from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
 from glassbox.layers.block_quant import BlockWeights
 from glassbox.layers.fp4_linear import FP4Linear
-from glassbox.layers.fp4_quant import FP4Weights
+from glassbox.layers.fp4_quant import FP4Experts, FP4Weights
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
@@ -24,6 +24,7 @@ from glassbox.models.gemma3 import Gemma3ForCausalLM
 from glassbox.models.gpt_oss import GptOssForCausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
+from glassbox.models.moe import MoEExperts
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def build_model(
     device: torch.device,
     seed: int = 0,
     where: str = "the checkpoint",
-    packed: dict[str, BlockWeights | FP4Weights] | None = None,
+    packed: dict[str, BlockWeights | FP4Weights | FP4Experts] | None = None,
 ) -> CausalLM:
     """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None,
     and the ``packed`` weights (HF name -> blocks) kept in their blocks; then fused, in eval mode, and with
@@ -126,11 +127,17 @@ def build_model(
 
 
 def _swap_in_blocks(
-    model: nn.Module, packed: dict[str, BlockWeights | FP4Weights], dtype: torch.dtype
+    model: nn.Module, packed: dict[str, BlockWeights | FP4Weights | FP4Experts], dtype: torch.dtype
 ) -> None:
     """Replace each module whose weight is in ``packed`` by its block-quantized form (a bias stays a
-    parameter, loaded from the checkpoint by name)."""
+    parameter, loaded from the checkpoint by name); MoE experts (by module name) hold theirs in FP4."""
     for name, blocks in packed.items():
+        if isinstance(blocks, list):
+            experts = model.get_submodule(name)
+            if not isinstance(experts, MoEExperts):
+                raise ValueError(f"{name}: FP4 experts for a {type(experts).__name__}")
+            experts.hold_fp4(blocks)
+            continue
         parent_name, _, child = name.removesuffix(".weight").rpartition(".")
         parent = model.get_submodule(parent_name)
         old = getattr(parent, child)

@@ -29,7 +29,7 @@ from torch import nn
 
 from glassbox.layers.activation import get_activation
 from glassbox.layers.fp4_linear import fp4_linear
-from glassbox.layers.fp4_quant import FP4Weights
+from glassbox.layers.fp4_quant import FP4Experts, FP4Weights
 from glassbox.layers.fp4_quantize import quantize
 from glassbox.layers.linear import PackedLinear, packed_matrix
 
@@ -102,11 +102,16 @@ class MoEExperts(nn.Module):
         # tensors are dropped and only the grouped path runs
         self.packed: list[tuple[PackedLinear, PackedLinear]] = []
         # per expert (gate_up, down) in 4-bit floats (layers/fp4_quant.py), run by layers/fp4_linear.py
-        self.fp4: list[tuple[FP4Weights, FP4Weights]] = []
+        self.fp4: FP4Experts = []
 
-    def hold_fp4(self, experts: list[tuple[FP4Weights, FP4Weights]]) -> None:
+    def hold_fp4(self, experts: FP4Experts) -> None:
         """Keep each expert's (gate_up (2I x H), down (H x I)) packed in 4-bit floats (gpt-oss's MXFP4
         through layers/fp4_quant.mxfp4_experts, or ``quantize_fp4``); the 3-D parameters are freed."""
+        want = (self.gate_up_proj.shape[1:], self.down_proj.shape[1:])
+        for e, (w1, w2) in enumerate(experts):
+            if ((w1.out_features, w1.in_features), (w2.out_features, w2.in_features)) != want:
+                raise ValueError(f"FP4 expert {e}: {w1.out_features}x{w1.in_features} and "
+                                 f"{w2.out_features}x{w2.in_features}, the model's are {want}")  # fmt: skip
         if len(experts) != self.num_experts:
             raise ValueError(f"{len(experts)} FP4 experts for {self.num_experts}")
         self.fp4 = experts
