@@ -146,31 +146,58 @@ def test_nvfp4_settings(root: Path, nvfp4_llama: tuple[Path, Path]) -> None:
         LLM(str(qdir), dtype="float16", device="cpu")
 
 
-def _mxfp4_dense(w: torch.Tensor) -> torch.Tensor:
-    """A weight (N, K) quantized to gpt-oss's MXFP4 layout, dequantized by transformers."""
-    blocks, scales = quantize_mxfp4(w)
-    return convert_moe_packed_tensors(blocks[None], scales[None], dtype=torch.float32)[0].t()
+def _dequantized(w: torch.Tensor, kind: str) -> torch.Tensor:
+    """A weight (N, K) quantized in ``kind``, dequantized by the format's own definition: transformers'
+    for gpt-oss's MXFP4 layout, ModelOpt's (test_fp4.py) for NVFP4."""
+    if kind == "mxfp4":
+        blocks, scales = quantize_mxfp4(w)
+        return convert_moe_packed_tensors(blocks[None], scales[None], dtype=torch.float32)[0].t()
+    return nvfp4_dequantize(*quantize_nvfp4(w))
 
 
-def test_mxfp4_quantized_moe_runs_as_transformers_dequantized(root: Path) -> None:
-    """``--quantization mxfp4``: attention, dense MLP and every expert in MXFP4 (router, embeddings and
-    the LM head stay); the experts are held packed (their 3-D tensors freed) and run grouped."""
+def _fused_groups(names: list[str]) -> list[list[str]]:
+    """The checkpoint's linear weights as glassbox holds them: q/k/v fused, gate/up fused (dense MLPs and
+    each expert), the others alone (NVFP4's per-tensor scale spans a fused matrix)."""
+    groups = []
+    for n in names:
+        if n.endswith(("k_proj.weight", "v_proj.weight", "up_proj.weight")):
+            continue
+        if n.endswith("q_proj.weight"):
+            groups.append([n, n.replace("q_proj", "k_proj"), n.replace("q_proj", "v_proj")])
+        elif n.endswith("gate_proj.weight"):
+            groups.append([n, n.replace("gate_proj", "up_proj")])
+        else:
+            groups.append([n])
+    return groups
+
+
+@pytest.mark.parametrize("kind", ["mxfp4", "nvfp4"])
+def test_quantized_moe_runs_as_its_dequantized_weights(root: Path, kind: str) -> None:
+    """``--quantization mxfp4|nvfp4``: attention, dense MLP and every expert (router, embeddings and the
+    LM head stay); the experts are held packed (their 3-D tensors freed) and run grouped."""
     base = build_tiny_model("qwen3_moe", root)
     floats = load_file(str(base / "model.safetensors"))
-    dense = {n: _mxfp4_dense(t) if _is_linear(n) else t for n, t in floats.items()}
-    ddir = _write(base, root / "qwen3-moe-mxfp4-dense", dense, None)
+    dense = dict(floats)
+    for group in _fused_groups(sorted(n for n in floats if _is_linear(n))):
+        rows = [floats[n].shape[0] for n in group]
+        for n, part in zip(
+            group, _dequantized(torch.cat([floats[n] for n in group]), kind).split(rows), strict=True
+        ):
+            dense[n] = part
+    ddir = _write(base, root / f"qwen3-moe-{kind}-dense", dense, None)
     prompts = [Tokenizer.from_dir(base).encode(p) for p in PROMPTS]
     ref = hf_greedy(ddir, prompts, MAX_NEW)
-    llm = LLM(str(base), dtype="float32", device="cpu", quantization="mxfp4")
+    llm = LLM(str(base), dtype="float32", device="cpu", quantization=kind)
     ex = llm.engine.executor
     experts = [m for m in ex.model.modules() if isinstance(m, MoEExperts)]
     assert experts and all(len(m.fp4) == m.num_experts and m.gate_up_proj.numel() == 0 for m in experts)
-    assert ex.block_formats == ["mxfp4"]
+    assert ex.block_formats == [kind]
     held = sum(p.numel() * p.element_size() for p in ex.model.parameters())
     quantized = sum(t.numel() for n, t in floats.items() if _is_linear(n))
-    assert ex.weight_bytes - held == quantized * 17 // 32  # 4.25 bits a weight
+    if kind == "mxfp4":
+        assert ex.weight_bytes - held == quantized * 17 // 32  # 4.25 bits a weight
     _greedy_matches(llm, prompts, ref, 1e-4)
-    _bf16_top_choices(LLM(str(base), dtype="bfloat16", device="cpu", quantization="mxfp4"), prompts, ddir)
+    _bf16_top_choices(LLM(str(base), dtype="bfloat16", device="cpu", quantization=kind), prompts, ddir)
 
 
 def test_gpt_oss_mxfp4_checkpoint_runs_as_transformers_loads_it(root: Path) -> None:
