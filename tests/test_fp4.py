@@ -5,10 +5,15 @@ its int8-activation arithmetic in float64, on shapes with partial chunks (K % 51
 
 from __future__ import annotations
 
+import ctypes
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
+from glassbox.kernels import native
 from glassbox.kernels.native import library
 from glassbox.layers import fp4_linear, fp4_quant
 from glassbox.layers.fp4_linear import FP4Linear
@@ -134,9 +139,9 @@ def _int8_reference(x: torch.Tensor, w: FP4Weights) -> tuple[torch.Tensor, torch
     return xq @ wd.t(), xq.abs() @ wd.abs().t()
 
 
-def fp4_gemv(w: FP4Weights, x: torch.Tensor, generic: bool) -> torch.Tensor:
+def fp4_gemv(w: FP4Weights, x: torch.Tensor, generic: bool, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """gb_fp4_quantize_rows + gb_fp4_gemv (the vector path or its plain-C twin), float32 out."""
-    lib = library()
+    lib = lib or library()
     assert lib is not None
     m, kp = x.shape[0], w.padded
     qx = torch.empty(m, kp, dtype=torch.int8)
@@ -191,3 +196,36 @@ def test_linear_forward(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fp4_quant, "native_library", lambda: None)
     assert torch.equal(lin(x), with_kernels)
     assert lin(x.bfloat16()).dtype == torch.bfloat16
+
+
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """cpu_fp4.c and cpu_fp4_dequant.c built for the compiler's default target (no -march=native: on
+    x86-64 no AVX-512), as on a machine without it."""
+    cc = native.compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp("portable") / "fp4.so"
+    sources = [str(Path(native.__file__).with_name(n)) for n in ("cpu_fp4.c", "cpu_fp4_dequant.c")]
+    subprocess.run([cc, "-O2", "-fopenmp", "-shared", "-fPIC", *sources, "-o", str(out), "-lm"], check=True)
+    lib = ctypes.CDLL(str(out))
+    for name in ("gb_fp4_quantize_rows", "gb_fp4_gemv", "gb_fp4_dequant"):
+        getattr(lib, name).argtypes = native._SIGNATURES[name]
+    return lib
+
+
+@pytest.mark.parametrize("kind", ["mxfp4", "nvfp4"])
+def test_portable_build_matches_the_references(portable: ctypes.CDLL, kind: str) -> None:
+    n, k = 21, 1056
+    w = quantize(torch.randn(n, k, generator=_gen(5)) * 0.05, kind)
+    for dtype in (torch.float32, torch.bfloat16):
+        out = torch.empty(n, k, dtype=dtype)
+        codes, scales, g, code = w.pointers()
+        portable.gb_fp4_dequant(
+            codes, scales, g, code, n, w.padded, k, out.data_ptr(), int(dtype == torch.bfloat16), 1
+        )
+        assert torch.equal(out, w.dequantize_reference(dtype))
+    x = torch.randn(3, k, generator=_gen(6)).bfloat16()
+    ref, terms = _int8_reference(x.float(), w)
+    err = (fp4_gemv(w, x, False, portable).double() - ref).abs()
+    assert bool((err <= 1e-6 * terms + 1e-9).all())
