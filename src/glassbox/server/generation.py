@@ -20,7 +20,7 @@ from starlette.requests import Request
 from glassbox.engine.async_engine import RequestError, RequestStream
 from glassbox.engine.request_check import RequestCheckError, check_request
 from glassbox.engine.sequence import merge_metrics
-from glassbox.outputs import RequestOutput
+from glassbox.outputs import CompletionOutput, RequestOutput
 from glassbox.sampling_params import SamplingParams
 from glassbox.server.errors import ApiError, bad_request, error_body, param_of_value_error
 from glassbox.server.protocol import SamplingFields
@@ -237,7 +237,9 @@ def sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, allow_nan=False)}\n\n"
 
 
-def finish_chunk(base: dict[str, Any], index: int, empty: dict[str, Any], o: Any) -> dict[str, Any]:
+def finish_chunk(
+    base: dict[str, Any], index: int, empty: dict[str, Any], o: CompletionOutput
+) -> dict[str, Any]:
     """A choice's closing chunk, as OpenAI streams it: nothing new (``empty``: chat's ``{"delta": {}}``,
     completions' ``{"text": ""}``), the finish reason (and vLLM's stop_reason)."""
     choice = {"index": index, **empty, "logprobs": None, "finish_reason": o.finish_reason}
