@@ -34,8 +34,6 @@ __attribute__((constructor)) static void e4m3_table(void) {
     }
 }
 
-static inline float scale_of(const float *s, i64 n, i64 bn, i64 Sk, i64 cb) { return s[(n / bn) * Sk + cb]; }
-
 /* x (M x K, dt 0 float32 / 1 bf16) as float32: the caller's pointer, or *owned (free it) */
 static const float *float_rows(const void *x, i64 M, i64 K, int dt, float **owned) {
     *owned = NULL;
@@ -125,18 +123,13 @@ static inline __attribute__((always_inline)) void rows_f32(const uint8_t *w, con
     for (int r = 0; r < R; r++) y[r] = _mm512_reduce_add_ps(total[r]);
 }
 
-static void row_dot_f32(const uint8_t *w, const float *x, i64 M, i64 K, const float *s_row, i64 bk, float *y) {
-    i64 m = 0;
-    if (M == 1) {
-        y[0] = row_dot1(w, x, K, s_row, bk);
-        return;
-    }
-    for (; m + 4 <= M; m += 4) rows_f32(w, x + m * K, K, s_row, bk, 4, y + m);
-    switch (M - m) {
-    case 3: rows_f32(w, x + m * K, K, s_row, bk, 3, y + m); break;
-    case 2: rows_f32(w, x + m * K, K, s_row, bk, 2, y + m); break;
-    case 1: rows_f32(w, x + m * K, K, s_row, bk, 1, y + m); break;
-    default: break;
+/* one weight row against R (1..4) float32 activation rows */
+static void group_f32(const uint8_t *w, const float *x, i64 K, const float *s_row, i64 bk, int R, float *y) {
+    switch (R) {
+    case 1: y[0] = row_dot1(w, x, K, s_row, bk); break;
+    case 2: rows_f32(w, x, K, s_row, bk, 2, y); break;
+    case 3: rows_f32(w, x, K, s_row, bk, 3, y); break;
+    default: rows_f32(w, x, K, s_row, bk, 4, y); break;
     }
 }
 #endif
@@ -223,21 +216,14 @@ static inline __attribute__((always_inline)) void rows_bf16(const uint8_t *w, co
     for (int r = 0; r < R; r++) y[r] = _mm512_reduce_add_ps(total[r]);
 }
 
-static void row_dot_bf16(const uint8_t *w, const uint16_t *xp, i64 Kc, i64 M, i64 K, const float *s_row, i64 bk,
-                         float *y) {
-    __m512i t[4];
-    for (int i = 0; i < 4; i++) t[i] = _mm512_load_si512((const void *)(BF16_BYTES + 64 * i));
-    i64 m = 0;
-    if (M == 1) {
-        rows_bf16(w, xp, Kc, K, s_row, bk, 1, y, t);
-        return;
-    }
-    for (; m + 4 <= M; m += 4) rows_bf16(w, xp + m * Kc, Kc, K, s_row, bk, 4, y + m, t);
-    switch (M - m) {
-    case 3: rows_bf16(w, xp + m * Kc, Kc, K, s_row, bk, 3, y + m, t); break;
-    case 2: rows_bf16(w, xp + m * Kc, Kc, K, s_row, bk, 2, y + m, t); break;
-    case 1: rows_bf16(w, xp + m * Kc, Kc, K, s_row, bk, 1, y + m, t); break;
-    default: break;
+/* one weight row against R (1..4) activation rows in bf16x64 order */
+static void group_bf16(const uint8_t *w, const uint16_t *xp, i64 Kc, i64 K, const float *s_row, i64 bk, int R,
+                       float *y, const __m512i t[4]) {
+    switch (R) {
+    case 1: rows_bf16(w, xp, Kc, K, s_row, bk, 1, y, t); break;
+    case 2: rows_bf16(w, xp, Kc, K, s_row, bk, 2, y, t); break;
+    case 3: rows_bf16(w, xp, Kc, K, s_row, bk, 3, y, t); break;
+    default: rows_bf16(w, xp, Kc, K, s_row, bk, 4, y, t); break;
     }
 }
 #endif
@@ -249,19 +235,32 @@ static inline void store_y(void *out, i64 m, i64 N, i64 n, float v, int dt) {
         ((float *)out)[m * N + n] = v;
 }
 
+/* Weight rows go in tiles of about TILE_BYTES, which stay in L2 while each group of up to 4 activation rows
+ * (in L1) passes over them: the weights come from memory once, the activations from L1. */
+#define TILE_BYTES (96 << 10)
+
 /* M <= 64 activation rows */
 static void gemv(const void *x, i64 M, i64 K, const uint8_t *w, const float *s, i64 bn, i64 bk, i64 Sk,
                  const float *bias, i64 N, void *out, int dt, int threads, int generic) {
+    const i64 nt = K >= TILE_BYTES ? 1 : TILE_BYTES / K, tiles = (N + nt - 1) / nt;
 #ifdef GB_FP8_BF16DOT
     if (!generic && dt && (bk % 64 == 0 || bk >= K)) { /* scale blocks start at multiples of 64 columns */
         const i64 Kc = (K + 63) / 64 * 64;
         uint16_t *xp = bf16_rows((const uint16_t *)x, M, K, Kc);
         if (!xp) return;
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
-        for (i64 n = 0; n < N; n++) {
-            float y[64];
-            row_dot_bf16(w + n * K, xp, Kc, M, K, s + (n / bn) * Sk, bk, y);
-            for (i64 m = 0; m < M; m++) store_y(out, m, N, n, y[m] + (bias ? bias[n] : 0.0f), dt);
+        for (i64 tile = 0; tile < tiles; tile++) {
+            __m512i t[4];
+            for (int i = 0; i < 4; i++) t[i] = _mm512_load_si512((const void *)(BF16_BYTES + 64 * i));
+            const i64 n1 = (tile + 1) * nt < N ? (tile + 1) * nt : N;
+            for (i64 m0 = 0; m0 < M; m0 += 4) {
+                const int R = M - m0 < 4 ? (int)(M - m0) : 4;
+                for (i64 n = tile * nt; n < n1; n++) {
+                    float y[4];
+                    group_bf16(w + n * K, xp + m0 * Kc, Kc, K, s + (n / bn) * Sk, bk, R, y, t);
+                    for (int r = 0; r < R; r++) store_y(out, m0 + r, N, n, y[r] + (bias ? bias[n] : 0.0f), dt);
+                }
+            }
         }
         free(xp);
         return;
@@ -271,17 +270,23 @@ static void gemv(const void *x, i64 M, i64 K, const uint8_t *w, const float *s, 
     const float *xf = float_rows(x, M, K, dt, &owned);
     if (!xf) return;
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
-    for (i64 n = 0; n < N; n++) {
-        float y[64];
-        const uint8_t *wn = w + n * K;
-        const float *s_row = s + (n / bn) * Sk;
+    for (i64 tile = 0; tile < tiles; tile++) {
+        const i64 n1 = (tile + 1) * nt < N ? (tile + 1) * nt : N;
+        for (i64 m0 = 0; m0 < M; m0 += 4) {
+            const int R = M - m0 < 4 ? (int)(M - m0) : 4;
+            for (i64 n = tile * nt; n < n1; n++) {
+                float y[4];
+                const uint8_t *wn = w + n * K;
+                const float *s_row = s + (n / bn) * Sk;
 #ifdef GB_FP8_AVX512
-        if (!generic)
-            row_dot_f32(wn, xf, M, K, s_row, bk, y);
-        else
+                if (!generic)
+                    group_f32(wn, xf + m0 * K, K, s_row, bk, R, y);
+                else
 #endif
-            row_plain(wn, xf, M, K, s_row, bk, y);
-        for (i64 m = 0; m < M; m++) store_y(out, m, N, n, y[m] + (bias ? bias[n] : 0.0f), dt);
+                    row_plain(wn, xf + m0 * K, R, K, s_row, bk, y);
+                for (int r = 0; r < R; r++) store_y(out, m0 + r, N, n, y[r] + (bias ? bias[n] : 0.0f), dt);
+            }
+        }
     }
     free(owned);
 }
