@@ -259,6 +259,7 @@ UNSUPPORTED = [
     (ct_config("channel", None, False, []) | {"format": "pack-quantized"}, "format"),
     (ct_config("channel", None, False, []) | {"sparsity_config": {"format": "sparse-24-bitmask"}},
      "sparsity_config.format"),
+    ({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0}, "quant_method"),
 ]  # fmt: skip
 
 

@@ -159,10 +159,16 @@ def _compressed_tensors(qc: dict[str, Any]) -> Fp8Spec | None:
 def fp8_spec(qc: dict[str, Any]) -> Fp8Spec | None:
     """The FP8 settings of a ``quantization_config``: None for methods other than HF "fp8" and
     compressed-tensors (and for compressed-tensors' 4-bit float formats); ValueError naming the key and
-    value of a setting that does not load."""
+    value of a setting that does not load, and for the FP8 methods that do not (fbgemm_fp8, ModelOpt FP8)."""
     method = str(qc.get("quant_method", "")).lower()
     if method == "fp8":
         return _hf_fp8(qc)
     if method == "compressed-tensors":
         return _compressed_tensors(qc)
+    if method == "fbgemm_fp8":
+        raise _unsupported("quant_method", qc.get("quant_method"), "FP8 loads from the fp8 and "
+                           "compressed-tensors layouts")  # fmt: skip
+    algo = str(qc.get("quant_algo", "")).upper()
+    if method == "modelopt" and "FP8" in algo and "FP4" not in algo:
+        raise _unsupported("quant_algo", qc.get("quant_algo"), "ModelOpt FP8 checkpoints do not load yet")
     return None
