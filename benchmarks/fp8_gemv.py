@@ -3,9 +3,10 @@ bf16 GEMMs, on one layer, in turns.
 
 One N x K layer (default 2048 x 2048) from one random float32 matrix, stored four ways: FP8 E4M3 with
 128 x 128 block scales (HF "fp8") and with per-channel scales (compressed-tensors), Q8_0 blocks
-(layers/block_quant.py), bf16. Each round times every candidate once (the median of ``--reps`` calls,
-after a warm-up) at each row count, so that this machine's drift hits all of them alike; the report is the
-median over rounds. Candidates:
+(layers/block_quant.py), bf16. Each round times every candidate once (``--reps`` calls after a warm-up) at
+each row count, so that this machine's drift hits all of them alike; the report gives, over rounds, the
+median of each round's median call ("ms") and of each round's fastest call ("ms_min": on a machine shared
+with other jobs, the cost of a call that was not preempted). Candidates:
 
 - fp8-gemv-block / fp8-gemv-channel: ``Fp8Linear._gemv`` (bf16 in and out);
 - fp8-tiled-block: ``Fp8Linear._tiled`` (tiles of rows dequantized to bf16, then a GEMM), the rule past
@@ -53,14 +54,15 @@ def fp8(w: torch.Tensor, bn: int, bk: int, label: str) -> Fp8Weights:
     return Fp8Weights(codes.reshape(rows * bn, cols * bk)[:n, :k].contiguous(), s.float(), bn, bk, label)
 
 
-def median_ms(fn: Callable[[], object], reps: int) -> float:
+def time_ms(fn: Callable[[], object], reps: int) -> tuple[float, float]:
+    """(median, fastest) of ``reps`` calls after a warm-up, in ms."""
     fn()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return statistics.median(times) * 1e3, min(times) * 1e3
 
 
 def main() -> int:
@@ -92,22 +94,26 @@ def main() -> int:
     }
     if packed is not None:
         cases["bf16-packed"] = packed
-    runs: dict[str, dict[int, list[float]]] = {c: {m: [] for m in rows} for c in [*cases, "q8_0-gemv"]}
+    names = [*cases, "q8_0-gemv"]
+    runs: dict[str, dict[int, list[tuple[float, float]]]] = {c: {m: [] for m in rows} for c in names}
     with torch.inference_mode():
         for _ in range(args.rounds):
             for m in rows:
                 x = torch.randn(m, args.k, generator=torch.Generator().manual_seed(m)).bfloat16()
                 for name, fn in cases.items():
-                    runs[name][m].append(median_ms(lambda fn=fn, x=x: fn(x), args.reps))  # type: ignore[misc]
-                runs["q8_0-gemv"][m].append(median_ms(q8_gemv(q8, x), args.reps))
+                    runs[name][m].append(time_ms(lambda fn=fn, x=x: fn(x), args.reps))  # type: ignore[misc]
+                runs["q8_0-gemv"][m].append(time_ms(q8_gemv(q8, x), args.reps))
     result = {
         "what": f"one {args.n} x {args.k} layer, bf16 activations, ms per call (median of rounds)",
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
         "bytes": {"fp8-block": block.nbytes, "fp8-channel": channel.nbytes, "q8_0": q8.nbytes,
                   "bf16": 2 * args.n * args.k},  # fmt: skip
-        "ms": {name: {m: round(statistics.median(v), 4) for m, v in per.items()} for name, per in runs.items()},
+        "ms": {n: {m: round(statistics.median(t[0] for t in v), 4) for m, v in per.items()} for n, per in runs.items()},
+        "ms_min": {n: {m: round(statistics.median(t[1] for t in v), 4) for m, v in per.items()} for n, per in runs.items()},
         "rounds": args.rounds,
+        "loadavg_1min": os.getloadavg()[0],
+        "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     print(json.dumps(result, indent=1))
     if args.out is not None:
