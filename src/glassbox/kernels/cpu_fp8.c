@@ -6,12 +6,13 @@
  * bn rows x bk columns: W[n, k] = e4m3(w[n, k]) * s[(n / bn) * Sk + k / bk], Sk = ceil(K / bk). Per-tensor
  * scales are one block of N x K, per-channel ones N blocks of 1 x K, 128 x 128 blocks the HF "fp8" layout.
  *
- * AVX-512 has no FP8 conversion, but E4M3 widens to IEEE half with integer ops: sign-extend the byte to
- * 16 bits, shift left by 7 and keep bits 15 and 7..13. The exponent field lands in the half's low 4
- * exponent bits and the mantissa in its top 3, so the half is exactly e4m3 * 2^-8 for every finite code,
- * subnormals included (a half's subnormals are E4M3's subnormals shifted by the same 8 binades); then
- * vcvtph2ps widens it exactly. The 2^8 goes into the block's scale (s * 256, exact: a power of two).
- * Without AVX-512 a 256-entry table gives each code's value.
+ * AVX-512 has no FP8 conversion. bf16 activations (with AVX512-VBMI and -BF16): every E4M3 value is exactly
+ * a bf16, which two 128-entry byte lookups build (vpermi2b, see bf16x64), and vdpbf16ps multiplies it with
+ * the activations exactly, summing in float32. float32 activations: E4M3 widens to IEEE half with integer
+ * ops (sign-extend the byte to 16 bits, shift left by 7, keep bits 15 and 7..13: the exponent field lands in
+ * the half's low 4 exponent bits and the mantissa in its top 3, so the half is exactly e4m3 * 2^-8 for every
+ * finite code, subnormals included), vcvtph2ps widens it exactly, and the 2^8 goes into the block's scale
+ * (s * 256, exact: a power of two). Without AVX-512 a 256-entry table gives each code's value.
  *
  * gb_fp8_gemv: decode rows (y = x W^T + b, float32 sums per scale block, then times the block's scale).
  * gb_fp8_dequant: rows of W dequantized (float32 or bf16, one rounding of w * s), the tiles that prompt
