@@ -22,7 +22,15 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_C_FILES = ("cpu_kernels.c", "cpu_softmax.c", "cpu_kv8.c", "cpu_quant.c", "cpu_dequant.c", "cpu_step.c")
+_C_FILES = (
+    "cpu_kernels.c",
+    "cpu_softmax.c",
+    "cpu_kv8.c",
+    "cpu_quant.c",
+    "cpu_dequant.c",
+    "cpu_step.c",
+    "cpu_fp8.c",
+)
 SOURCES = [Path(__file__).with_name(name) for name in _C_FILES]
 HEADERS = [Path(__file__).with_name(name) for name in ("cpu_common.h", "cpu_kv8.h", "cpu_quant.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
@@ -49,8 +57,12 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_gemv_blocks_generic": [_P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
     "gb_dequant_blocks": [_P, _P, _P, _P, _F, _I, _I, _I, _C, _P, _C, _C],
     "gb_linear_blocks": [_P, _I, _I, _P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _C, _C],
-    # cpu_step.c: a decode step of a block-weight layer stack (structures built by kernels/cpu_step.py)
+    # cpu_step.c: a decode step of a block-weight layer stack (structures built by models/llama_step.py)
     "gb_decode_step": [_P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _C],
+    # cpu_fp8.c: FP8 (E4M3) weights with float32 block scales
+    "gb_fp8_gemv": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _C, _C],
+    "gb_fp8_gemv_generic": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _C, _C],
+    "gb_fp8_dequant": [_P, _P, _I, _I, _I, _I, _I, _I, _P, _C, _C],
 }
 
 
