@@ -1,5 +1,5 @@
-"""Sampler: penalties, temperature, top-k/top-p/min-p, one batched draw (per-request generators for
-seeded requests), logprobs.
+"""Sampler: penalties, logit_bias, temperature, top-k/top-p/min-p, one batched draw (per-request generators
+for seeded requests), logprobs.
 
 On CUDA nothing here waits for the device: host values travel through pinned non-blocking copies (a
 plain ``torch.tensor(..., device="cuda")`` synchronizes the stream) until the caller reads the draws.
@@ -54,6 +54,23 @@ def _suppress_stops(logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int
             ]
             if banned:
                 logits[row, to_device(banned, torch.long, logits.device)] = float("-inf")
+
+
+def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """In place: every (row, token, bias) of the rows that ask, added in one indexed call."""
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for row, seq in enumerate(seqs):
+        for token, bias in (seq.sampling_params.logit_bias or {}).items():
+            if token < logits.shape[1]:  # the vocabulary is checked at the door (engine/request_check.py)
+                rows.append(row)
+                cols.append(token)
+                vals.append(bias)
+    if rows:
+        dev = logits.device
+        index = (to_device(rows, torch.long, dev), to_device(cols, torch.long, dev))
+        logits.index_put_(index, to_device(vals, logits.dtype, dev), accumulate=True)
 
 
 def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -150,9 +167,10 @@ def sample_on_device(
 ) -> SampledBatch:
     """Draw one token per row of ``logits`` (S, V) float32 without waiting for the device.
 
-    ``logits`` is the caller's fresh tensor and is adjusted in place (grammar masks, penalties, min_tokens);
-    logprobs are taken from it after the grammar masks (as vLLM's default raw logprobs, which it takes
-    after its bitmask) and before any other adjustment. Greedy rows take the argmax; the others race exponential noise,
+    ``logits`` is the caller's fresh tensor and is adjusted in place (grammar masks, penalties, logit_bias,
+    min_tokens); logprobs are taken from it after the grammar masks (as vLLM's default raw logprobs, which it
+    takes after its bitmask) and before any other adjustment. Greedy rows take the argmax; the others race
+    exponential noise,
     drawn for all of them at once from the engine's ``generator``, except that a request with a seed
     draws its rows from its own generator: its tokens do not depend on what else shares its batch."""
     dev = logits.device
@@ -173,6 +191,8 @@ def sample_on_device(
         for s in seqs
     ):
         _apply_penalties(logits, seqs, logits.shape[1])
+    if any(s.sampling_params.logit_bias for s in seqs):
+        _apply_logit_bias(logits, seqs)
     if any(s.num_output_tokens < s.sampling_params.min_tokens for s in seqs):
         _suppress_stops(logits, seqs, eos_ids)
     random_rows = [i for i, s in enumerate(seqs) if not s.sampling_params.greedy]

@@ -29,6 +29,7 @@ _C_FILES = (
     "cpu_quant.c",
     "cpu_dequant.c",
     "cpu_step.c",
+    "cpu_fp8.c",
     "cpu_fp4.c",  # 4-bit float weights: MXFP4, NVFP4
     "cpu_fp4_dequant.c",
 )
@@ -60,8 +61,12 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_gemv_blocks_generic": [_P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
     "gb_dequant_blocks": [_P, _P, _P, _P, _F, _I, _I, _I, _C, _P, _C, _C],
     "gb_linear_blocks": [_P, _I, _I, _P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _C, _C],
-    # cpu_step.c: a decode step of a block-weight layer stack (structures built by kernels/cpu_step.py)
+    # cpu_step.c: a decode step of a block-weight layer stack (structures built by models/llama_step.py)
     "gb_decode_step": [_P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _C],
+    # cpu_fp8.c: FP8 (E4M3) weights with float32 block scales
+    "gb_fp8_gemv": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _C, _C],
+    "gb_fp8_gemv_generic": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _C, _C],
+    "gb_fp8_dequant": [_P, _P, _I, _I, _I, _I, _I, _I, _P, _C, _C],
     # cpu_fp4.c: MXFP4 / NVFP4 (weight arguments: codes, scales, row scales (or NULL), kind)
     "gb_fp4_quantize_rows": [_P, _I, _I, _I, _P, _P, _P, _C, _C, _C],
     "gb_fp4_gemv": [_P, _P, _P, _C, _P, _I, _I, _P, _P, _P, _I, _P, _I, _C, _C, _C],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -40,9 +40,15 @@ def block_kernel_rows(use_kernel: bool) -> Iterator[None]:
         _STEP_KERNEL.reset(token)
 
 
+def step_kernel_choice() -> bool | None:
+    """This step's choice (``block_kernel_rows``): True for a decode-only step, False for one with prompt
+    rows, None outside an engine step."""
+    return _STEP_KERNEL.get()
+
+
 def kernel_chosen(rows: int) -> bool:
     """Whether ``rows`` rows of a block linear run the int8 kernel here (the step's choice, else the count)."""
-    step = _STEP_KERNEL.get()
+    step = step_kernel_choice()
     return rows <= KERNEL_ROWS if step is None else step
 
 
@@ -55,14 +61,30 @@ def _register(module: nn.Module, w: BlockWeights) -> None:
             module.register_buffer(name, getattr(w, name), persistent=False)
 
 
-def block_weights(model: nn.Module) -> list[BlockWeights]:
-    """Every distinct BlockWeights of a model (a tied table counted once), and the weights other packed
-    modules list (``packed_weights()``: FP4 weights, with the same ``nbytes``, ``label`` and shape)."""
-    seen: dict[int, BlockWeights] = {}
+class KeptWeights(Protocol):
+    """What the engine reads of weights kept in a format of their own (BlockWeights, FP8 weights)."""
+
+    label: str
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def out_features(self) -> int: ...
+    @property
+    def in_features(self) -> int: ...
+
+
+def block_weights(model: nn.Module) -> list[KeptWeights]:
+    """Every distinct BlockWeights of a model (a tied table counted once), and the weights of modules that
+    keep theirs otherwise (a ``kept_weights`` attribute: layers/fp8_linear.py; a ``packed_weights()``
+    list: FP4 linears and MoE experts, layers/fp4_linear.py and models/moe.py)."""
+    seen: dict[int, KeptWeights] = {}
     for m in model.modules():
         if isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
             seen.setdefault(id(m.w), m.w)
-        for w in getattr(m, "packed_weights", list)():  # other packed formats (layers/fp4_linear.py, MoE)
+        elif (kept := getattr(m, "kept_weights", None)) is not None:
+            seen.setdefault(id(m), kept)
+        for w in getattr(m, "packed_weights", list)():
             seen.setdefault(id(w), w)
     return list(seen.values())
 

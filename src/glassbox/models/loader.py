@@ -16,6 +16,8 @@ from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
 from glassbox.layers.block_quant import BlockWeights
 from glassbox.layers.fp4_linear import FP4Linear
 from glassbox.layers.fp4_quant import FP4Experts, FP4Weights
+from glassbox.layers.fp8_linear import Fp8Linear
+from glassbox.layers.fp8_weights import Fp8Weights
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
@@ -28,6 +30,8 @@ from glassbox.models.moe import MoEExperts
 
 logger = logging.getLogger(__name__)
 
+# Weights kept in a format of their own, by HF weight name (MoE experts in FP4: by module name)
+Packed = BlockWeights | Fp8Weights | FP4Weights | FP4Experts
 # (input ids (T,), positions (T,), KV caches, attention metadata) -> final hidden states (T, hidden)
 Forward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], AttentionMetadata], torch.Tensor]
 
@@ -94,7 +98,7 @@ def build_model(
     device: torch.device,
     seed: int = 0,
     where: str = "the checkpoint",
-    packed: dict[str, BlockWeights | FP4Weights | FP4Experts] | None = None,
+    packed: dict[str, Packed] | None = None,
 ) -> CausalLM:
     """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None,
     and the ``packed`` weights (HF name -> blocks) kept in their blocks; then fused, in eval mode, and with
@@ -126,11 +130,9 @@ def build_model(
     return model
 
 
-def _swap_in_blocks(
-    model: nn.Module, packed: dict[str, BlockWeights | FP4Weights | FP4Experts], dtype: torch.dtype
-) -> None:
-    """Replace each module whose weight is in ``packed`` by its block-quantized form (a bias stays a
-    parameter, loaded from the checkpoint by name); MoE experts (by module name) hold theirs in FP4."""
+def _swap_in_blocks(model: nn.Module, packed: dict[str, Packed], dtype: torch.dtype) -> None:
+    """Replace each module whose weight is in ``packed`` by its block-quantized (FP8, FP4) form (a bias
+    stays a parameter, loaded from the checkpoint by name); MoE experts (by module name) hold theirs in FP4."""
     for name, blocks in packed.items():
         if isinstance(blocks, list):
             experts = model.get_submodule(name)
@@ -143,7 +145,11 @@ def _swap_in_blocks(
         old = getattr(parent, child)
         new: nn.Module
         bias = None if not isinstance(old, nn.Linear) or old.bias is None else torch.zeros(old.out_features)
-        if isinstance(blocks, FP4Weights) and isinstance(old, nn.Linear):
+        if isinstance(blocks, Fp8Weights):
+            if not isinstance(old, nn.Linear):
+                raise ValueError(f"{name}: FP8 weights for a {type(old).__name__}, not a linear layer")
+            new = Fp8Linear(blocks, bias).to(old.weight.device)
+        elif isinstance(blocks, FP4Weights) and isinstance(old, nn.Linear):
             new = FP4Linear(blocks, bias)
         elif isinstance(old, nn.Embedding) and isinstance(blocks, BlockWeights):
             new = BlockQuantEmbedding(blocks, dtype)
