@@ -4,7 +4,8 @@
  * A code c (4 bits: sign bit 3, then a 3-bit magnitude index) is the E2M1 value
  *   {0, 0.5, 1, 1.5, 2, 3, 4, 6}[c & 7], negated when c & 8.
  * Twice that value is an integer w2 in {0, 1, 2, 3, 4, 6, 8, 12} (signed), and w2 + 12 is a byte u in 0..24:
- * a byte shuffle turns 64 nibbles into 64 such bytes, and AVX-512 VNNI multiplies them by int8 activation codes.
+ * a byte-table lookup (vpermb on a 64-byte table with AVX512-VBMI, else vpshufb) turns 64 nibbles into 64 such
+ * bytes, and AVX-512 VNNI multiplies them by int8 activation codes.
  * kind 0, MXFP4 (OCP microscaling): an E8M0 scale e (byte) per 32 values, W = value * 2^(e - 127).
  * kind 1, NVFP4 (ModelOpt): an FP8 E4M3 scale s per 16 values and a float32 scale g per row (the
  *   checkpoint's per-tensor weight_scale_2), W = value * (s * g) (the product rounded to float32 first, as
@@ -22,7 +23,9 @@
  * half away from zero, as cpu_quant.c's), and per block (or half block) the exact integer
  *   ip = sum_k w2[k] qx[k] = sum_k u[k] qx[k] - 12 sum_k qx[k],
  *   y[m, n] = g[n] * sum_blocks dx[m, b] * (scale / 2) * ip      (g = 1 for MXFP4).
- * Other rows (prefill) dequantize the weight (gb_fp4_dequant) for a float GEMM on the Python side.
+ * Batch 1 runs 4 weight rows at a time (the activation chunk loaded once for them). Other rows (prefill)
+ * dequantize the weight (cpu_fp4_dequant.c) for a float GEMM on the Python side. Without AVX-512 the plain-C
+ * paths run (row_generic here, the scalar loop there).
  */
 #include "cpu_fp4.h"
 
