@@ -89,6 +89,16 @@ def test_nvfp4_dequantizes_as_modelopt_defines(n: int, k: int) -> None:
         from_nvfp4(weight, scale[:, 1:], scale_2)
 
 
+def test_repack_makes_the_layouts_bytes() -> None:
+    """The checkpoint bytes repacked directly equal the layout's definition on their codes, and read back."""
+    for n, k in [(3, 32), (5, 48), (4, 1056), (2, 544)]:
+        packed = torch.randint(0, 256, (n, k // 2), generator=_gen(k), dtype=torch.uint8)
+        codes = fp4_quant.unpack_nibbles(packed)
+        codes = torch.nn.functional.pad(codes, (0, -k % 32))
+        assert torch.equal(fp4_quant.repack(packed), fp4_quant.interleave(codes))
+        assert torch.equal(fp4_quant.deinterleave(fp4_quant.repack(packed)), codes)
+
+
 def test_bits_per_weight_are_the_planners() -> None:
     """What the weights hold in memory, against perf/quant.py's formats (NVFP4's per-tensor scale is
     kept per row: 32 bits a row)."""

@@ -30,11 +30,19 @@ static inline i64 half_pos(i64 b, int h, i64 nb) {
     return ch * 32 + h * chunk_blocks(ch, nb) + b % 16;
 }
 
-static inline float e8m0(uint8_t e) { return ldexpf(1.0f, (int)e - 127); }
+static inline float bits_f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
+/* 2^(e - 127) (e < 255): the float with exponent field e, or for e = 0 the subnormal 2^-127. */
+static inline float e8m0(uint8_t e) { return bits_f(e ? (uint32_t)e << 23 : 0x00400000u); }
+
+/* An E4M3 byte's value (no NaN here): exponent e + 120 in float32, or m 2^-9 for a subnormal (e = 0). */
 static inline float e4m3(uint8_t x) {
-    const int e = (x >> 3) & 15, m = x & 7;
-    const float v = e ? ldexpf((float)(8 + m), e - 10) : ldexpf((float)m, -9);
+    const uint32_t e = (x >> 3) & 15, m = x & 7;
+    const float v = e ? bits_f(((e + 120) << 23) | (m << 20)) : (float)m * 0x1p-9f;
     return (x & 0x80) ? -v : v;
 }
 

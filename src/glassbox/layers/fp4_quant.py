@@ -122,15 +122,16 @@ def _chunks(nb: int) -> list[tuple[int, int]]:
     return [(b, min(CHUNK, nb - b)) for b in range(0, nb, CHUNK)]
 
 
-def interleave(codes: np.ndarray) -> np.ndarray:
+def interleave(codes: torch.Tensor) -> torch.Tensor:
     """(N, Kp) codes in value order to the kernels' bytes (N, Kp/2): per chunk of r blocks, byte (q, j, t)
-    holds code 4q + t of block j in the low nibble and code 16 + 4q + t in the high one."""
+    holds code 4q + t of block j in the low nibble and code 16 + 4q + t in the high one (the definition;
+    ``repack`` makes the same bytes from a checkpoint's)."""
     n, kp = codes.shape
     parts = []
     for b, r in _chunks(kp // BLOCK):
-        c = codes[:, b * BLOCK : (b + r) * BLOCK].reshape(n, r, 8, 4).transpose(0, 2, 1, 3)  # (n, p, j, t)
+        c = codes[:, b * BLOCK : (b + r) * BLOCK].reshape(n, r, 8, 4).permute(0, 2, 1, 3)  # (n, p, j, t)
         parts.append((c[:, :4] | (c[:, 4:] << 4)).reshape(n, -1))
-    return np.concatenate(parts, axis=1).astype(np.uint8)
+    return torch.cat(parts, dim=1).to(torch.uint8)
 
 
 def deinterleave(packed: torch.Tensor) -> torch.Tensor:
@@ -154,17 +155,31 @@ def half_order(nb: int, inverse: bool = False) -> torch.Tensor:
     return torch.argsort(stored) if inverse else stored
 
 
-def _padded_codes(values: torch.Tensor, k: int) -> np.ndarray:
-    """(N, K) codes (any integer dtype) to (N, Kp) uint8, zero codes past K."""
-    kp = -(-k // BLOCK) * BLOCK
-    q = torch.nn.functional.pad(values.to(torch.uint8), (0, kp - k))
-    return q.numpy()
-
-
-def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     """(..., B) bytes holding value 2i in the low nibble of byte i to (..., 2B) codes."""
     p = packed.to(torch.uint8)
     return torch.stack([p & 15, p >> 4], dim=-1).flatten(-2)
+
+
+# Byte (q, t) of a block in the kernels' chunks holds codes 4q + t and 16 + 4q + t, which a checkpoint's
+# bytes (value 2i in the low nibble of byte i) hold in byte 2q + t // 2 (and 8 more), nibble t % 2.
+_SOURCE = np.array([[2 * q + t // 2 for t in range(4)] for q in range(4)])
+_SHIFT = np.array([4 * (t % 2) for t in range(4)], dtype=np.uint8)
+
+
+def repack(packed: torch.Tensor) -> torch.Tensor:
+    """A checkpoint's (N, K/2) bytes (value 2i in the low nibble of byte i) to the kernels' (N, Kp/2):
+    ``interleave(unpack_nibbles(packed))`` (zero codes past K), done on the bytes (in numpy: several
+    times faster than torch's uint8 gathers and shifts, which a large MoE checkpoint pays per expert)."""
+    n, half = packed.shape
+    src = np.pad(packed.to(torch.uint8).numpy(), ((0, 0), (0, -half % (BLOCK // 2)))).reshape(
+        n, -1, BLOCK // 2
+    )
+    lo = (src[:, :, _SOURCE] >> _SHIFT) & 15  # (n, nb, q, t)
+    hi = (src[:, :, _SOURCE + 8] >> _SHIFT) & 15
+    both = lo | (hi << 4)
+    parts = [both[:, b : b + r].transpose(0, 2, 1, 3).reshape(n, -1) for b, r in _chunks(src.shape[1])]
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=1)))
 
 
 def from_mxfp4(
@@ -179,9 +194,8 @@ def from_mxfp4(
     e = scales.to(torch.uint8)
     if bool((e == 255).any()):
         raise ValueError("MXFP4 scale 255 (E8M0's NaN) in a checkpoint tensor")
-    k = nb * BLOCK
-    codes = interleave(_padded_codes(_unpack_nibbles(blocks).reshape(n, k), k))
-    return FP4Weights(torch.from_numpy(codes), e.contiguous(), None, "mxfp4", in_features or k, label)
+    codes = repack(blocks.reshape(n, nb * BLOCK // 2))
+    return FP4Weights(codes, e.contiguous(), None, "mxfp4", in_features or nb * BLOCK, label)
 
 
 def mxfp4_experts(blocks: torch.Tensor, scales: torch.Tensor) -> list[FP4Weights]:
@@ -213,12 +227,12 @@ def from_nvfp4(
     s = weight_scale.view(torch.uint8)
     if bool(((s & 0x7F) == 0x7F).any()):
         raise ValueError("NVFP4 weight_scale holds NaN")
-    codes = interleave(_padded_codes(_unpack_nibbles(weight), k))
+    codes = repack(weight)
     kp = codes.shape[1] * 2
     s = torch.nn.functional.pad(s, (0, kp // 16 - s.shape[1]))  # zero scales past K
     stored = s[:, half_order(kp // BLOCK)].contiguous()
     g = torch.full((n,), float(weight_scale_2.float().reshape(())), dtype=torch.float32)
-    return FP4Weights(torch.from_numpy(codes), stored, g, "nvfp4", in_features or k, label)
+    return FP4Weights(codes, stored, g, "nvfp4", in_features or k, label)
 
 
 def concat(parts: list[FP4Weights]) -> FP4Weights | None:

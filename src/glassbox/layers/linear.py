@@ -94,7 +94,9 @@ def concat_linears(*linears: nn.Module) -> nn.Module:
     from glassbox.layers.fp8_linear import Fp8Linear, concat_fp8
 
     if all(isinstance(lin, Fp8Linear) for lin in linears):
-        return concat_fp8([lin for lin in linears if isinstance(lin, Fp8Linear)]) or ConcatLinear(list(linears))
+        return concat_fp8([lin for lin in linears if isinstance(lin, Fp8Linear)]) or ConcatLinear(
+            list(linears)
+        )
     fp4 = [lin for lin in linears if isinstance(lin, FP4Linear)]
     if fp4 and len(fp4) == len(linears):  # MXFP4 / NVFP4 of one kind stack by rows
         weights = concat_fp4([lin.w for lin in fp4])
