@@ -88,14 +88,15 @@ def _greedy_matches(llm: LLM, prompts: list[list[int]], ref: list, lp_tol: float
         assert max(abs(out.logprobs[j][t] - lps[j]) for j, t in enumerate(toks)) < lp_tol
 
 
-def _bf16_top_choices(llm: LLM, prompts: list[list[int]], dense_dir: Path) -> None:
+def _bf16_top_choices(llm: LLM, prompts: list[list[int]], ref_dir: Path) -> None:
     """bf16 (prompt rows multiply the dequantized weight, decode rows run the int8-activation kernel): each
-    greedy pick is a top choice of transformers in float32 on the dequantized weights, teacher-forced on the
-    engine's tokens, its logprob within BF16_LOGPROB (random tiny models' distributions are nearly flat, so
-    bf16 rounding may swap near-equal picks)."""
+    greedy pick is a top choice of transformers in float32 on ``ref_dir`` (the dequantized weights, or a
+    checkpoint it dequantizes itself), teacher-forced on the engine's tokens, its logprob within
+    BF16_LOGPROB (random tiny models' distributions are nearly flat, so bf16 rounding may swap near-equal
+    picks)."""
     import transformers as tf
 
-    model = tf.AutoModelForCausalLM.from_pretrained(dense_dir, dtype=torch.float32)
+    model = tf.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32)
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
     for prompt, out in zip(prompts, llm.generate(prompts, params), strict=True):
         with torch.no_grad():
@@ -222,3 +223,4 @@ def test_gpt_oss_mxfp4_checkpoint_runs_as_transformers_loads_it(root: Path) -> N
     assert all(m.gate_up_proj_bias is not None for m in experts)  # biases load as float tensors
     assert llm.engine.executor.block_formats == ["MXFP4"]
     _greedy_matches(llm, prompts, ref, 1e-4)
+    _bf16_top_choices(LLM(str(qdir), dtype="bfloat16", device="cpu"), prompts, qdir)
