@@ -162,7 +162,10 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetr
         if body.messages is not None:
             if not body.messages:
                 raise bad_request("messages must contain at least one message", "messages")
-            text = render_chat(state.tokenizer, body.messages, body.add_generation_prompt)
+            kwargs = dict(body.chat_template_kwargs or {})
+            if body.tools:
+                kwargs["tools"] = body.tools
+            text = render_chat(state.tokenizer, body.messages, body.add_generation_prompt, **kwargs)
             ids = state.tokenizer.encode(text, add_special_tokens=False)
         else:
             ids = state.tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)

@@ -16,11 +16,17 @@ from glassbox.server.metrics import ServerMetrics
 class ServerSettings:
     """Server flags: ``api_key`` guards /v1 and /(de)tokenize; ``max_queue_len`` bounds the sequences
     waiting beyond max-num-seqs (more get 429); ``drain_timeout_s`` is how long SIGTERM lets requests in
-    flight finish before aborting them."""
+    flight finish before aborting them; ``tool_call_parser`` reads tool calls in the model's own format
+    (``tool_choice: "auto"``, allowed only with ``enable_auto_tool_choice``); ``reasoning_parser`` splits
+    the reasoning from the answer."""
 
     api_key: str | None = None
     max_queue_len: int | None = None
     drain_timeout_s: float = 5.0
+    # tool calling and reasoning (server/tools.py, tool_parsers.py, reasoning.py): vLLM's flags and names
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 class ServerState:
