@@ -38,6 +38,7 @@ from glassbox.server.protocol import (
     TokenizeResponse,
 )
 from glassbox.server.state import ServerSettings, ServerState
+from glassbox.server.tools import check_tools
 
 # paths that need the API key when one is set (health, metrics and the schema stay open)
 _GUARDED = ("/v1/", "/tokenize", "/detokenize")
@@ -174,8 +175,9 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetr
             if not body.messages:
                 raise bad_request("messages must contain at least one message", "messages")
             kwargs = dict(body.chat_template_kwargs or {})
-            if body.tools:
-                kwargs["tools"] = body.tools
+            if body.tools:  # checked as the chat endpoint checks them
+                tools = check_tools(body.tools, "none", None, False)
+                kwargs["tools"] = tools.tools if tools is not None else body.tools
             text = render_chat(state.tokenizer, body.messages, *chat_flags(body), **kwargs)
             ids = state.tokenizer.encode(text, add_special_tokens=False)
         else:
