@@ -260,8 +260,8 @@ RAW_BAD: list[tuple[str, str, int, str | None, str | None]] = [
         "/tokenize",
         '{"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]}',
         400,
-        "tools",
-        "unsupported_parameter",
+        "tools[0]",
+        "invalid_value",
     ),
     (
         "/tokenize",

@@ -19,9 +19,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from glassbox.engine.async_engine import AsyncEngine
-from glassbox.server.chat import TOOLS_UNSUPPORTED, chat_flags, create_chat_completion, render_chat
+from glassbox.server.chat import chat_flags, create_chat_completion, render_chat
 from glassbox.server.completions import create_completion
-from glassbox.server.errors import bad_request, error_response, install_error_handlers, unsupported
+from glassbox.server.errors import bad_request, error_response, install_error_handlers
 from glassbox.server.metrics import ServerMetrics
 from glassbox.server.protocol import (
     ChatCompletionRequest,
@@ -38,6 +38,7 @@ from glassbox.server.protocol import (
     TokenizeResponse,
 )
 from glassbox.server.state import ServerSettings, ServerState
+from glassbox.server.tools import check_tools
 
 # paths that need the API key when one is set (health, metrics and the schema stay open)
 _GUARDED = ("/v1/", "/tokenize", "/detokenize")
@@ -173,9 +174,11 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetr
         if body.messages is not None:
             if not body.messages:
                 raise bad_request("messages must contain at least one message", "messages")
-            if body.tools:
-                raise unsupported(TOOLS_UNSUPPORTED, "tools")
-            text = render_chat(state.tokenizer, body.messages, *chat_flags(body))
+            kwargs = dict(body.chat_template_kwargs or {})
+            if body.tools:  # checked as the chat endpoint checks them
+                tools = check_tools(body.tools, "none", None, False)
+                kwargs["tools"] = tools.tools if tools is not None else body.tools
+            text = render_chat(state.tokenizer, body.messages, *chat_flags(body), **kwargs)
             ids = state.tokenizer.encode(text, add_special_tokens=False)
         else:
             ids = state.tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)

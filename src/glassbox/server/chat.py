@@ -12,11 +12,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from glassbox.outputs import RequestOutput
-from glassbox.server.errors import bad_request, unsupported
+from glassbox.server.chat_output import choice_chunks, finish_reason, plan_chat
+from glassbox.server.errors import bad_request
 from glassbox.server.generation import (
     anatomy,
     collect,
-    finish_chunk,
     prepare,
     sampling_params,
     stream_events,
@@ -26,9 +26,8 @@ from glassbox.server.generation import (
 from glassbox.server.protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
 from glassbox.server.response_format import with_structured_outputs
 from glassbox.server.state import ServerState
+from glassbox.server.tools import template_messages
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
-
-TOOLS_UNSUPPORTED = "tools are not supported yet (no tool calling): send the request without tools"
 
 
 @dataclass
@@ -57,12 +56,17 @@ def render_chat(
     messages: list[ChatMessage],
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    **kwargs: Any,
 ) -> str:
-    """The chat template's text for ``messages``; 400 for anything the tokenizer or template rejects."""
-    chat = [m.model_dump(exclude_none=True) for m in messages]
+    """The chat template's text for ``messages`` (``kwargs``: template variables such as ``tools``); 400 for
+    anything the tokenizer or template rejects."""
+    chat = template_messages([m.model_dump(exclude_none=True) for m in messages])
     try:
         return tokenizer.apply_chat_template(
-            chat, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message
+            chat,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **kwargs,
         )
     except ValueError as e:
         raise bad_request(str(e), "messages") from None
@@ -76,19 +80,19 @@ async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, request: Request
 ) -> Response:
     state.check_model(req.model)
-    if req.tools:
-        raise unsupported(TOOLS_UNSUPPORTED, "tools")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
     k = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    base = with_structured_outputs(state, req, sampling_params(req, max_tokens, k))
+    plan = plan_chat(state, req, with_structured_outputs(state, req, sampling_params(req, max_tokens, k)))
+    base = plan.params
     t0 = time.perf_counter()
-    text = render_chat(state.tokenizer, req.messages, *chat_flags(req))
+    text = render_chat(state.tokenizer, req.messages, *chat_flags(req), **plan.template_kwargs)
     ids = state.tokenizer.encode(text, add_special_tokens=False)  # the template wrote any BOS
     tokenize_s = time.perf_counter() - t0
     job = prepare(state, state.new_id("chatcmpl"), [ids], [tokenize_s], base, max_tokens, "messages")
     submit(state, job)
+    readers = plan.readers(job.n, text)
     head = {
         "id": job.id,
         "object": "chat.completion.chunk",
@@ -126,13 +130,11 @@ async def create_chat_completion(
                     logprobs = {
                         "content": state.logprobs.chat(o.token_ids[c.tokens :], o.logprobs[c.tokens :], k)
                     }
-                if text or (logprobs and logprobs["content"]):
-                    delta = {"content": text} if text else {}
-                    choice = {"index": o.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
-                    chunks.append({**head, "choices": [choice]})
+                if not text and o.finish_reason is None and not (logprobs and logprobs["content"]):
+                    continue
                 c.text_len, c.tokens, c.done = len(o.text), o.num_tokens, o.finish_reason is not None
-                if c.done and o.finish_reason != "abort":
-                    chunks.append(finish_chunk(head, o.index, {"delta": {}}, o))
+                reader = readers[o.index]
+                chunks += choice_chunks(head, o.index, reader, text, logprobs, o.finish_reason, o.stop_reason)
             return chunks
 
         events = stream_events(job, request, first, chunks_for, head, include_usage)
@@ -150,9 +152,9 @@ async def create_chat_completion(
         choices.append(
             {
                 "index": o.index,
-                "message": {"role": "assistant", "content": o.text},
+                "message": readers[o.index].message(o.text),
                 "logprobs": logprobs,
-                "finish_reason": o.finish_reason,
+                "finish_reason": finish_reason(readers[o.index], o.finish_reason),
                 "stop_reason": o.stop_reason,
             }
         )

@@ -146,8 +146,10 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's newer name for max_tokens")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = Field(None, description="not supported: must be empty")
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = Field(None, description='[{"type": "function", "function": {...}}]')
+    tool_choice: str | dict[str, Any] | None = Field(None, description="none, auto, required or named")
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one call (default true)")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="extra chat template variables")
     add_generation_prompt: bool = Field(
         True, description="false when continue_final_message is and this is unset"
     )
@@ -163,13 +165,14 @@ class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[dict[str, Any]] | None = Field(None, description="for messages: the tools the template shows")
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = Field(True, description="for a prompt: add the tokenizer's BOS/EOS")
     add_generation_prompt: bool = Field(
         True, description="false when continue_final_message is and this is unset"
     )
     continue_final_message: bool = False
     return_token_strs: bool = Field(False, description="also return each token's vocabulary string")
-    tools: list[dict[str, Any]] | None = Field(None, description="not supported: must be empty")
 
 
 class DetokenizeRequest(_Body):
@@ -250,9 +253,22 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="JSON text")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = Field(None, description="with --reasoning-parser (also as reasoning)")
 
 
 class ChatChoice(BaseModel):

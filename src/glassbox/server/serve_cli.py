@@ -17,6 +17,10 @@ from typing import TYPE_CHECKING
 
 from glassbox.engine_args import add_engine_args, config_from_args
 
+# the parsers' names, kept here so that `glassbox serve --help` imports no server code
+TOOL_PARSER_NAMES = ("hermes", "llama3_json", "mistral")
+REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3")
+
 if TYPE_CHECKING:
     import uvicorn
 
@@ -86,6 +90,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=["critical", "error", "warning", "info", "debug", "trace"],
     )
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per request")
+    t = p.add_argument_group("tool calling and reasoning (vLLM's flags)")
+    t.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='let the model decide when to call tools (tool_choice "auto"); needs --tool-call-parser',
+    )
+    t.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSER_NAMES),
+        default=None,
+        help="the model's tool-call format: hermes (Qwen2.5, Qwen3, Hermes), llama3_json (Llama 3.x), "
+        'mistral; tool_choice "required" and named functions work without it (a grammar forces them)',
+    )
+    t.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSER_NAMES),
+        default=None,
+        help="split <think>...</think> into message.reasoning_content: qwen3 or deepseek_r1",
+    )
     p.set_defaults(func=run)
 
 
@@ -105,6 +128,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError(
             "--allowed-methods and --allowed-headers need --allowed-origins (CORS is off without)"
         )
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json, mistral)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
         allowed_origins=_listed(args.allowed_origins),
         allowed_methods=_listed(args.allowed_methods) or ["*"],
         allowed_headers=_listed(args.allowed_headers) or ["*"],
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )
     app = build_app(AsyncEngine(engine, metrics), settings, metrics)
     uv_config = uvicorn.Config(

@@ -22,7 +22,9 @@ class ServerSettings:
     """Server flags: ``api_key`` guards /v1 and /(de)tokenize; ``max_queue_len`` bounds the sequences
     waiting beyond max-num-seqs (more get 429); ``drain_timeout_s`` is how long SIGTERM lets requests in
     flight finish before aborting them; ``allowed_origins`` turns CORS on for those browser origins ("*":
-    any), with ``allowed_methods`` and ``allowed_headers``."""
+    any), with ``allowed_methods`` and ``allowed_headers``; ``tool_call_parser`` reads tool calls in the
+    model's own format (``tool_choice: "auto"``, allowed only with ``enable_auto_tool_choice``);
+    ``reasoning_parser`` splits the reasoning from the answer."""
 
     api_key: str | None = None
     max_queue_len: int | None = None
@@ -30,6 +32,10 @@ class ServerSettings:
     allowed_origins: list[str] = field(default_factory=list)
     allowed_methods: list[str] = field(default_factory=lambda: ["*"])
     allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    # tool calling and reasoning (server/tools.py, tool_parsers.py, reasoning.py): vLLM's flags and names
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 def system_fingerprint(model: str, device: str, config: EngineConfig, version: str = __version__) -> str:
