@@ -9,7 +9,10 @@ from glassbox.dtypes import ENGINE_DTYPES, KV_CACHE_DTYPES, parse_dtype
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV cache block (engine and planner)
 LOAD_FORMATS = ("auto", "dummy")
-QUANTIZATIONS = (None, "none", "int8", "int4")
+QUANTIZATIONS = (None, "none", "int8", "int4", "mxfp4", "nvfp4")
+# --quantization applied to the built model (layers/quantization.quantize_model): integer block bits or
+# the 4-bit float format
+QUANTIZED_AT_LOAD: dict[str, int | str] = {"int8": 8, "int4": 4, "mxfp4": "mxfp4", "nvfp4": "nvfp4"}
 
 
 @dataclass
@@ -31,7 +34,8 @@ class EngineConfig:
     seed: int = 0
     load_format: str = "auto"
     # None: as the checkpoint stores it (GGUF Q4_0/Q4_1/Q8_0 stay in their blocks on the CPU); "none":
-    # 16/32-bit weights (a GGUF file is dequantized at load); "int8"/"int4": quantized at load
+    # 16/32-bit weights (a GGUF file is dequantized at load); "int8"/"int4": quantized at load;
+    # "mxfp4"/"nvfp4": linear layers and routed experts quantized at load (layers/fp4_linear.py)
     quantization: str | None = None
     enforce_eager: bool = False  # no CUDA graphs / torch.compile
     # post-process a step's outputs (detokenize, stop strings, outputs) while the next step runs on the

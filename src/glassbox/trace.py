@@ -100,6 +100,8 @@ def weight_quant(engine: LLMEngine) -> str:
     quantization = engine.config.quantization
     if quantization in ("int4", "int8"):
         return "q4_0" if quantization == "int4" else "q8_0"
+    if quantization in ("mxfp4", "nvfp4"):  # linear layers and experts; embed/lm_head in the dtype
+        return quantization
     if engine.executor.block_formats and engine.facts.native_quant is not None:
         return "native"
     return dtype_name(engine.executor.dtype)

@@ -1,8 +1,7 @@
 """A checkpoint opened for the engine: its description, tokenizer and weights, from a Hugging Face
 directory (config.json, tokenizer files, safetensors; GPTQ and AWQ layers repacked into blocks, FP8 layers
-kept as stored) or a GGUF
-file (metadata, vocabulary, tensors: Q4_0, Q4_1 and Q8_0 kept in their blocks when the engine can run
-them so, the rest dequantized)."""
+kept as stored, NVFP4 linears and MXFP4 experts kept in 4-bit floats) or a GGUF file (metadata, vocabulary,
+tensors: Q4_0, Q4_1 and Q8_0 kept in their blocks when the engine can run them so, the rest dequantized)."""
 
 from __future__ import annotations
 
@@ -11,15 +10,15 @@ from dataclasses import dataclass
 
 import torch
 
-from glassbox.layers.block_quant import GGUF_TYPES, BlockWeights, from_gguf
-from glassbox.layers.fp8_weights import Fp8Weights
+from glassbox.layers.block_quant import GGUF_TYPES, from_gguf
 from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
 from glassbox.models.facts import ModelFacts
+from glassbox.models.fp4_checkpoint import read_fp4
 from glassbox.models.fp8_checkpoint import read_fp8
 from glassbox.models.fp8_config import fp8_spec
 from glassbox.models.gguf_reader import GGUFCheckpoint, open_gguf
 from glassbox.models.gptq_awq import check_runs, read_group_quant
-from glassbox.models.loader import safetensors_tensors
+from glassbox.models.loader import Packed, safetensors_tensors
 from glassbox.models.quant_config import group_quant
 from glassbox.models.sources import ModelSource
 from glassbox.tokenizer.gguf_tokenizer import tokenizer_from_gguf
@@ -37,13 +36,16 @@ class Checkpoint:
 
     def weights(
         self, keep_packed: bool, device: torch.device, dtype: torch.dtype
-    ) -> tuple[Tensors, dict[str, BlockWeights | Fp8Weights]]:
+    ) -> tuple[Tensors, dict[str, Packed]]:
         """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
-        tensors of the packed types (layers/block_quant.py) stay in their blocks; a GPTQ/AWQ checkpoint's
-        layers always do (ValueError off the CPU or in a dtype other than bf16/float32, or for settings
-        the loader cannot run), and an FP8 checkpoint's stay 8-bit (any device and dtype); all else is
-        float."""
+        tensors of the packed types (layers/block_quant.py) stay in their blocks; a GPTQ/AWQ, NVFP4 or
+        MXFP4 checkpoint's layers always do (ValueError off the CPU or in a dtype other than bf16/float32,
+        or for settings the loader cannot run), and an FP8 checkpoint's stay 8-bit (any device and
+        dtype); all else is float."""
         if self.gguf is None:
+            fp4 = read_fp4(self.source.path, self.facts.quantization_config, device, dtype)
+            if fp4 is not None:
+                return fp4[1], dict(fp4[0])
             spec = group_quant(self.facts.quantization_config)
             if spec is not None:
                 check_runs(spec, device, dtype)
@@ -55,7 +57,7 @@ class Checkpoint:
                 return rest, dict(fp8_layers)
             return safetensors_tensors(self.source.path), {}
         gguf = self.gguf
-        packed: dict[str, BlockWeights | Fp8Weights] = {}
+        packed: dict[str, Packed] = {}
         if keep_packed:
             for name, ggml_type, raw, shape in gguf.stored_tensors(set(GGUF_TYPES)):
                 packed[name] = from_gguf(ggml_type, raw, shape)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from glassbox.config import EngineConfig
+from glassbox.config import QUANTIZED_AT_LOAD, EngineConfig
 from glassbox.dtypes import kv_element_bytes
 from glassbox.engine.checkpoint import Checkpoint
 from glassbox.engine.device import (
@@ -108,7 +108,7 @@ class TorchExecutor:
             if "GLASSBOX_NUM_THREADS" in os.environ:
                 torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
             keep_large_allocations_in_heap()
-        bits = {"int8": 8, "int4": 4}.get(config.quantization or "")
+        bits = QUANTIZED_AT_LOAD.get(config.quantization or "")
         if bits is not None and self.device.type != "cpu":
             raise ValueError(
                 f"--quantization {config.quantization} runs on the CPU only so far (not on CUDA)"

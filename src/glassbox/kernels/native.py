@@ -30,9 +30,13 @@ _C_FILES = (
     "cpu_dequant.c",
     "cpu_step.c",
     "cpu_fp8.c",
+    "cpu_fp4.c",  # 4-bit float weights: MXFP4, NVFP4
+    "cpu_fp4_dequant.c",
 )
 SOURCES = [Path(__file__).with_name(name) for name in _C_FILES]
-HEADERS = [Path(__file__).with_name(name) for name in ("cpu_common.h", "cpu_kv8.h", "cpu_quant.h")]
+HEADERS = [
+    Path(__file__).with_name(name) for name in ("cpu_common.h", "cpu_kv8.h", "cpu_quant.h", "cpu_fp4.h")
+]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 KV8_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}  # an 8-bit KV cache (cpu_kv8.c); 0: the dtype's own
@@ -63,6 +67,11 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_fp8_gemv": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _C, _C],
     "gb_fp8_gemv_generic": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _C, _C],
     "gb_fp8_dequant": [_P, _P, _I, _I, _I, _I, _I, _I, _P, _C, _C],
+    # cpu_fp4.c: MXFP4 / NVFP4 (weight arguments: codes, scales, row scales (or NULL), kind)
+    "gb_fp4_quantize_rows": [_P, _I, _I, _I, _P, _P, _P, _C, _C, _C],
+    "gb_fp4_gemv": [_P, _P, _P, _C, _P, _I, _I, _P, _P, _P, _I, _P, _I, _C, _C, _C],
+    "gb_fp4_linear": [_P, _I, _I, _P, _P, _P, _C, _P, _I, _I, _P, _C, _C],
+    "gb_fp4_dequant": [_P, _P, _P, _C, _I, _I, _I, _P, _C, _C],
 }
 
 

@@ -76,13 +76,16 @@ class KeptWeights(Protocol):
 
 def block_weights(model: nn.Module) -> list[KeptWeights]:
     """Every distinct BlockWeights of a model (a tied table counted once), and the weights of modules that
-    keep theirs otherwise (a ``kept_weights`` attribute: layers/fp8_linear.py)."""
+    keep theirs otherwise (a ``kept_weights`` attribute: layers/fp8_linear.py; a ``packed_weights()``
+    list: FP4 linears and MoE experts, layers/fp4_linear.py and models/moe.py)."""
     seen: dict[int, KeptWeights] = {}
     for m in model.modules():
         if isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
             seen.setdefault(id(m.w), m.w)
         elif (kept := getattr(m, "kept_weights", None)) is not None:
             seen.setdefault(id(m), kept)
+        for w in getattr(m, "packed_weights", list)():
+            seen.setdefault(id(w), w)
     return list(seen.values())
 
 

@@ -43,7 +43,9 @@ class Fp8Weights:
                 f"{self.block_cols} blocks ({rows}x{cols})"
             )
         if self.block_cols < k and self.block_cols % COLUMN_STEP:
-            raise ValueError(f"column blocks of {self.block_cols}: the kernels need a multiple of {COLUMN_STEP}")
+            raise ValueError(
+                f"column blocks of {self.block_cols}: the kernels need a multiple of {COLUMN_STEP}"
+            )
 
     @property
     def out_features(self) -> int:
@@ -74,14 +76,21 @@ class Fp8Weights:
                 int(self.scales.shape[1]))  # fmt: skip
 
     def dequantize(
-        self, dtype: torch.dtype = torch.float32, rows: tuple[int, int] | None = None, out: torch.Tensor | None = None
+        self,
+        dtype: torch.dtype = torch.float32,
+        rows: tuple[int, int] | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Rows [n0, n1) (all by default) as (n1 - n0, K) in ``dtype``: the C kernel for float32/bf16 on
         the CPU (bit-equal to the reference), else the reference. ``out``: a buffer to write them to."""
         n0, n1 = rows or (0, self.out_features)
         lib = native_library()
         if lib is None or dtype not in (torch.float32, torch.bfloat16) or self.codes.device.type != "cpu":
-            ref = self.dequantize_reference(dtype) if rows is None else self._rows(n0, n1).dequantize_reference(dtype)
+            ref = (
+                self.dequantize_reference(dtype)
+                if rows is None
+                else self._rows(n0, n1).dequantize_reference(dtype)
+            )
             return ref if out is None else out.copy_(ref)
         if out is None:
             out = torch.empty(n1 - n0, self.in_features, dtype=dtype)

@@ -85,14 +85,24 @@ def concat_linears(*linears: nn.Module) -> nn.Module:
     """One module computing ``linears`` side by side, so that ``fused(x).split([out_features ...], -1)``
     gives each one's output: nn.Linear weights (and biases) concatenated along the output dim, block
     weights stacked by rows when they share their bits, FP8 weights when their scales stack
-    (layers/fp8_weights.concat), else a ConcatLinear. All share in_features and either all carry a bias or
-    none does."""
+    (layers/fp8_weights.concat), FP4 weights when they share their format, else a ConcatLinear. All share
+    in_features and either all carry a bias or none does."""
     from glassbox.layers.block_linear import BlockQuantLinear
     from glassbox.layers.block_quant import concat
+    from glassbox.layers.fp4_linear import FP4Linear
+    from glassbox.layers.fp4_quant import concat as concat_fp4
     from glassbox.layers.fp8_linear import Fp8Linear, concat_fp8
 
     if all(isinstance(lin, Fp8Linear) for lin in linears):
-        return concat_fp8([lin for lin in linears if isinstance(lin, Fp8Linear)]) or ConcatLinear(list(linears))
+        return concat_fp8([lin for lin in linears if isinstance(lin, Fp8Linear)]) or ConcatLinear(
+            list(linears)
+        )
+    fp4 = [lin for lin in linears if isinstance(lin, FP4Linear)]
+    if fp4 and len(fp4) == len(linears):  # MXFP4 / NVFP4 of one kind stack by rows
+        weights = concat_fp4([lin.w for lin in fp4])
+        biases = [lin.bias for lin in fp4]
+        bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
+        return FP4Linear(weights, bias) if weights is not None else ConcatLinear(list(linears))
     quantized = [lin for lin in linears if isinstance(lin, BlockQuantLinear)]
     if len(quantized) == len(linears):
         blocks = concat([lin.w for lin in quantized])

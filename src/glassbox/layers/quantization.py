@@ -2,6 +2,7 @@
 
 Weight-only and symmetric per block (int4 as GGUF's Q4_0, int8 as Q8_0; layers/block_quant.py), applied
 to a built model as oneDNN packing is. A tied LM head shares its blocks with the embedding table.
+``--quantization mxfp4|nvfp4`` is layers/fp4_linear.py's.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ from torch import nn
 
 from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
 from glassbox.layers.block_quant import BlockWeights, quantize
+from glassbox.layers.fp4_linear import quantize_model_fp4
 
 
-def quantize_model(model: nn.Module, bits: int) -> int:
-    """Replace every nn.Linear and nn.Embedding with its block-quantized form; returns the count."""
+def quantize_model(model: nn.Module, bits: int | str) -> int:
+    """Replace every nn.Linear and nn.Embedding with its block-quantized form (``bits`` 4 or 8; "mxfp4" or
+    "nvfp4": ``quantize_model_fp4``); returns the count."""
+    if isinstance(bits, str):
+        return quantize_model_fp4(model, bits)
     done: dict[int, BlockWeights] = {}  # id(weight parameter) -> its blocks (tied tables are one)
 
     def blocks(weight: torch.Tensor) -> BlockWeights:

@@ -315,8 +315,8 @@ def read_config(model_dir: str | Path, missing_ok: bool = False) -> dict[str, An
     cfg: dict[str, Any] = json.loads(path.read_text())
     quant_file = path.parent / "hf_quant_config.json"  # ModelOpt checkpoints keep it beside config.json
     if "quantization_config" not in cfg and quant_file.is_file():
-        algo = json.loads(quant_file.read_text()).get("quantization", {}).get("quant_algo", "")
-        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": algo}
+        section = json.loads(quant_file.read_text()).get("quantization", {})  # algo, group size, exclusions
+        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "", **section}
     return cfg
 
 

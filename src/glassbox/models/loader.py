@@ -14,6 +14,8 @@ from torch import nn
 from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
 from glassbox.layers.block_quant import BlockWeights
+from glassbox.layers.fp4_linear import FP4Linear
+from glassbox.layers.fp4_quant import FP4Experts, FP4Weights
 from glassbox.layers.fp8_linear import Fp8Linear
 from glassbox.layers.fp8_weights import Fp8Weights
 from glassbox.layers.norm import GemmaRMSNorm
@@ -24,9 +26,12 @@ from glassbox.models.gemma3 import Gemma3ForCausalLM
 from glassbox.models.gpt_oss import GptOssForCausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
+from glassbox.models.moe import MoEExperts
 
 logger = logging.getLogger(__name__)
 
+# Weights kept in a format of their own, by HF weight name (MoE experts in FP4: by module name)
+Packed = BlockWeights | Fp8Weights | FP4Weights | FP4Experts
 # (input ids (T,), positions (T,), KV caches, attention metadata) -> final hidden states (T, hidden)
 Forward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], AttentionMetadata], torch.Tensor]
 
@@ -93,7 +98,7 @@ def build_model(
     device: torch.device,
     seed: int = 0,
     where: str = "the checkpoint",
-    packed: dict[str, BlockWeights | Fp8Weights] | None = None,
+    packed: dict[str, Packed] | None = None,
 ) -> CausalLM:
     """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None,
     and the ``packed`` weights (HF name -> blocks) kept in their blocks; then fused, in eval mode, and with
@@ -125,31 +130,36 @@ def build_model(
     return model
 
 
-def _swap_in_blocks(
-    model: nn.Module, packed: dict[str, BlockWeights | Fp8Weights], dtype: torch.dtype
-) -> None:
-    """Replace each module whose weight is in ``packed`` by its block-quantized (or FP8) form (a bias stays
-    a parameter, loaded from the checkpoint by name)."""
+def _swap_in_blocks(model: nn.Module, packed: dict[str, Packed], dtype: torch.dtype) -> None:
+    """Replace each module whose weight is in ``packed`` by its block-quantized (FP8, FP4) form (a bias
+    stays a parameter, loaded from the checkpoint by name); MoE experts (by module name) hold theirs in FP4."""
     for name, blocks in packed.items():
+        if isinstance(blocks, list):
+            experts = model.get_submodule(name)
+            if not isinstance(experts, MoEExperts):
+                raise ValueError(f"{name}: FP4 experts for a {type(experts).__name__}")
+            experts.hold_fp4(blocks)
+            continue
         parent_name, _, child = name.removesuffix(".weight").rpartition(".")
         parent = model.get_submodule(parent_name)
         old = getattr(parent, child)
         new: nn.Module
+        bias = None if not isinstance(old, nn.Linear) or old.bias is None else torch.zeros(old.out_features)
         if isinstance(blocks, Fp8Weights):
             if not isinstance(old, nn.Linear):
                 raise ValueError(f"{name}: FP8 weights for a {type(old).__name__}, not a linear layer")
-            bias = None if old.bias is None else torch.zeros(old.out_features)
             new = Fp8Linear(blocks, bias).to(old.weight.device)
-        elif isinstance(old, nn.Embedding):
+        elif isinstance(blocks, FP4Weights) and isinstance(old, nn.Linear):
+            new = FP4Linear(blocks, bias)
+        elif isinstance(old, nn.Embedding) and isinstance(blocks, BlockWeights):
             new = BlockQuantEmbedding(blocks, dtype)
-        elif isinstance(old, nn.Linear):
-            bias = None if old.bias is None else torch.zeros(old.out_features)
+        elif isinstance(old, nn.Linear) and isinstance(blocks, BlockWeights):
             new = BlockQuantLinear(blocks, bias)
         else:
             raise ValueError(f"{name}: packed weights for a {type(old).__name__}, not a linear or embedding")
-        if (
-            new.out_features if isinstance(new, BlockQuantLinear | Fp8Linear) else new.num_embeddings
-        ) != blocks.out_features or (isinstance(old, nn.Linear) and old.in_features != blocks.in_features):
+        if (new.num_embeddings if isinstance(new, BlockQuantEmbedding) else new.out_features) != (
+            blocks.out_features
+        ) or (isinstance(old, nn.Linear) and old.in_features != blocks.in_features):
             raise ValueError(f"{name}: packed shape does not match the model")
         setattr(parent, child, new)
 

@@ -85,8 +85,8 @@ class ModelConfig:
                 f"architecture {facts.architecture or '(none)'!r} is not supported by the engine; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        if facts.is_moe and facts.quantization_config:
-            method = facts.quantization_config.get("quant_method", "?")
+        method = facts.quantization_config.get("quant_method", "?") if facts.quantization_config else None
+        if facts.is_moe and method is not None and method != "mxfp4":  # gpt-oss's experts: fp4_checkpoint.py
             raise ValueError(f"quantized ({method}) mixture-of-experts checkpoints are not supported yet")
         # HF's default for a config that names no dtype is float32
         dtype = TORCH_DTYPES[facts.dtype] if facts.dtype_declared else torch.float32

@@ -28,6 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from glassbox.layers.activation import get_activation
+from glassbox.layers.fp4_linear import fp4_linear
+from glassbox.layers.fp4_quant import FP4Experts, FP4Weights
+from glassbox.layers.fp4_quantize import quantize
 from glassbox.layers.linear import PackedLinear, packed_matrix
 
 
@@ -98,18 +101,49 @@ class MoEExperts(nn.Module):
         # per expert (gate_up, down) in oneDNN's layout once pack_weights() ran (CPU bf16); then the 3-D
         # tensors are dropped and only the grouped path runs
         self.packed: list[tuple[PackedLinear, PackedLinear]] = []
+        # per expert (gate_up, down) in 4-bit floats (layers/fp4_quant.py), run by layers/fp4_linear.py
+        self.fp4: FP4Experts = []
+
+    def hold_fp4(self, experts: FP4Experts) -> None:
+        """Keep each expert's (gate_up (2I x H), down (H x I)) packed in 4-bit floats (gpt-oss's MXFP4
+        through layers/fp4_quant.mxfp4_experts, or ``quantize_fp4``); the 3-D parameters are freed."""
+        want = (self.gate_up_proj.shape[1:], self.down_proj.shape[1:])
+        for e, (w1, w2) in enumerate(experts):
+            if ((w1.out_features, w1.in_features), (w2.out_features, w2.in_features)) != want:
+                raise ValueError(f"FP4 expert {e}: {w1.out_features}x{w1.in_features} and "
+                                 f"{w2.out_features}x{w2.in_features}, the model's are {want}")  # fmt: skip
+        if len(experts) != self.num_experts:
+            raise ValueError(f"{len(experts)} FP4 experts for {self.num_experts}")
+        self.fp4 = experts
+        self._free()
+
+    def quantize_fp4(self, kind: str) -> int:
+        """``--quantization mxfp4|nvfp4``: each expert's two matrices quantized. Returns the count."""
+        w1, w2 = self.gate_up_proj.detach(), self.down_proj.detach()
+        self.hold_fp4([(quantize(w1[e], kind), quantize(w2[e], kind)) for e in range(self.num_experts)])
+        return 2 * self.num_experts
+
+    def packed_weights(self) -> list[FP4Weights]:
+        return [w for pair in self.fp4 for w in pair]
+
+    def _free(self) -> None:
+        w1, w2 = self.gate_up_proj, self.down_proj
+        self.gate_up_proj = nn.Parameter(w1.new_empty(0, *w1.shape[1:]), requires_grad=False)
+        self.down_proj = nn.Parameter(w2.new_empty(0, *w2.shape[1:]), requires_grad=False)
 
     def pack_weights(self) -> int:
         """Each expert's two matrices in oneDNN's blocked layout (layers/linear.py: ~2x faster bf16 GEMVs
-        than plain ``F.linear``); the 3-D parameters are then freed. Returns the matrices packed."""
+        than plain ``F.linear``); the 3-D parameters are then freed. Returns the matrices packed (none
+        for FP4 experts)."""
+        if self.fp4:
+            return 0
         w1, w2 = self.gate_up_proj.detach(), self.down_proj.detach()
         self.packed = [
             (packed_matrix(w1[e], self._bias(self.gate_up_proj_bias, e)),
              packed_matrix(w2[e], self._bias(self.down_proj_bias, e)))
             for e in range(self.num_experts)
         ]  # fmt: skip
-        self.gate_up_proj = nn.Parameter(w1.new_empty(0, *w1.shape[1:]), requires_grad=False)
-        self.down_proj = nn.Parameter(w2.new_empty(0, *w2.shape[1:]), requires_grad=False)
+        self._free()
         return 2 * self.num_experts
 
     @staticmethod
@@ -117,6 +151,10 @@ class MoEExperts(nn.Module):
         return None if bias is None else bias.detach()[e]
 
     def _expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:  # (n, H) -> (n, H)
+        if self.fp4:
+            w1, w2 = self.fp4[e]
+            h = self.glu(fp4_linear(rows, w1, self._bias(self.gate_up_proj_bias, e)))
+            return fp4_linear(h, w2, self._bias(self.down_proj_bias, e))
         if self.packed:
             gate_up, down = self.packed[e]
             return down(self.glu(gate_up(rows)))
@@ -148,7 +186,7 @@ class MoEExperts(nn.Module):
 
     def dense(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Every expert on every row, the unchosen ones weighted 0 (reads all E experts)."""
-        assert not self.packed, "packed experts run grouped"
+        assert not self.packed and not self.fp4, "packed experts run grouped"
         w = torch.zeros(x.shape[0], self.num_experts, dtype=x.dtype, device=x.device)
         w.scatter_(1, ids, weights)
         gate_up = torch.einsum("th,eoh->teo", x, self.gate_up_proj)

@@ -1,0 +1,82 @@
+"""The linear layer that runs ``FP4Weights`` (layers/fp4_quant.py: MXFP4, NVFP4), and
+``--quantization mxfp4|nvfp4``.
+
+As the block weights do (layers/block_linear.py): decode rows in bf16 run the int8-activation kernel
+(kernels/cpu_fp4.c), other rows and float32 models multiply the dequantized weight (exact in float32), so
+a float32 model gives what its dequantized checkpoint gives. Without the C kernels the dequantization is
+the PyTorch reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glassbox.layers.block_linear import kernel_chosen
+from glassbox.layers.fp4_quant import FP4Weights, native_library
+from glassbox.layers.fp4_quantize import quantize
+
+
+def fp4_linear(x: torch.Tensor, w: FP4Weights, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T + b (``bias`` float32 or None): the kernel for decode rows in bf16, else the dequantized
+    weight in x's dtype."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, w.in_features)
+    rows = x2.shape[0]
+    lib = native_library()
+    if not kernel_chosen(rows) or x.dtype != torch.bfloat16 or x.device.type != "cpu" or lib is None:
+        b = None if bias is None else bias.to(x.dtype)
+        return F.linear(x, w.dequantize(x.dtype).to(x.device), b)
+    x2 = x2.contiguous()
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.float().contiguous()
+    out = torch.empty(rows, w.out_features, dtype=x.dtype)
+    lib.gb_fp4_linear(
+        x2.data_ptr(), rows, w.in_features, *w.pointers(), None if bias is None else bias.data_ptr(),
+        w.out_features, w.padded, out.data_ptr(), 1, torch.get_num_threads(),
+    )  # fmt: skip
+    return out.view(*lead, w.out_features)
+
+
+class FP4Linear(nn.Module):
+    """y = x W^T + b with W in ``FP4Weights`` (CPU)."""
+
+    def __init__(self, weights: FP4Weights, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.w = weights
+        # non-persistent buffers, so that ``model.buffers()`` sees the bytes they hold
+        self.register_buffer("codes", weights.codes, persistent=False)
+        self.register_buffer("scales", weights.scales, persistent=False)
+        if weights.row_scale is not None:
+            self.register_buffer("row_scale", weights.row_scale, persistent=False)
+        self.in_features, self.out_features = weights.in_features, weights.out_features
+        # float32 whatever the model's dtype (the kernel adds it in float); a parameter, so that a
+        # checkpoint's bias loads into it by name
+        self.bias = (
+            None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
+        )
+        self.nbytes = weights.nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp4_linear(x, self.w, self.bias)
+
+    def packed_weights(self) -> list[FP4Weights]:
+        return [self.w]
+
+
+def quantize_model_fp4(model: nn.Module, kind: str) -> int:
+    """``--quantization mxfp4|nvfp4``: every ``nn.Linear`` but the LM head (attention, dense MLPs, shared
+    experts; routers are ``RouterLinear`` and stay), and the routed experts of modules that hold them
+    otherwise (a ``quantize_fp4(kind)`` method: models/moe.py), in ``kind``; embeddings and the LM head stay
+    in the model's dtype, as FP4 checkpoints keep them. Returns the matrices quantized."""
+    count = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear and name != "lm_head":
+                setattr(module, name, FP4Linear(quantize(child.weight, kind), child.bias))
+                count += 1
+        hold = getattr(module, "quantize_fp4", None)
+        if callable(hold):
+            count += int(hold(kind))
+    return count
