@@ -319,8 +319,24 @@ def test_plan_and_trace_on_a_moe_dir(models: dict, tmp_path: Path) -> None:
     assert plan["active_params"] < plan["total_params"]
 
     llm = LLM(str(d), dtype="float32")
+    # the distinct experts each step's router logits pick, counted apart from the MoE module's own counter
+    picked: list[int] = []
+    gates = [m.gate for m in llm.engine.executor.model.modules() if isinstance(m, SparseMoeBlock)]
+    for g in gates:
+        g.register_forward_hook(
+            lambda _m, _x, y: picked.append(int(torch.topk(y, 2, dim=-1).indices.unique().numel()))
+        )
     out = run_trace(llm.engine, "def fibonacci(n):", 6, None)
     assert out["phases"]["decode"]["tokens"] == 5 and out["finish_reason"] == "length"
+    moe = out["moe"]
+    layers = len(gates)
+    prefill_reads = sum(picked[:layers])  # the prompt's one step, then a decode step per token
+    assert moe["layers"] == layers and moe["prefill"]["experts_read_per_layer"] == prefill_reads / layers
+    assert moe["decode"]["experts_read_per_layer_per_token"] == 2.0  # batch 1: exactly its top-2
+    assert sum(picked[layers:]) == 2 * layers * 5
+    inter, hidden = 32, 64  # tiny_models' qwen3_moe: moe_intermediate_size, hidden_size
+    assert moe["expert_bytes"] == 3 * inter * hidden * 4  # float32 gate, up and down
+    assert moe["decode"]["expert_bytes_per_token"] == 2 * layers * moe["expert_bytes"]
 
 
 @pytest.mark.parametrize("kernels", CPU_KERNELS)

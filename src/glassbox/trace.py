@@ -8,7 +8,8 @@ from typing import Any
 from glassbox.dtypes import kv_element_bytes
 from glassbox.engine.llm_engine import LLMEngine
 from glassbox.models.model_config import dtype_name
-from glassbox.perf.cost_model import step_cost
+from glassbox.models.moe import MoEExperts
+from glassbox.perf.cost_model import expected_distinct_experts, step_cost
 from glassbox.perf.engine_profiles import get_engine
 from glassbox.perf.hardware import HardwareSpec
 from glassbox.perf.quant import resolve_scheme
@@ -32,8 +33,16 @@ def run_trace(
     growth: list[dict[str, int]] = []
     final = None
     step = 0
+    experts = [m for m in engine.executor.model.modules() if isinstance(m, MoEExperts)]
+    reads = {
+        "prefill": 0,
+        "decode": 0,
+    }  # expert weight reads (over all MoE layers) by the steps of each phase
     while final is None:
+        phase = "decode" if seq.num_output_tokens else "prefill"
+        before = sum(m.experts_read for m in experts)
         outs = engine.step()
+        reads[phase] += sum(m.experts_read for m in experts) - before
         step += 1
         if not seq.is_finished and (not growth or growth[-1]["blocks"] != len(seq.block_table)):
             growth.append(
@@ -89,9 +98,42 @@ def run_trace(
         },
         "e2e_ms": m.e2e_s * 1e3,
     }
+    if experts:
+        result["moe"] = _moe_reads(engine, experts, reads, prefill_tokens, decode_tokens)
     if roofline is not None:
         _add_roofline(result, engine, roofline, m.prompt_tokens, m.cached_prompt_tokens, m.output_tokens)
     return result
+
+
+def _moe_reads(
+    engine: LLMEngine,
+    experts: list[MoEExperts],
+    reads: dict[str, int],
+    prefill_tokens: int,
+    decode_tokens: int,
+) -> dict[str, Any]:
+    """The expert weights the request's steps actually read (each chosen expert once per step and layer),
+    beside what the planner expects of uniform routing (perf/cost_model.expected_distinct_experts)."""
+    facts, layers = engine.facts, len(experts)
+    per_expert = experts[0].expert_bytes()
+    decode_steps = max(1, decode_tokens)
+    return {
+        "layers": layers,
+        "experts": facts.num_experts,
+        "top_k": facts.experts_per_token,
+        "expert_bytes": per_expert,
+        "prefill": {
+            "experts_read_per_layer": reads["prefill"] / layers,
+            "expected_per_layer": expected_distinct_experts(
+                facts.num_experts, facts.experts_per_token, prefill_tokens
+            ),
+            "bytes": reads["prefill"] * per_expert,
+        },
+        "decode": {
+            "experts_read_per_layer_per_token": reads["decode"] / layers / decode_steps,
+            "expert_bytes_per_token": reads["decode"] * per_expert / decode_steps,
+        },
+    }
 
 
 def weight_quant(engine: LLMEngine) -> str:

@@ -84,6 +84,16 @@ def render(r: dict[str, Any]) -> None:
         f"{kv['blocks']} blocks x {kv['block_size']} tokens = {kv['bytes'] / 1024:,.1f} KiB ({kv['dtype']})",
         f"grew {grew} blocks",
     )
+    if "moe" in r:
+        moe = r["moe"]
+        pm, dm = moe["prefill"], moe["decode"]
+        t.add_row(
+            "  experts read",
+            f"prefill {pm['experts_read_per_layer']:.1f} of {moe['experts']} per layer "
+            f"(uniform routing: {pm['expected_per_layer']:.1f}); decode "
+            f"{dm['experts_read_per_layer_per_token']:.1f} per layer per token (top-{moe['top_k']})",
+            f"{dm['expert_bytes_per_token'] / 1e6:,.1f} MB of experts per decoded token",
+        )
     t.add_row("6 detokenize", f"{ph['detokenize']['ms']:.2f} ms", "")
     t.add_row("end to end", f"{r['e2e_ms']:.1f} ms, finish_reason={r['finish_reason']}", "")
     console = Console()

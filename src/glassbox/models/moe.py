@@ -103,6 +103,7 @@ class MoEExperts(nn.Module):
         self.packed: list[tuple[PackedLinear, PackedLinear]] = []
         # per expert (gate_up, down) in 4-bit floats (layers/fp4_quant.py), run by layers/fp4_linear.py
         self.fp4: FP4Experts = []
+        self.experts_read = 0  # experts whose weights a forward ran, summed over forwards (trace.py reads it)
 
     def hold_fp4(self, experts: FP4Experts) -> None:
         """Keep each expert's (gate_up (2I x H), down (H x I)) packed in 4-bit floats (gpt-oss's MXFP4
@@ -125,6 +126,20 @@ class MoEExperts(nn.Module):
 
     def packed_weights(self) -> list[FP4Weights]:
         return [w for pair in self.fp4 for w in pair]
+
+    def expert_bytes(self) -> int:
+        """The bytes of one expert's weights (and biases) as held: bf16/float32, oneDNN-packed or FP4."""
+        if self.fp4:
+            w1, w2 = self.fp4[0]
+            weights = w1.nbytes + w2.nbytes
+        elif self.packed:
+            weights = self.packed[0][0].nbytes + self.packed[0][1].nbytes
+        else:
+            weights = (
+                self.gate_up_proj[0].numel() + self.down_proj[0].numel()
+            ) * self.gate_up_proj.element_size()
+        biases = [b for b in (self.gate_up_proj_bias, self.down_proj_bias) if b is not None]
+        return weights + sum(b[0].numel() * b.element_size() for b in biases)
 
     def _free(self) -> None:
         w1, w2 = self.gate_up_proj, self.down_proj
@@ -181,12 +196,14 @@ class MoEExperts(nn.Module):
             if n:  # an expert nobody chose is skipped: its weights are not read
                 ys[start : start + n] = self._expert(e, xs[start : start + n])
                 start += n
+                self.experts_read += 1
         ys.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1))
         return torch.zeros_like(x).index_add_(0, rows, ys)
 
     def dense(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Every expert on every row, the unchosen ones weighted 0 (reads all E experts)."""
         assert not self.packed and not self.fp4, "packed experts run grouped"
+        self.experts_read += self.num_experts
         w = torch.zeros(x.shape[0], self.num_experts, dtype=x.dtype, device=x.device)
         w.scatter_(1, ids, weights)
         gate_up = torch.einsum("th,eoh->teo", x, self.gate_up_proj)
