@@ -22,7 +22,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_C_FILES = ("cpu_kernels.c", "cpu_softmax.c", "cpu_kv8.c", "cpu_quant.c", "cpu_dequant.c")
+_C_FILES = ("cpu_kernels.c", "cpu_softmax.c", "cpu_kv8.c", "cpu_quant.c", "cpu_dequant.c", "cpu_kquant.c")
 SOURCES = [Path(__file__).with_name(name) for name in _C_FILES]
 HEADERS = [Path(__file__).with_name(name) for name in ("cpu_common.h", "cpu_kv8.h", "cpu_quant.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
@@ -49,6 +49,11 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_gemv_blocks_generic": [_P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
     "gb_dequant_blocks": [_P, _P, _P, _P, _F, _I, _I, _I, _C, _P, _C, _C],
     "gb_linear_blocks": [_P, _I, _I, _P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _C, _C],
+    # cpu_kquant.c: GGUF K-quants (weight arguments: codes, meta, kind)
+    "gb_quantize_rows_kq": [_P, _I, _I, _P, _P, _P, _P, _C, _C],
+    "gb_gemv_kquant": [_P, _P, _C, _P, _I, _I, _P, _P, _P, _P, _I, _P, _I, _C, _C, _C],
+    "gb_linear_kquant": [_P, _I, _I, _P, _P, _C, _P, _I, _P, _C, _C],
+    "gb_dequant_kquant": [_P, _P, _C, _I, _I, _P, _C, _C, _C],
 }
 
 

@@ -1,4 +1,5 @@
-"""The modules that run ``BlockWeights`` (layers/block_quant.py): a linear layer and an embedding table.
+"""The modules that run ``BlockWeights`` (layers/block_quant.py) and ``KQuantWeights`` (layers/kquant.py):
+a linear layer and an embedding table.
 
 Decode rows run the kernels' int8-activation GEMV (llama.cpp's arithmetic); other rows, and float32
 models, multiply the dequantized weight (exact in float32), so a float32 model gives what the dequantized
@@ -16,7 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glassbox.layers.block_quant import BlockWeights, native_library
+from glassbox.layers.block_quant import BlockWeights, concat, native_library
+from glassbox.layers.kquant import KQuantWeights
+from glassbox.layers.kquant import concat as concat_kquant
+
+PackedWeights = BlockWeights | KQuantWeights
 
 # Up to this many rows run the int8-activation kernel and more multiply the dequantized weight (bf16 GEMM).
 # Measured on a 3072 x 1024 Q4 layer (2 cores): kernel 0.60 / 2.69 / 5.54 ms at 16 / 64 / 128 rows,
@@ -40,18 +45,17 @@ def block_kernel_rows(use_kernel: bool) -> Iterator[None]:
         _STEP_KERNEL.reset(token)
 
 
-def _register(module: nn.Module, w: BlockWeights) -> None:
+def _register(module: nn.Module, w: PackedWeights) -> None:
     """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold."""
     module.register_buffer("codes", w.codes, persistent=False)
-    module.register_buffer("scales", w.scales, persistent=False)
-    for name in ("offsets", "zeros", "perm"):
-        if getattr(w, name) is not None:
+    for name in ("scales", "meta", "offsets", "zeros", "perm"):
+        if getattr(w, name, None) is not None:
             module.register_buffer(name, getattr(w, name), persistent=False)
 
 
-def block_weights(model: nn.Module) -> list[BlockWeights]:
-    """Every distinct BlockWeights of a model (a tied table counted once)."""
-    seen: dict[int, BlockWeights] = {}
+def block_weights(model: nn.Module) -> list[PackedWeights]:
+    """Every distinct BlockWeights or KQuantWeights of a model (a tied table counted once)."""
+    seen: dict[int, PackedWeights] = {}
     for m in model.modules():
         if isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
             seen.setdefault(id(m.w), m.w)
@@ -59,11 +63,11 @@ def block_weights(model: nn.Module) -> list[BlockWeights]:
 
 
 class BlockQuantLinear(nn.Module):
-    """y = x W^T + b with W in ``BlockWeights`` (CPU)."""
+    """y = x W^T + b with W in ``BlockWeights`` or ``KQuantWeights`` (CPU)."""
 
     kernel_rows = KERNEL_ROWS
 
-    def __init__(self, weights: BlockWeights, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weights: PackedWeights, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.w = weights
         _register(self, weights)
@@ -101,10 +105,13 @@ class BlockQuantLinear(nn.Module):
             lib = native_library()
             assert lib is not None
             w = self.w
-            self._call = (
-                lib.gb_linear_blocks,
-                (*w.pointers(), self._bias_ptr, self.out_features, w.padded, w.bits),
-            )
+            if isinstance(w, KQuantWeights):
+                self._call = w.kernel_call(self._bias_ptr)
+            else:
+                self._call = (
+                    lib.gb_linear_blocks,
+                    (*w.pointers(), self._bias_ptr, self.out_features, w.padded, w.bits),
+                )
         fn, weight_args = self._call
         m = x.shape[0]
         out = torch.empty(m, self.out_features, dtype=x.dtype)
@@ -114,9 +121,9 @@ class BlockQuantLinear(nn.Module):
 
 
 class BlockQuantEmbedding(nn.Module):
-    """An embedding table in ``BlockWeights``: looked-up rows are dequantized (to the model's dtype)."""
+    """An embedding table in block weights: looked-up rows are dequantized (to the model's dtype)."""
 
-    def __init__(self, weights: BlockWeights, dtype: torch.dtype) -> None:
+    def __init__(self, weights: PackedWeights, dtype: torch.dtype) -> None:
         super().__init__()
         self.w = weights
         _register(self, weights)
@@ -125,3 +132,13 @@ class BlockQuantEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.w.rows(ids, self.dtype)
+
+
+def concat_weights(parts: list[PackedWeights]) -> PackedWeights | None:
+    """The parts stacked by rows (one kernel call for a fused q/k/v or gate/up), or None when they are of
+    different layouts, bits or widths."""
+    blocks = [p for p in parts if isinstance(p, BlockWeights)]
+    if len(blocks) == len(parts):
+        return concat(blocks)
+    kquants = [p for p in parts if isinstance(p, KQuantWeights)]
+    return concat_kquant(kquants) if len(kquants) == len(parts) else None

@@ -84,12 +84,11 @@ def concat_linears(*linears: nn.Module) -> nn.Module:
     gives each one's output: nn.Linear weights (and biases) concatenated along the output dim, block
     weights stacked by rows when they share their bits, else a ConcatLinear. All share in_features and
     either all carry a bias or none does."""
-    from glassbox.layers.block_linear import BlockQuantLinear
-    from glassbox.layers.block_quant import concat
+    from glassbox.layers.block_linear import BlockQuantLinear, concat_weights
 
     quantized = [lin for lin in linears if isinstance(lin, BlockQuantLinear)]
     if len(quantized) == len(linears):
-        blocks = concat([lin.w for lin in quantized])
+        blocks = concat_weights([lin.w for lin in quantized])
         biases = [lin.bias for lin in quantized]
         bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
         return BlockQuantLinear(blocks, bias) if blocks is not None else ConcatLinear(list(linears))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -12,8 +12,7 @@ from safetensors import safe_open
 from torch import nn
 
 from glassbox.layers.attention import AttentionMetadata
-from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
-from glassbox.layers.block_quant import BlockWeights
+from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear, PackedWeights
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
@@ -86,7 +85,7 @@ def build_model(
     device: torch.device,
     seed: int = 0,
     where: str = "the checkpoint",
-    packed: dict[str, BlockWeights] | None = None,
+    packed: Mapping[str, PackedWeights] | None = None,
 ) -> CausalLM:
     """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None,
     and the ``packed`` weights (HF name -> blocks) kept in their blocks; then fused, in eval mode, and with
@@ -118,7 +117,7 @@ def build_model(
     return model
 
 
-def _swap_in_blocks(model: nn.Module, packed: dict[str, BlockWeights], dtype: torch.dtype) -> None:
+def _swap_in_blocks(model: nn.Module, packed: Mapping[str, PackedWeights], dtype: torch.dtype) -> None:
     """Replace each module whose weight is in ``packed`` by its block-quantized form (a bias stays a
     parameter, loaded from the checkpoint by name)."""
     for name, blocks in packed.items():
