@@ -155,7 +155,7 @@ def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> KQuant
     q = _codes_in_order(ggml_type, blocks)
     v = q.reshape(n, nsb, 16, 4, 4).transpose(0, 1, 3, 2, 4).reshape(n, nsb, 4, 64)  # V_p, byte 4 j + t
     low = v & 15
-    parts = [low[:, :, 0] | (low[:, :, 1] << 4), low[:, :, 2] | (low[:, :, 3] << 4)]
+    parts: list[np.ndarray] = [low[:, :, 0] | (low[:, :, 1] << 4), low[:, :, 2] | (low[:, :, 3] << 4)]
     if kind == 5:
         parts += [np.packbits((v[:, :, p] >> 4) & 1, axis=-1, bitorder="little") for p in range(4)]
     elif kind == 6:
