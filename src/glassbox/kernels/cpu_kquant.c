@@ -7,15 +7,15 @@
  *     16j + 4p .. 16j + 4p + 3: so that AVX-512 VNNI sums each 16-value lane in one int32 lane. Bytes 0..63
  *     hold V0 in the low nibbles and V1 in the high, bytes 64..127 V2 and V3; then for Q5_K 4 bit masks
  *     of 64 bits (mask p: bit 4 of V_p's bytes), for Q6_K 8 (mask 2p: bit 4 of V_p, 2p + 1: bit 5).
- *   meta (kind 4/5: 20 bytes, 6: 18): Q4_K/Q5_K 8 sub-block scales sc (uint8, 6 bits), 8 mins m (uint8),
- *     float16 d, float16 dmin; Q6_K 16 sub-block scales sc (int8), float16 d.
+ *   meta (kind 4/5: 16 bytes, 6: 18), the GGML block's own: Q4_K/Q5_K float16 d, float16 dmin, then 8
+ *     6-bit sub-block scales sc and 8 6-bit mins m in 12 bytes (see scale_min); Q6_K 16 sub-block scales sc
+ *     (int8), float16 d.
  * Lane j (16 values) has a scale S_j and an offset O_j, formed here in float32 from the stored integers:
  *   Q4_K, Q5_K: W = S_j q + O_j, S_j = d sc[j/2], O_j = -dmin m[j/2]   (sub-blocks of 32 values)
  *   Q6_K:       W = S_j (q - 32), S_j = d sc[j]                         (sub-blocks of 16 values)
  * d sc and dmin m are exact in float32 (an 11-bit significand times an integer below 2^7) and so is S q:
- * the dequantization below equals GGML's (gguf.quants.dequantize) bit for bit. Bytes per weight: Q4_K
- * 148/256 (4.625 bits; the file's 4.5 packs sc and m in 6 bits), Q5_K 180/256 (5.625; file 5.5), Q6_K
- * 210/256 (6.5625, the file's own).
+ * the dequantization below equals GGML's (gguf.quants.dequantize) bit for bit. Bytes per weight: the
+ * file's own, Q4_K 144/256 (4.5 bits), Q5_K 176/256 (5.5), Q6_K 210/256 (6.5625).
  *
  * Decode rows: the activations are quantized to int8 per 32 values (as cpu_quant.c: dx = max|x| / 127,
  * codes rounded half away from zero), their codes put in the same lane order, and per 16-value lane the sum
@@ -28,7 +28,7 @@
 #define LANES 16 /* 16-value lanes per super-block */
 
 static inline i64 code_bytes(int kind) { return kind == 4 ? 128 : kind == 5 ? 160 : 192; }
-static inline i64 meta_bytes(int kind) { return kind == 6 ? 18 : 20; }
+static inline i64 meta_bytes(int kind) { return kind == 6 ? 18 : 16; }
 
 /* Where value r (0..255) of a super-block sits in the lane order: byte 64 p + 4 j + t. */
 static inline i64 lane_pos(i64 r) {
@@ -53,16 +53,29 @@ static inline float half_at(const uint8_t *p) {
     return h2f(h);
 }
 
+/* Sub-block s's 6-bit scale and min from Q4_K/Q5_K's 12 bytes (a = bytes 0-3, b = 4-7, c = 8-11):
+ * s < 4: the low 6 bits of a[s] and b[s]; s >= 4: the nibbles of c[s-4] below the top 2 bits of a[s-4], b[s-4]. */
+static inline void scale_min(const uint8_t *p, i64 s, int *sc, int *m) {
+    if (s < 4) {
+        *sc = p[s] & 63;
+        *m = p[4 + s] & 63;
+    } else {
+        *sc = (p[8 + s - 4] & 15) | ((p[s - 4] >> 6) << 4);
+        *m = (p[8 + s - 4] >> 4) | ((p[4 + s - 4] >> 6) << 4);
+    }
+}
+
 /* Lane j's scale S and offset O (O = 0 for Q6_K, whose codes are offset by -32 instead). */
 static inline void lane_scale(const uint8_t *mt, int kind, i64 j, float *S, float *O) {
-    const float d = half_at(mt + 16);
     if (kind == 6) {
-        *S = d * (float)(int8_t)mt[j];
+        *S = half_at(mt + 16) * (float)(int8_t)mt[j];
         *O = 0.0f;
         return;
     }
-    *S = d * (float)mt[j / 2];
-    *O = -(half_at(mt + 18) * (float)mt[8 + j / 2]);
+    int sc, m;
+    scale_min(mt + 4, j / 2, &sc, &m);
+    *S = half_at(mt) * (float)sc;
+    *O = -(half_at(mt + 2) * (float)m);
 }
 
 /* Activations (M x K, float32 dt=0 or bf16 dt=1) to int8 codes in lane order (M x K), and per 16-value lane
@@ -152,19 +165,28 @@ static inline void unpack_sb(const uint8_t *rec, int kind, __m512i V[4]) {
 /* The 16 lanes' scales S and offsets O of one super-block (see lane_scale). */
 static inline void lane_scales(const uint8_t *mt, int kind, __m512 *S, __m512 *O) {
     uint16_t h;
-    memcpy(&h, mt + 16, 2);
-    const __m512 d = _mm512_set1_ps(_cvtsh_ss(h));
     if (kind == 6) {
+        memcpy(&h, mt + 16, 2);
         const __m128i sc = _mm_loadu_si128((const __m128i *)mt);
-        *S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+        *S = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(h)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
         *O = _mm512_setzero_ps();
         return;
     }
-    const __m128i sc = _mm_loadl_epi64((const __m128i *)mt), mn = _mm_loadl_epi64((const __m128i *)(mt + 8));
-    *S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sc, sc))));
-    memcpy(&h, mt + 18, 2);
+    /* the 16 meta bytes: d, dmin, a (4-7), b (8-11), c (12-15); scale_min for all 8 sub-blocks at once */
+    const __m128i x = _mm_loadu_si128((const __m128i *)mt);
+    const __m128i p1 = _mm_shuffle_epi8(x, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m128i p2 = _mm_shuffle_epi8(x, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m128i low = _mm_or_si128(
+        _mm_and_si128(p1, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
+        _mm_and_si128(_mm_srli_epi16(p1, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+    const __m128i top = _mm_and_si128(_mm_srli_epi16(p2, 2), _mm_setr_epi8(0, 0, 0, 0, 48, 48, 48, 48, 0, 0, 0, 0, 48, 48, 48, 48));
+    const __m128i sm = _mm_or_si128(low, top); /* sc 0..7, m 0..7 */
+    memcpy(&h, mt, 2);
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(h));
+    memcpy(&h, mt + 2, 2);
     const __m512 ndmin = _mm512_set1_ps(-_cvtsh_ss(h));
-    *O = _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(mn, mn))));
+    *S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))));
+    *O = _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))));
 }
 
 /* lane j: sum over its 16 values of q qx (exact int32), less 32 sx for Q6_K */

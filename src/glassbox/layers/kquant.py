@@ -2,11 +2,11 @@
 scales, repacked at load into the lane order kernels/cpu_kquant.c reads (its header has the layout).
 
 Per super-block, ``codes`` holds the unsigned codes (4, 5 or 6 bits) and ``meta`` the scales as the file
-has them, the 6-bit ones widened to a byte each: Q4_K/Q5_K 8 sub-block scales sc and mins m (uint8),
-float16 d and dmin; Q6_K 16 int8 sub-block scales and float16 d. W = d sc q - dmin m (Q4_K, Q5_K, per 32
-values) or d sc (q - 32) (Q6_K, per 16), with d sc and dmin m formed in float32 (exact), so ``dequantize``
-equals GGML's (gguf.quants.dequantize) bit for bit. Bits per weight: Q4_K 4.625 (the file 4.5), Q5_K
-5.625 (5.5), Q6_K 6.5625 (the file's). ``dequantize_reference`` is the same in PyTorch ops: the kernels'
+has them: Q4_K/Q5_K float16 d and dmin, then 8 sub-block scales sc and 8 mins m in 6 bits each (12 bytes);
+Q6_K 16 int8 sub-block scales and float16 d. W = d sc q - dmin m (Q4_K, Q5_K, per 32 values) or
+d sc (q - 32) (Q6_K, per 16), with d sc and dmin m formed in float32 (exact), so ``dequantize`` equals
+GGML's (gguf.quants.dequantize) bit for bit. The bytes per weight are the file's own (Q4_K 4.5 bits,
+Q5_K 5.5, Q6_K 6.5625). ``dequantize_reference`` is the same in PyTorch ops: the kernels'
 reference and fallback. The modules that run them are layers/block_linear.py's.
 """
 
@@ -24,7 +24,7 @@ KQUANT_TYPES = ("Q4_K", "Q5_K", "Q6_K")  # GGML types kept packed here
 _KIND = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
 _FILE_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # per super-block in GGUF
 CODE_BYTES = {4: 128, 5: 160, 6: 192}  # per super-block here (cpu_kquant.c's code_bytes)
-META_BYTES = {4: 20, 5: 20, 6: 18}
+META_BYTES = {4: 16, 5: 16, 6: 18}  # the GGML block's d, dmin and scales
 
 
 def _library() -> ctypes.CDLL | None:
@@ -78,13 +78,15 @@ class KQuantWeights:
         # byte i = 4 j + t of V_p holds value 16 j + 4 p + t
         q = v.view(n, nsb, 4, 16, 4).permute(0, 1, 3, 2, 4).reshape(n, -1)
         meta = self.meta.view(n, nsb, META_BYTES[self.kind])
-        d = meta[..., 16:18].contiguous().view(torch.float16).float()  # (n, nsb, 1)
         if self.kind == 6:
+            d = meta[..., 16:18].contiguous().view(torch.float16).float()  # (n, nsb, 1)
             s = d * meta[..., :16].view(torch.int8).float()
             return q - 32, s.reshape(n, -1), torch.zeros(n, nsb * 16)
-        dmin = meta[..., 18:20].contiguous().view(torch.float16).float()
-        s = (d * meta[..., :8].float()).repeat_interleave(2, dim=-1)
-        o = (-(dmin * meta[..., 8:16].float())).repeat_interleave(2, dim=-1)
+        d = meta[..., 0:2].contiguous().view(torch.float16).float()
+        dmin = meta[..., 2:4].contiguous().view(torch.float16).float()
+        sc, mn = _scale_min(meta[..., 4:16].int())
+        s = (d * sc.float()).repeat_interleave(2, dim=-1)
+        o = (-(dmin * mn.float())).repeat_interleave(2, dim=-1)
         return q, s.reshape(n, -1), o.reshape(n, -1)
 
     def dequantize_reference(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -115,14 +117,14 @@ class KQuantWeights:
         return picked.dequantize_reference(dtype)
 
 
-def _scale_min(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_K/Q5_K's 12 bytes of 6-bit scales and mins (..., 12) to (..., 8) each: sub-blocks 0-3 in the low
     6 bits of bytes 0-3 (scales) and 4-7 (mins); 4-7 in the nibbles of bytes 8-11 with their top 2 bits in
     the top bits of bytes 0-3 (scales) and 4-7 (mins)."""
     a, b, c = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
-    sc = np.concatenate([a & 63, (c & 15) | ((a >> 6) << 4)], axis=-1)
-    mn = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=-1)
-    return sc.astype(np.uint8), mn.astype(np.uint8)
+    sc = torch.cat([a & 63, (c & 15) | ((a >> 6) << 4)], dim=-1)
+    mn = torch.cat([b & 63, (c >> 4) | ((b >> 6) << 4)], dim=-1)
+    return sc, mn
 
 
 def _codes_in_order(ggml_type: str, blocks: np.ndarray) -> np.ndarray:
@@ -162,11 +164,7 @@ def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> KQuant
         for p in range(4):
             parts += [np.packbits((v[:, :, p] >> b) & 1, axis=-1, bitorder="little") for b in (4, 5)]
     codes = np.concatenate(parts, axis=-1).reshape(n, -1)
-    if kind == 6:
-        meta = np.concatenate([blocks[..., 192:208], blocks[..., 208:210]], axis=-1)
-    else:
-        sc, mn = _scale_min(blocks[..., 4:16])
-        meta = np.concatenate([sc, mn, blocks[..., 0:2], blocks[..., 2:4]], axis=-1)
+    meta = blocks[..., 192:210] if kind == 6 else blocks[..., 0:16]  # as stored
     return KQuantWeights(
         torch.from_numpy(np.ascontiguousarray(codes, dtype=np.uint8)),
         torch.from_numpy(np.ascontiguousarray(meta.reshape(n, -1), dtype=np.uint8)),
