@@ -63,7 +63,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         default=None,
         choices=["none", "int8", "int4"],
         help="int8/int4: weight-only, 32-value blocks (as GGUF Q8_0/Q4_0), CPU only; none: 16-bit weights "
-        "(a GGUF file dequantized at load); default: as stored (GGUF Q4_0/Q4_1/Q8_0 kept packed on the CPU)",
+        "(a GGUF file dequantized at load); default: as stored (GGUF Q4_0/Q4_1/Q8_0 and Q4_K/Q5_K/Q6_K kept "
+        "packed on the CPU)",
     )
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs or torch.compile")
     g.add_argument(
