@@ -114,7 +114,7 @@ class KQuantWeights:
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The dequantized rows ``ids`` (an embedding lookup), (len(ids), K) in ``dtype``."""
         picked = KQuantWeights(self.codes[ids], self.meta[ids], self.kind, self.in_features, self.label)
-        return picked.dequantize_reference(dtype)
+        return picked.dequantize(dtype)
 
 
 def _scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
