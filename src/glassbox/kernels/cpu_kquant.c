@@ -274,6 +274,7 @@ static void gemv_kq(const uint8_t *codes, const uint8_t *meta, int kind, const f
                     const int8_t *qx, const float *dx, const float *cx, const int32_t *sx, i64 M, void *out,
                     i64 out_stride, int out_dt, int threads, int generic) {
     const i64 crow = K / SB * code_bytes(kind), mrow = K / SB * meta_bytes(kind);
+    (void)generic; /* without AVX-512 VNNI every path is the plain one */
 #ifdef GB_VNNI
     if (!generic && M == 1 && N >= 16) { /* batch 1: rows in tiles of 16 */
         const i64 tiles = N / 16;
@@ -387,6 +388,7 @@ static void dequant_sb(const uint8_t *rec, const uint8_t *mt, int kind, void *ou
 void gb_dequant_kquant(const uint8_t *codes, const uint8_t *meta, int kind, i64 N, i64 K, void *out, int dt,
                        int threads, int generic) {
     const i64 nsb = K / SB, cb = code_bytes(kind), mb = meta_bytes(kind);
+    (void)generic;
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
     for (i64 n = 0; n < N; n++) {
         for (i64 sb = 0; sb < nsb; sb++) {
