@@ -147,6 +147,8 @@ def test_eos_stops_unless_ignored(llm: LLM) -> None:
         ([], SamplingParams(), "empty"),
         ([1, 2, 10**6], SamplingParams(), "outside the vocabulary"),
         ([-1], SamplingParams(), "outside the vocabulary"),
+        ("hi", SamplingParams(stop_token_ids=[10**6]), "stop_token_ids holds token ids outside"),
+        ("hi", SamplingParams(logit_bias={10**6: 1.0}), "logit_bias holds token ids outside"),
     ],
 )
 def test_infeasible_requests_fail_fast(
@@ -176,6 +178,9 @@ def test_request_bigger_than_the_cache_is_refused(tmp_path: Path) -> None:
         ({"min_p": 2}, "min_p"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"seed": 2**63}, "seed"),
+        ({"logit_bias": {5: 100.5}}, "logit_bias"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
     ],
 )
 def test_invalid_sampling_params_name_the_parameter(kwargs: dict, name: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -114,3 +115,27 @@ def test_seeded_rows_do_not_depend_on_batch_mates() -> None:
         batch = torch.stack([torch.randn(VOCAB), x, torch.randn(VOCAB)])
         mixed.append(sample_on_device(batch, mates, set(), shared).tokens[1].item())
     assert mixed == alone
+
+
+def test_logit_bias_shifts_only_the_rows_that_ask_in_one_call() -> None:
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, VOCAB, generator=gen) * 3
+    top = int(logits[2].argmax())
+    params = [
+        SamplingParams(temperature=0, logit_bias={7: 100.0}, logprobs=0),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0, logit_bias={top: -100.0, 3: 2.5}),
+        SamplingParams(temperature=0.8, top_k=3, logit_bias={11: 100.0}),  # before top-k: 11 makes the cut
+    ]
+    biased = logits.clone()
+    biased[0, 7] += 100.0
+    biased[2, top] -= 100.0
+    biased[2, 3] += 2.5
+    with _Ops() as ops:
+        out = sample_on_device(logits.clone(), _seqs(params), set(), torch.Generator().manual_seed(0))
+    results = out.results()
+    assert [r.token_id for r in results[:3]] == biased[:3].argmax(-1).tolist()
+    assert results[1].token_id == int(logits[1].argmax()) and results[3].token_id == 11
+    raw = logits[0].log_softmax(-1)[7].item()  # logprobs: the model's own distribution, before the bias
+    assert results[0].logprobs == {7: pytest.approx(raw, abs=1e-5)}
+    assert ops.names.count("index_put") == 1

@@ -14,7 +14,10 @@ import httpx
 import openai
 import pytest
 from test_server_harness import (  # noqa: F401  (fixtures)
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
     MODEL_NAME,
+    NUM_KV_BLOCKS,
     ServerProcess,
     metric_value,
     server_factory,
@@ -25,8 +28,6 @@ from test_server_harness import (  # noqa: F401  (fixtures)
 
 from glassbox.server.protocol import ChatCompletionResponse, CompletionResponse
 
-MAX_MODEL_LEN = 512
-MAX_NUM_SEQS = 4
 ANATOMY_KEYS = {
     "queue_s",
     "prefill_s",
@@ -42,23 +43,8 @@ ANATOMY_KEYS = {
 
 
 @pytest.fixture(scope="module")
-def server(
-    tiny_model: Path,  # noqa: F811
-    server_factory: list[ServerProcess],  # noqa: F811
-    tmp_path_factory: pytest.TempPathFactory,
-) -> ServerProcess:
-    s = start_server(
-        tiny_model,
-        tmp_path_factory.mktemp("logs"),
-        "--max-num-seqs",
-        str(MAX_NUM_SEQS),
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--num-kv-blocks",
-        "160",
-    )
-    server_factory.append(s)
-    return s
+def server(shared_server: ServerProcess) -> ServerProcess:
+    return shared_server  # (test_server_api.py uses it too)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +76,8 @@ def test_models_health_tokenize(client: openai.OpenAI, http: httpx.Client) -> No
     assert http.get(f"/v1/models/{MODEL_NAME}").json()["max_model_len"] == MAX_MODEL_LEN
     health = http.get("/health").json()
     assert (
-        health["status"] == "ok" and health["kv_cache_free_blocks"] == health["kv_cache_total_blocks"] == 160
+        health["status"] == "ok"
+        and health["kv_cache_free_blocks"] == health["kv_cache_total_blocks"] == NUM_KV_BLOCKS
     )
     ids = http.post("/tokenize", json={"prompt": "Hello world"}).json()
     assert ids["count"] == len(ids["tokens"]) > 0 and ids["max_model_len"] == MAX_MODEL_LEN
@@ -304,8 +291,8 @@ BAD: list[tuple[str, Any, int, str | None]] = [
     ("/v1/completions", {"prompt": "hi", "stop": ["ok", ""]}, 400, "stop"),
     ("/v1/completions", {"prompt": "hi", "stop_token_ids": [-1]}, 400, "stop_token_ids[0]"),
     ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty"),
-    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 10}}, 400, "logit_bias"),
-    ("/v1/completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": -101}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 0}, 400, "echo"),
     ("/v1/completions", {"prompt": "hi", "model": "no-such-model"}, 404, "model"),
     ("/v1/completions", "{not json", 400, None),
     ("/v1/completions", '{"prompt": "hi", "temperature": NaN}', 400, "temperature"),

@@ -97,6 +97,35 @@ def start_server(model_dir: Path, log_dir: Path, *flags: str, timeout: float = 1
     raise RuntimeError(f"server did not come up in {timeout} s:\n{server.log()}")
 
 
+# the server test_server.py and test_server_api.py share (conftest.py's session fixture: one start)
+MAX_MODEL_LEN = 512
+MAX_NUM_SEQS = 4
+NUM_KV_BLOCKS = 160
+STEP_BUDGET = 32  # --max-num-batched-tokens: a longer prompt is prefilled in chunks
+ORIGIN = "http://allowed.example"  # --allowed-origins
+
+
+def start_shared_server(log_dir: Path) -> ServerProcess:
+    """The server conftest.py's ``shared_server`` fixture starts once per session."""
+    from tiny_models import build_tiny_model
+
+    model = build_tiny_model("llama", log_dir.parent / "server-models")
+    return start_server(
+        model,
+        log_dir,
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--num-kv-blocks",
+        str(NUM_KV_BLOCKS),
+        "--max-num-batched-tokens",
+        str(STEP_BUDGET),
+        "--allowed-origins",
+        ORIGIN,
+    )
+
+
 @pytest.fixture(scope="module")
 def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
     """Servers started through this list are stopped (SIGTERM) when the module ends."""

@@ -69,6 +69,18 @@ def _config(arch: str, vocab: int, eos: int, **overrides: Any) -> Any:
         kw.setdefault("norm_topk_prob", True)
         kw.setdefault("tie_word_embeddings", True)
         return tf.Qwen3MoeConfig(**kw)
+    if arch == "gpt_oss":
+        # sliding (window 16, shorter than most prompts) / full layers; head_dim * heads != hidden; 8 experts,
+        # top-2, with a SwiGLU limit low enough that both clamps bite; YaRN with its ramp inside the head
+        kw.update(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, head_dim=24)
+        kw.setdefault("sliding_window", 16)
+        kw.setdefault("swiglu_limit", 1.0)
+        kw.setdefault(
+            "rope_parameters",
+            {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+             "original_max_position_embeddings": 256, "truncate": False},
+        )  # fmt: skip
+        return tf.GptOssConfig(**kw)
     if arch == "gemma3":
         # windows (40) shorter than most prompts; local and global layers with their own rope (global scaled);
         # head_dim * heads != hidden and an attention scale other than head_dim ** -0.5

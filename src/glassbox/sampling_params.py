@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from glassbox.structured_outputs import StructuredOutputs
+
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: a bias in [-100, 100] per token
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
@@ -31,6 +36,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs besides the chosen token
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = None  # a JSON schema, regex, choice or grammar to follow
+    # added to the token's logit before temperature, top-k/top-p/min-p and greedy's argmax (after penalties)
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -67,6 +75,24 @@ class SamplingParams:
             raise ValueError("stop must be a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be non-negative integers")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputs):
+                raise ValueError("structured_outputs must be a StructuredOutputs")
+            if self.min_tokens > 0:  # the grammar decides where the text ends
+                raise ValueError("min_tokens cannot be combined with structured outputs (a grammar)")
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or not INT64_MIN <= self.seed <= INT64_MAX
+        ):
+            raise ValueError(f"seed must be an integer in [-2^63, 2^63 - 1], got {self.seed!r}")
+        self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
+        for token, bias in (self.logit_bias or {}).items():
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not (isinstance(bias, (int, float)) and math.isfinite(bias) and abs(bias) <= MAX_LOGIT_BIAS):
+                raise ValueError(
+                    f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias!r} "
+                    f"for token {token}"
+                )
 
     @property
     def greedy(self) -> bool:

@@ -1,11 +1,11 @@
 """A checkpoint opened for the engine: its description, tokenizer and weights, from a Hugging Face
-directory (config.json, tokenizer files, safetensors; GPTQ and AWQ layers repacked into blocks) or a GGUF
-file (metadata, vocabulary, tensors: Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K kept in their
-blocks when the engine can run them so, the rest dequantized)."""
+directory (config.json, tokenizer files, safetensors; GPTQ and AWQ layers repacked into blocks, FP8 layers
+kept as stored) or a GGUF file (metadata, vocabulary, tensors: Q4_0, Q4_1, Q8_0 and the K-quants Q4_K,
+Q5_K, Q6_K kept in their blocks when the engine can run them so, the rest dequantized)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -13,8 +13,11 @@ import torch
 from glassbox.layers import kquant
 from glassbox.layers.block_linear import PackedWeights
 from glassbox.layers.block_quant import GGUF_TYPES, from_gguf
+from glassbox.layers.fp8_weights import Fp8Weights
 from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
 from glassbox.models.facts import ModelFacts
+from glassbox.models.fp8_checkpoint import read_fp8
+from glassbox.models.fp8_config import fp8_spec
 from glassbox.models.gguf_reader import GGUFCheckpoint, open_gguf
 from glassbox.models.gptq_awq import check_runs, read_group_quant
 from glassbox.models.loader import safetensors_tensors
@@ -35,20 +38,25 @@ class Checkpoint:
 
     def weights(
         self, keep_packed: bool, device: torch.device, dtype: torch.dtype
-    ) -> tuple[Tensors, Mapping[str, PackedWeights]]:
+    ) -> tuple[Tensors, dict[str, PackedWeights | Fp8Weights]]:
         """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
-        tensors of the packed types (layers/block_quant.py, layers/kquant.py) stay in their blocks; a GPTQ/AWQ checkpoint's
-        layers always do (ValueError off the CPU or in a dtype other than bf16/float32, or for settings
-        the loader cannot run); all else is float."""
+        tensors of the packed types (layers/block_quant.py, layers/kquant.py) stay in their blocks; a
+        GPTQ/AWQ checkpoint's layers always do (ValueError off the CPU or in a dtype other than bf16/float32, or for settings
+        the loader cannot run), and an FP8 checkpoint's stay 8-bit (any device and dtype); all else is
+        float."""
         if self.gguf is None:
             spec = group_quant(self.facts.quantization_config)
             if spec is not None:
                 check_runs(spec, device, dtype)
                 packed_layers, rest = read_group_quant(self.source.path, spec)
-                return rest, packed_layers
+                return rest, dict(packed_layers)
+            fp8 = fp8_spec(self.facts.quantization_config)
+            if fp8 is not None:
+                fp8_layers, rest = read_fp8(self.source.path, fp8)
+                return rest, dict(fp8_layers)
             return safetensors_tensors(self.source.path), {}
         gguf = self.gguf
-        packed: dict[str, PackedWeights] = {}
+        packed: dict[str, PackedWeights | Fp8Weights] = {}
         if keep_packed:
             for name, ggml_type, raw, shape in gguf.stored_tensors({*GGUF_TYPES, *kquant.KQUANT_TYPES}):
                 k_quant = ggml_type in kquant.KQUANT_TYPES

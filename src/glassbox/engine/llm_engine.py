@@ -21,6 +21,7 @@ from glassbox.engine.device import resolve_device
 from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence, merge_metrics
+from glassbox.engine.structured import GrammarCompiler
 from glassbox.engine.torch_executor import TorchExecutor
 from glassbox.models.facts import ModelFacts
 from glassbox.models.sources import resolve_model
@@ -50,7 +51,13 @@ class StepRecord:
 
 @dataclass
 class EngineCounters:
+    """Cumulative totals. ``prompt_tokens``: every prompt token of every sequence, counted once as its
+    prefill reaches it, whether computed (in any chunk) or served by the prefix cache (vLLM's
+    prompt_tokens_total); ``cached_prompt_tokens`` the latter part. Recomputation after a preemption adds
+    nothing. ``generation_tokens``: tokens sampled."""
+
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
     generation_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)
 
@@ -61,6 +68,7 @@ class _SeqState:
     detok: IncrementalDetokenizer
     stops: StopChecker
     text: str = ""
+    prompt_counted: int = 0  # prompt positions already in EngineCounters.prompt_tokens
 
 
 @dataclass
@@ -90,6 +98,7 @@ class LLMEngine:
         self.facts: ModelFacts = checkpoint.facts
         self.model_name = config.served_model_name or self.source.name
         self.tokenizer = checkpoint.tokenizer
+        self.grammars = GrammarCompiler(self.tokenizer, self.facts.vocab_size)  # structured outputs
         limit = self.facts.max_positions
         if config.max_model_len is not None and config.max_model_len > limit:
             raise ValueError(
@@ -160,13 +169,21 @@ class LLMEngine:
         if tokenize_s is None:
             tokenize_s = t1 - t0
         max_tokens = check_request(
-            ids, params.max_tokens, self.facts.vocab_size, self.max_model_len, self.kv_capacity_tokens
+            ids,
+            params.max_tokens,
+            self.facts.vocab_size,
+            self.max_model_len,
+            self.kv_capacity_tokens,
+            params=params,
         )
         if params.max_tokens is None:
             params = replace(params, max_tokens=max_tokens)
+        spec = params.structured_outputs  # a bad one raises GrammarError (ValueError) before anything is queued
         states = []
         for i in range(params.n):
             seq = Sequence(next(self._seq_ids), request_id, ids, params, i, arrival, tokenize_s)
+            if spec is not None:
+                seq.grammar = self.grammars.new_state(spec, len(ids), params.stop_token_ids)
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
             states.append(_SeqState(seq, detok, StopChecker(params.stop, params.include_stop_str_in_output)))
         self.requests[request_id] = _Request(request_id, text, ids, params, states)
@@ -227,16 +244,26 @@ class LLMEngine:
         step = self.core.step(overlap if self.async_output else None)
         if step is None:
             return self._flush(sink)
-        for s in step.batch.scheduled:  # prompt tokens computed (not cached, not recomputed)
-            if not s.is_decode and s.seq.metrics.preemptions == 0:
-                prompt_end = min(s.start + s.num_new_tokens, len(s.seq.prompt_token_ids))
-                self.counters.prompt_tokens += max(0, prompt_end - s.start)
+        for s in step.batch.scheduled:
+            if not s.is_decode:
+                self._count_prompt(s.seq, s.start, s.start + s.num_new_tokens)
         self.counters.generation_tokens += len(step.appended)
         self._deferred.extend(step.appended)
         if not self.async_output:
             outputs = self._flush(sink)
         self._record(step, t0, time.perf_counter())
         return outputs
+
+    def _count_prompt(self, seq: Sequence, start: int, end: int) -> None:
+        """Count the prompt positions up to ``end`` not counted yet: those before ``start`` the prefix
+        cache served (at a sequence's first schedule), the rest this step computes."""
+        req = self.requests.get(seq.request_id)  # (gone if the overlapped text work just finished it)
+        st = req.states[seq.index] if req is not None else None
+        end = min(end, len(seq.prompt_token_ids))
+        if st is not None and end > st.prompt_counted:
+            self.counters.cached_prompt_tokens += max(0, min(start, end) - st.prompt_counted)
+            self.counters.prompt_tokens += end - st.prompt_counted
+            st.prompt_counted = end
 
     def _flush(self, sink: Callable[[list[RequestOutput]], None] | None = None) -> list[RequestOutput]:
         """Do the deferred text work; the outputs of the requests it moved (finished ones leave)."""

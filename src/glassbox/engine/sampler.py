@@ -1,5 +1,5 @@
-"""Sampler: penalties, temperature, top-k/top-p/min-p, one batched draw (per-request generators for
-seeded requests), logprobs.
+"""Sampler: penalties, logit_bias, temperature, top-k/top-p/min-p, one batched draw (per-request generators
+for seeded requests), logprobs.
 
 On CUDA nothing here waits for the device: host values travel through pinned non-blocking copies (a
 plain ``torch.tensor(..., device="cuda")`` synchronizes the stream) until the caller reads the draws.
@@ -12,10 +12,13 @@ from dataclasses import dataclass
 import torch
 
 from glassbox.engine.sequence import Sequence
+from glassbox.engine.structured import mask_logits
 from glassbox.layers.host import to_device
 from glassbox.outputs import SampleResult
 
 __all__ = ["SampledBatch", "make_generator", "sample_on_device", "to_device"]
+
+MIN_LOGPROB = -9999.0  # what a top logprob of -inf (a token the grammar forbids) is reported as
 
 
 def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence], vocab: int) -> None:
@@ -51,6 +54,23 @@ def _suppress_stops(logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int
             ]
             if banned:
                 logits[row, to_device(banned, torch.long, logits.device)] = float("-inf")
+
+
+def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """In place: every (row, token, bias) of the rows that ask, added in one indexed call."""
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for row, seq in enumerate(seqs):
+        for token, bias in (seq.sampling_params.logit_bias or {}).items():
+            if token < logits.shape[1]:  # the vocabulary is checked at the door (engine/request_check.py)
+                rows.append(row)
+                cols.append(token)
+                vals.append(bias)
+    if rows:
+        dev = logits.device
+        index = (to_device(rows, torch.long, dev), to_device(cols, torch.long, dev))
+        logits.index_put_(index, to_device(vals, logits.dtype, dev), accumulate=True)
 
 
 def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -135,8 +155,8 @@ class SampledBatch:
             for j, i in enumerate(self.lp_rows):
                 n = self.want_logprobs[i] or 0
                 lp: dict[int, float] = {}
-                if n > 0 and vals is not None and ids is not None:
-                    lp = dict(zip(ids[j][:n], vals[j][:n], strict=True))
+                if n > 0 and vals is not None and ids is not None:  # -inf (a masked token): vLLM's floor
+                    lp = {t: max(v, MIN_LOGPROB) for t, v in zip(ids[j][:n], vals[j][:n], strict=True)}
                 lp[tokens[i]] = chosen[j]
                 lps[i] = lp
         return [SampleResult(t, lp) for t, lp in zip(tokens, lps, strict=True)]
@@ -147,11 +167,17 @@ def sample_on_device(
 ) -> SampledBatch:
     """Draw one token per row of ``logits`` (S, V) float32 without waiting for the device.
 
-    ``logits`` is the caller's fresh tensor and is adjusted in place (penalties, min_tokens); logprobs are
-    taken from it before any adjustment. Greedy rows take the argmax; the others race exponential noise,
+    ``logits`` is the caller's fresh tensor and is adjusted in place (grammar masks, penalties, logit_bias,
+    min_tokens); logprobs are taken from it after the grammar masks (as vLLM's default raw logprobs, which it
+    takes after its bitmask) and before any other adjustment. Greedy rows take the argmax; the others race
+    exponential noise,
     drawn for all of them at once from the engine's ``generator``, except that a request with a seed
     draws its rows from its own generator: its tokens do not depend on what else shares its batch."""
     dev = logits.device
+    grammar_rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
+    if grammar_rows:  # structured outputs: first, so that logprobs and every filter see the mask
+        states = [s.grammar for s in seqs if s.grammar is not None]
+        mask_logits(logits, grammar_rows, states, [seqs[i].token_ids for i in grammar_rows])
     want_logprobs = [s.sampling_params.logprobs for s in seqs]
     lp_rows = [i for i, n in enumerate(want_logprobs) if n is not None]
     lp_idx = to_device(lp_rows, torch.long, dev) if 0 < len(lp_rows) < len(seqs) else None
@@ -165,6 +191,8 @@ def sample_on_device(
         for s in seqs
     ):
         _apply_penalties(logits, seqs, logits.shape[1])
+    if any(s.sampling_params.logit_bias for s in seqs):
+        _apply_logit_bias(logits, seqs)
     if any(s.num_output_tokens < s.sampling_params.min_tokens for s in seqs):
         _suppress_stops(logits, seqs, eos_ids)
     random_rows = [i for i, s in enumerate(seqs) if not s.sampling_params.greedy]

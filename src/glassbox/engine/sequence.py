@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from glassbox.engine.structured import GrammarState
     from glassbox.sampling_params import SamplingParams
 
 
@@ -131,6 +132,7 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if sampling_params.logprobs is not None else None
         self.generator: torch.Generator | None = None
+        self.grammar: GrammarState | None = None  # structured outputs: this sequence's matcher
         now = time.perf_counter() if arrival_time is None else arrival_time
         self.metrics = RequestMetrics(
             arrival_time=now, prompt_tokens=len(prompt_token_ids), tokenize_s=tokenize_s

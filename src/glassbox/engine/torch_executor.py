@@ -22,6 +22,7 @@ from glassbox.dtypes import kv_element_bytes
 from glassbox.engine.checkpoint import Checkpoint
 from glassbox.engine.device import (
     available_ram_bytes,
+    check_model_on_device,
     describe_cuda,
     keep_large_allocations_in_heap,
     kv_budget,
@@ -83,6 +84,7 @@ class TorchExecutor:
         self.facts = facts
         self.model_config = model_config = ModelConfig.from_facts(facts)
         self.device = resolve_device(config.device)
+        check_model_on_device(model_config, self.device)
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
         self.kv_dtype = (
             self.dtype if config.kv_cache_dtype == "auto" else KV_TORCH_DTYPES[config.kv_cache_dtype]

@@ -77,11 +77,13 @@ static inline float exp_f(float x) {
 
 
 /* Paged decode attention's online softmax (cpu_kernels.c, cpu_kv8.c), per query head j of hq: running max
- * m, sum of exps l and unnormalized output acc (d floats). */
-static inline __attribute__((always_inline)) void start_heads(i64 hq, i64 d, float acc[hq][d], float *m, float *l) {
+ * m, sum of exps l and unnormalized output acc (d floats). With sinks (hq logits, gpt-oss), each head starts
+ * as if it had seen one key of score sinks[j] and a zero value: the sink joins the denominator only. */
+static inline __attribute__((always_inline)) void start_heads(i64 hq, i64 d, float acc[hq][d], float *m, float *l,
+                                                              const float *sinks) {
     for (i64 j = 0; j < hq; j++) {
-        m[j] = -INFINITY;
-        l[j] = 0.0f;
+        m[j] = sinks ? sinks[j] : -INFINITY;
+        l[j] = sinks ? 1.0f : 0.0f;
         memset(acc[j], 0, sizeof(float) * (size_t)d);
     }
 }

@@ -147,18 +147,18 @@ static inline float score(const void *q, const void *k, i64 d, int dt) {
 }
 
 /* Attention of sequence sq's query heads over its positions [t0, t1), a block at a time, every head of a
- * token together (contiguous in the cache); online softmax in float32. GQA: kv head h serves query heads
- * h * g .. h * g + g - 1. With part == NULL the result is normalized and stored in out; otherwise each
+ * token together (contiguous in the cache); online softmax in float32, started from the sinks where given
+ * (start_heads). GQA: kv head h serves query heads h * g .. h * g + g - 1. With part == NULL the result is normalized and stored in out; otherwise each
  * query head's partial state (running max, sum of exps, unnormalized sum: d + 2 floats) goes to part.
  * (Software prefetch of the next block was tried and slowed it: the hardware prefetcher follows these
  * block-long contiguous reads by itself.) */
 static inline __attribute__((always_inline)) void attend(const void *qkv, i64 q_stride, const void *k_cache,
                                                          const void *v_cache, const i64 *table, i64 t0, i64 t1,
                                                          i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale,
-                                                         void *out, float *part, int dt) {
+                                                         const float *sinks, void *out, float *part, int dt) {
     const i64 g = hq / hk;
     float acc[hq][d], sc[hq][bs], m[hq], l[hq], vf[d];
-    start_heads(hq, d, acc, m, l);
+    start_heads(hq, d, acc, m, l, sinks);
     const void *q0 = cat_(qkv, sq * q_stride, dt);
     for (i64 b = t0 / bs; b * bs < t1; b++) {
         const i64 blk = table[b];
@@ -186,27 +186,28 @@ static inline __attribute__((always_inline)) void attend(const void *qkv, i64 q_
  * sums in registers: a quarter faster) and once for any other size and dtype. */
 static void attend_any(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache,
                        const i64 *table, i64 t0, i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale,
-                       void *out, float *part, int dt, int kv8) {
+                       const float *sinks, void *out, float *part, int dt, int kv8) {
     (void)kv8; /* the signature of kv8_attend, so that decode picks either */
     if (dt == 1 && d == 128)
-        attend(qkv, q_stride, k_cache, v_cache, table, t0, t1, sq, hq, hk, 128, bs, scale, out, part, 1);
+        attend(qkv, q_stride, k_cache, v_cache, table, t0, t1, sq, hq, hk, 128, bs, scale, sinks, out, part, 1);
     else if (dt == 1 && d == 64)
-        attend(qkv, q_stride, k_cache, v_cache, table, t0, t1, sq, hq, hk, 64, bs, scale, out, part, 1);
+        attend(qkv, q_stride, k_cache, v_cache, table, t0, t1, sq, hq, hk, 64, bs, scale, sinks, out, part, 1);
     else
-        attend(qkv, q_stride, k_cache, v_cache, table, t0, t1, sq, hq, hk, d, bs, scale, out, part, dt);
+        attend(qkv, q_stride, k_cache, v_cache, table, t0, t1, sq, hq, hk, d, bs, scale, sinks, out, part, dt);
 }
 
 /* Decode attention, one query token per sequence, reading K/V through the block tables.
  * q rows at qkv + s * q_stride (hq * d values); caches (num_blocks * bs, hk, d); block_tables (nd,
- * max_blocks); out (nd, hq * d). window > 0 keeps only the last `window` positions. With enough sequences
- * each thread takes whole sequences; with fewer, each sequence's positions are split into block-aligned
- * parts (at least two per thread) whose partial softmax states are merged at the end. */
+ * max_blocks); out (nd, hq * d). window > 0 keeps only the last `window` positions. sinks: NULL, or hq float32
+ * logits that join each head's softmax denominator (gpt-oss). With enough sequences each thread takes whole
+ * sequences; with fewer, each sequence's positions are split into block-aligned parts (at least two per
+ * thread) whose partial softmax states are merged at the end (the sinks counted in the first part only). */
 void gb_decode_attention(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache,
                          const i64 *block_tables, i64 max_blocks, const i64 *context_lens, i64 nd, i64 hq,
-                         i64 hk, i64 d, i64 bs, float scale, i64 window, void *out, int dt, int kv8,
-                         int threads) {
+                         i64 hk, i64 d, i64 bs, float scale, i64 window, const float *sinks, void *out, int dt,
+                         int kv8, int threads) {
     void (*attend_fn)(const void *, i64, const void *, const void *, const i64 *, i64, i64, i64, i64, i64, i64,
-                      i64, float, void *, float *, int, int) = kv8 ? kv8_attend : attend_any;
+                      i64, float, const float *, void *, float *, int, int) = kv8 ? kv8_attend : attend_any;
     const i64 parts = nd >= 2 * threads ? 1 : (2 * threads + nd - 1) / nd;
     float *scratch = parts > 1 ? (float *)malloc(sizeof(float) * (size_t)(nd * parts * hq * (d + 2))) : NULL;
     const i64 split = scratch ? parts : 1; /* out of memory: whole sequences */
@@ -216,15 +217,15 @@ void gb_decode_attention(const void *qkv, i64 q_stride, const void *k_cache, con
         const i64 start = (window > 0 && len > window) ? len - window : 0;
         const i64 *table = block_tables + sq * max_blocks;
         if (split == 1) {
-            attend_fn(qkv, q_stride, k_cache, v_cache, table, start, len, sq, hq, hk, d, bs, scale, out, NULL, dt,
-                      kv8);
+            attend_fn(qkv, q_stride, k_cache, v_cache, table, start, len, sq, hq, hk, d, bs, scale, sinks, out, NULL,
+                      dt, kv8);
             continue;
         }
         const i64 first = start / bs * bs, nblk = (len - first + bs - 1) / bs;
         const i64 chunk = (nblk + split - 1) / split * bs;
         const i64 a = first + pt * chunk, b = first + (pt + 1) * chunk;
         attend_fn(qkv, q_stride, k_cache, v_cache, table, a > start ? a : start, b < len ? b : len, sq, hq, hk,
-                  d, bs, scale, NULL, scratch + (sq * split + pt) * hq * (d + 2), dt, kv8);
+                  d, bs, scale, pt == 0 ? sinks : NULL, NULL, scratch + (sq * split + pt) * hq * (d + 2), dt, kv8);
     }
     if (split == 1) return;
 #pragma omp parallel for schedule(static) num_threads(threads) if (nd * hq * d >= (1 << 15))

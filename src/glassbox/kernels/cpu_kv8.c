@@ -104,10 +104,11 @@ static inline float load_codes(const uint8_t *row, float *dst, i64 d, int kind) 
 static inline __attribute__((always_inline)) void attend8(const void *qkv, i64 q_stride, const uint8_t *kc,
                                                           const uint8_t *vc, const i64 *table, i64 t0, i64 t1,
                                                           i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale,
-                                                          void *out, float *part, int dt, int kind) {
+                                                          const float *sinks, void *out, float *part, int dt,
+                                                          int kind) {
     const i64 g = hq / hk, rb = d + KV8_SCALE_BYTES;
     float acc[hq][d], qf[hq][d], sc[hq][bs], m[hq], l[hq], row[d];
-    start_heads(hq, d, acc, m, l);
+    start_heads(hq, d, acc, m, l, sinks);
     for (i64 j = 0; j < hq; j++) load_row(cat_(qkv, sq * q_stride + j * d, dt), qf[j], d, dt);
     for (i64 b = t0 / bs; b * bs < t1; b++) {
         const i64 blk = table[b];
@@ -132,13 +133,13 @@ static inline __attribute__((always_inline)) void attend8(const void *qkv, i64 q
 }
 
 void kv8_attend(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache, const i64 *table, i64 t0,
-                i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale, void *out, float *part, int dt,
-                int kind) {
+                i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale, const float *sinks, void *out,
+                float *part, int dt, int kind) {
     const uint8_t *kc = (const uint8_t *)k_cache, *vc = (const uint8_t *)v_cache;
     if (d == 64)
-        attend8(qkv, q_stride, kc, vc, table, t0, t1, sq, hq, hk, 64, bs, scale, out, part, dt, kind);
+        attend8(qkv, q_stride, kc, vc, table, t0, t1, sq, hq, hk, 64, bs, scale, sinks, out, part, dt, kind);
     else if (d == 128)
-        attend8(qkv, q_stride, kc, vc, table, t0, t1, sq, hq, hk, 128, bs, scale, out, part, dt, kind);
+        attend8(qkv, q_stride, kc, vc, table, t0, t1, sq, hq, hk, 128, bs, scale, sinks, out, part, dt, kind);
     else
-        attend8(qkv, q_stride, kc, vc, table, t0, t1, sq, hq, hk, d, bs, scale, out, part, dt, kind);
+        attend8(qkv, q_stride, kc, vc, table, t0, t1, sq, hq, hk, d, bs, scale, sinks, out, part, dt, kind);
 }

@@ -12,5 +12,6 @@ void kv8_store_row(uint8_t *dst, const float *x, i64 d, int kind);
 
 /* cpu_kernels.c's attend over an 8-bit cache (same arguments; caches of (slots, hk, d + 4) bytes). */
 void kv8_attend(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache, const i64 *table, i64 t0,
-                i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale, void *out, float *part, int dt, int kind);
+                i64 t1, i64 sq, i64 hq, i64 hk, i64 d, i64 bs, float scale, const float *sinks, void *out,
+                float *part, int dt, int kind);
 #endif

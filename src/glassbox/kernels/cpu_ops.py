@@ -83,7 +83,8 @@ class PagedAttention:
 
     ``rope_store``: rows [q | k | v] of a fused qkv projection get q/k RMSNorm (when given) and rotary
     in place, and k/v are written to their cache slots. ``decode``: one query row per sequence attends
-    over its blocks, read through the block table.
+    over its blocks, read through the block table. ``sinks``: a logit per query head that joins each
+    softmax's denominator (gpt-oss), kept in float32.
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class PagedAttention:
         eps: float,
         scale: float,
         sliding_window: int | None,
+        sinks: torch.Tensor | None = None,  # (num_heads,)
     ) -> None:
         _, nb, bs, hk, w = kv_cache.shape
         dtype = tables[0].dtype  # the model's: q/k/v rows, rotary tables, norms
@@ -129,6 +131,8 @@ class PagedAttention:
         self.qn = None if q_norm is None else _static(q_norm, dtype, (d,))
         self.kn = None if k_norm is None else _static(k_norm, dtype, (d,))
         self.eps, self.scale, self.window = eps, scale, sliding_window or 0
+        self.sinks = None if sinks is None else sinks.detach().float().contiguous()
+        self.sinks_ptr = None if self.sinks is None else _static(self.sinks, torch.float32, (num_heads,))
         kernels = lib()
         self.rope_fn, self.decode_fn = kernels.gb_qkv_rope_store, kernels.gb_decode_attention
 
@@ -159,8 +163,8 @@ class PagedAttention:
             raise ValueError("decode rows, block tables and context lengths disagree")
         self.decode_fn(
             qp, self.width, self.k_ptr, self.v_ptr, block_tables.data_ptr(), max_blocks,
-            context_lens.data_ptr(), nd, self.hq, self.hk, self.d, self.bs, self.scale, self.window, op,
-            self.dt, self.kv8, torch.get_num_threads(),
+            context_lens.data_ptr(), nd, self.hq, self.hk, self.d, self.bs, self.scale, self.window,
+            self.sinks_ptr, op, self.dt, self.kv8, torch.get_num_threads(),
         )  # fmt: skip
 
 

@@ -40,6 +40,7 @@ def prefill_attention_bf16(
     scale: float,
     sliding_window: int | None,
     out: torch.Tensor,  # (T, Hq, D): each prefill's rows written
+    sinks: torch.Tensor | None = None,  # (Hq,) attention sinks (gpt-oss)
 ) -> None:
     """Causal attention of each prefill chunk over its cached prefix and itself."""
     if q.dtype != torch.bfloat16 or kv_cache.dtype not in (torch.bfloat16, *KV8_DTYPES):
@@ -51,6 +52,10 @@ def prefill_attention_bf16(
     kernels = lib()
     softmax, offsets = kernels.gb_prefill_softmax_bf16, kernels.gb_prefill_row_offsets_bf16
     threads = torch.get_num_threads()
+    sinks32 = None if sinks is None else sinks.detach().float().contiguous()
+    if sinks32 is not None and sinks32.shape != (hq,):
+        raise ValueError(f"sinks of shape {tuple(sinks32.shape)} for {hq} query heads")
+    sinks_ptr = None if sinks32 is None else sinks32.data_ptr()
     for p in prefills:
         total = p.start + p.q_len
         if p.start == 0 and fresh_ok:
@@ -79,6 +84,9 @@ def prefill_attention_bf16(
                 rough.data_ptr(), hk * g * m, m, cols, q0, window, qt[:, :, d].data_ptr(), d + PAD, threads
             )
             scores = torch.bmm(qt, kt[:, :, lo:end])  # s - max: exact near the maximum
-            softmax(scores.data_ptr(), hk * g * m, m, cols, q0, window, scale, threads)
+            softmax(
+                scores.data_ptr(), hk * g * m, m, cols, q0, window, scale, sinks_ptr,
+                qt[:, :, d].data_ptr(), d + PAD, threads,
+            )  # fmt: skip
             o = torch.bmm(scores, vh[:, lo:end])  # (Hk, g m, D)
             out[rows] = o.view(hk, g, m, d).permute(2, 0, 1, 3).reshape(m, hq, d)

@@ -43,9 +43,11 @@ void gb_prefill_row_offsets_bf16(const uint16_t *s, i64 rows, i64 m, i64 cols, i
 
 /* Prefill attention's masked softmax, in place over a tile's bf16 scores (groups, m, cols): each row's
  * visible columns (see visible()) become p = exp((s - max) * scale) / sum, in float32 stored as bf16,
- * and the rest of the row 0. */
+ * and the rest of the row 0. With sinks (one float32 logit per query head, row r's head r / m: gpt-oss)
+ * each head's sink joins its rows' sums; the scores there are s + offset (offsets[r * stride], the
+ * -max column of gb_prefill_row_offsets_bf16), so the sink is measured against (max - offset) * scale. */
 void gb_prefill_softmax_bf16(uint16_t *s, i64 rows, i64 m, i64 cols, i64 q0, i64 window, float scale,
-                             int threads) {
+                             const float *sinks, const uint16_t *offsets, i64 stride, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * cols >= (1 << 15))
     for (i64 r = 0; r < rows; r++) {
         uint16_t *row = s + r * cols;
@@ -59,10 +61,15 @@ void gb_prefill_softmax_bf16(uint16_t *s, i64 rows, i64 m, i64 cols, i64 q0, i64
         uint16_t *x = row + lo;
         float e[n];
         const float mx = row_max_bf16(x, n);
-        float sum = 0.0f;
+        float shift = 0.0f, sum = 0.0f; /* shift: how far a sink above every score lowers the exps */
+        if (sinks) {
+            const float rel = sinks[r / m] - (mx - bf2f(offsets[r * stride])) * scale;
+            shift = rel > 0.0f ? rel : 0.0f;
+            sum = exp_f(rel - shift);
+        }
 #pragma omp simd reduction(+ : sum)
         for (i64 j = 0; j < n; j++) {
-            e[j] = exp_f((bf2f(x[j]) - mx) * scale);
+            e[j] = exp_f((bf2f(x[j]) - mx) * scale - shift);
             sum += e[j];
         }
         const float inv = 1.0f / sum;

@@ -22,9 +22,21 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_C_FILES = ("cpu_kernels.c", "cpu_softmax.c", "cpu_kv8.c", "cpu_quant.c", "cpu_dequant.c", "cpu_kquant.c")
+_C_FILES = (
+    "cpu_kernels.c",
+    "cpu_softmax.c",
+    "cpu_kv8.c",
+    "cpu_quant.c",
+    "cpu_dequant.c",
+    "cpu_step.c",
+    "cpu_fp8.c",
+    "cpu_kquant.c",
+    "cpu_kquant_dequant.c",
+)
 SOURCES = [Path(__file__).with_name(name) for name in _C_FILES]
-HEADERS = [Path(__file__).with_name(name) for name in ("cpu_common.h", "cpu_kv8.h", "cpu_quant.h")]
+HEADERS = [
+    Path(__file__).with_name(name) for name in ("cpu_common.h", "cpu_kv8.h", "cpu_quant.h", "cpu_kquant.h")
+]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 KV8_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}  # an 8-bit KV cache (cpu_kv8.c); 0: the dtype's own
@@ -39,8 +51,8 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_add_rms_norm": [_P, _P, _P, _P, _I, _I, _F, _C, _C],
     "gb_silu_mul": [_P, _P, _I, _I, _C, _C],
     "gb_qkv_rope_store": [_P, _I, _I, _I, _I, _I, _P, _P, _F, _P, _P, _I, _P, _P, _P, _P, _C, _C, _C],
-    "gb_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _C, _C, _C],
-    "gb_prefill_softmax_bf16": [_P, _I, _I, _I, _I, _I, _F, _C],
+    "gb_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _P, _C, _C, _C],
+    "gb_prefill_softmax_bf16": [_P, _I, _I, _I, _I, _I, _F, _P, _P, _I, _C],
     "gb_prefill_row_offsets_bf16": [_P, _I, _I, _I, _I, _I, _P, _I, _C],
     # cpu_quant.c: weights in 32-value blocks of 4 or 8 bits
     "gb_quantize_rows_q8": [_P, _I, _I, _I, _P, _P, _P, _C, _C],
@@ -49,6 +61,12 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_gemv_blocks_generic": [_P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
     "gb_dequant_blocks": [_P, _P, _P, _P, _F, _I, _I, _I, _C, _P, _C, _C],
     "gb_linear_blocks": [_P, _I, _I, _P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _C, _C],
+    # cpu_step.c: a decode step of a block-weight layer stack (structures built by models/llama_step.py)
+    "gb_decode_step": [_P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _C],
+    # cpu_fp8.c: FP8 (E4M3) weights with float32 block scales
+    "gb_fp8_gemv": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _C, _C],
+    "gb_fp8_gemv_generic": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _C, _C],
+    "gb_fp8_dequant": [_P, _P, _I, _I, _I, _I, _I, _I, _P, _C, _C],
     # cpu_kquant.c: GGUF K-quants (weight arguments: codes, meta, kind)
     "gb_quantize_rows_kq": [_P, _I, _I, _P, _P, _P, _P, _C, _C],
     "gb_gemv_kquant": [_P, _P, _C, _P, _I, _I, _P, _P, _P, _P, _I, _P, _I, _C, _C, _C],

@@ -4,6 +4,10 @@ Two backends: "torch" (the reference, torch SDPA over the live blocks; CPU and C
 (CUDA kernels in kernels/triton_attention.py that read the block tables directly; imported lazily).
 An 8-bit cache (layers/kv_quant.py) is dequantized where the torch backend reads it; the triton kernels
 read its codes and scales in place.
+
+Attention sinks (gpt-oss): a learned logit per query head joins each row's softmax denominator and
+contributes no value, p_j = exp(s_j) / (exp(sink) + sum_i exp(s_i)). The torch backend takes them (an
+extra score column, as transformers' eager attention); the triton kernels do not yet.
 """
 
 from __future__ import annotations
@@ -117,6 +121,7 @@ def _decode_attention(
     context_lens: torch.Tensor,  # (nd,)
     scale: float,
     sliding_window: int | None,
+    sinks: torch.Tensor | None = None,  # (Hq,)
 ) -> torch.Tensor:  # (nd, Hq, D)
     """Decode attention over each sequence's live blocks with plain batched matmuls.
 
@@ -145,7 +150,12 @@ def _decode_attention(
     if sliding_window is not None:
         mask &= pos[None, :] >= lens - sliding_window
     scores.masked_fill_(~mask[:, None, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1).to(vc.dtype).view(nd * hk, g, L)
+    if sinks is not None:
+        column = sinks.float().view(1, hk, g, 1).expand(nd, hk, g, 1)
+        probs = torch.cat([scores, column], dim=-1).softmax(dim=-1)[..., :L]
+    else:
+        probs = scores.softmax(dim=-1)
+    probs = probs.to(vc.dtype).reshape(nd * hk, g, L)
     o = torch.bmm(probs, vc)  # (nd * Hk, G, D)
     return o.reshape(nd, hq, d).to(q.dtype)
 
@@ -158,17 +168,20 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None,
+    sinks: torch.Tensor | None = None,  # (Hq,) attention sinks (gpt-oss), or None
 ) -> torch.Tensor:  # (T, Hq, D)
     if meta.backend == "triton":
+        if sinks is not None:
+            raise NotImplementedError("the triton attention kernels have no attention sinks (gpt-oss) yet")
         return _triton_paged_attention(q, kv_cache, meta, scale, sliding_window)
     out = torch.empty_like(q)
     nd = meta.num_decode
     if nd:
         assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
         out[:nd] = _decode_attention(
-            q[:nd], kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, sliding_window
+            q[:nd], kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, sliding_window, sinks
         )
-    prefill_attention(q, k, v, kv_cache, meta.prefills, scale, sliding_window, out)
+    prefill_attention(q, k, v, kv_cache, meta.prefills, scale, sliding_window, out, sinks)
     return out
 
 
@@ -181,10 +194,12 @@ def prefill_attention(
     scale: float,
     sliding_window: int | None,
     out: torch.Tensor,  # (T, Hq, D): each prefill's rows written
+    sinks: torch.Tensor | None = None,  # (Hq,)
 ) -> None:
-    """Causal attention of each prefill chunk over its cached prefix and itself (PyTorch SDPA). An 8-bit
-    cache is read back for the chunk's own keys too, so that a prompt's answer does not depend on how it
-    was chunked or whether its prefix was cached."""
+    """Causal attention of each prefill chunk over its cached prefix and itself (PyTorch SDPA; with sinks,
+    the explicit softmax of :func:`attention_with_sinks`). An 8-bit cache is read back for the chunk's own
+    keys too, so that a prompt's answer does not depend on how it was chunked or whether its prefix was
+    cached."""
     gqa = q.shape[1] != k.shape[1]
     fresh_ok = not kv_quant.is_8bit(kv_cache)
     for p in prefills:
@@ -198,7 +213,7 @@ def prefill_attention(
             vs = gather_tokens(kv_cache[1], p.block_table, total, q.dtype)
         ks = ks.transpose(0, 1).unsqueeze(0).to(qs.dtype)  # (1, Hk, total, D)
         vs = vs.transpose(0, 1).unsqueeze(0).to(qs.dtype)
-        if p.start == 0 and sliding_window is None:
+        if p.start == 0 and sliding_window is None and sinks is None:
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
             qpos = torch.arange(p.start, total, device=q.device)[:, None]
@@ -206,8 +221,34 @@ def prefill_attention(
             mask = kpos <= qpos
             if sliding_window is not None:
                 mask &= kpos > qpos - sliding_window
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=gqa)
+            if sinks is not None:
+                o = attention_with_sinks(qs, ks, vs, mask, scale, sinks)
+            else:
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[rows] = o[0].transpose(0, 1)
+
+
+def attention_with_sinks(
+    q: torch.Tensor,  # (B, Hq, n, D)
+    k: torch.Tensor,  # (B, Hk, L, D)
+    v: torch.Tensor,  # (B, Hk, L, D)
+    mask: torch.Tensor,  # (n, L) bool: True where a query sees a key
+    scale: float,
+    sinks: torch.Tensor,  # (Hq,)
+) -> torch.Tensor:  # (B, Hq, n, D)
+    """Attention whose softmax has each head's sink logit as one more column (dropped after), in the order
+    of transformers' eager gpt-oss attention: scores, mask, the sink column, the row max off, softmax (in
+    float32). GQA without copies: each kv head's g query heads as one batch of g n rows."""
+    b, hq, n, d = q.shape
+    hk = k.shape[1]
+    qg = q.reshape(b, hk, hq // hk, n, d)
+    scores = torch.matmul(qg, k.unsqueeze(2).transpose(3, 4)).float() * scale  # (B, Hk, g, n, L)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    column = sinks.float().view(1, hk, hq // hk, 1, 1).expand(*scores.shape[:-1], 1)
+    logits = torch.cat([scores, column], dim=-1)
+    logits = logits - logits.max(dim=-1, keepdim=True).values
+    probs = logits.softmax(dim=-1)[..., :-1]
+    return torch.matmul(probs.to(v.dtype), v.unsqueeze(2)).view(b, hq, n, d)
 
 
 def _triton_paged_attention(

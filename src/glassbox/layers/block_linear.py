@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,18 @@ def block_kernel_rows(use_kernel: bool) -> Iterator[None]:
         _STEP_KERNEL.reset(token)
 
 
+def step_kernel_choice() -> bool | None:
+    """This step's choice (``block_kernel_rows``): True for a decode-only step, False for one with prompt
+    rows, None outside an engine step."""
+    return _STEP_KERNEL.get()
+
+
+def kernel_chosen(rows: int) -> bool:
+    """Whether ``rows`` rows of a block linear run the int8 kernel here (the step's choice, else the count)."""
+    step = step_kernel_choice()
+    return rows <= KERNEL_ROWS if step is None else step
+
+
 def _register(module: nn.Module, w: PackedWeights) -> None:
     """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold."""
     module.register_buffer("codes", w.codes, persistent=False)
@@ -53,12 +65,29 @@ def _register(module: nn.Module, w: PackedWeights) -> None:
             module.register_buffer(name, getattr(w, name), persistent=False)
 
 
-def block_weights(model: nn.Module) -> list[PackedWeights]:
-    """Every distinct BlockWeights or KQuantWeights of a model (a tied table counted once)."""
-    seen: dict[int, PackedWeights] = {}
+class KeptWeights(Protocol):
+    """What the engine reads of weights kept in a format of their own (BlockWeights, KQuantWeights, FP8
+    weights)."""
+
+    label: str
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def out_features(self) -> int: ...
+    @property
+    def in_features(self) -> int: ...
+
+
+def block_weights(model: nn.Module) -> list[KeptWeights]:
+    """Every distinct BlockWeights or KQuantWeights of a model (a tied table counted once), and the weights
+    of modules that keep theirs otherwise (a ``kept_weights`` attribute: layers/fp8_linear.py)."""
+    seen: dict[int, KeptWeights] = {}
     for m in model.modules():
         if isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
             seen.setdefault(id(m.w), m.w)
+        elif (kept := getattr(m, "kept_weights", None)) is not None:
+            seen.setdefault(id(m), kept)
     return list(seen.values())
 
 

@@ -59,11 +59,13 @@ def pack_linears(model: nn.Module) -> int:
     return count
 
 
-def packed_matrix(w: torch.Tensor) -> PackedLinear:
-    """A PackedLinear of the matrix ``w`` (out, in), no bias."""
+def packed_matrix(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
+    """A PackedLinear of the matrix ``w`` (out, in), with ``bias`` (out,) or none."""
     with torch.device("meta"):
         linear = nn.Linear(w.shape[1], w.shape[0], bias=False)
     linear.weight = nn.Parameter(w, requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias, requires_grad=False)
     return PackedLinear(linear)
 
 
@@ -82,10 +84,14 @@ class ConcatLinear(nn.Module):
 def concat_linears(*linears: nn.Module) -> nn.Module:
     """One module computing ``linears`` side by side, so that ``fused(x).split([out_features ...], -1)``
     gives each one's output: nn.Linear weights (and biases) concatenated along the output dim, block
-    weights stacked by rows when they share their bits, else a ConcatLinear. All share in_features and
-    either all carry a bias or none does."""
+    weights stacked by rows when they share their bits, FP8 weights when their scales stack
+    (layers/fp8_weights.concat), else a ConcatLinear. All share in_features and either all carry a bias or
+    none does."""
     from glassbox.layers.block_linear import BlockQuantLinear, concat_weights
+    from glassbox.layers.fp8_linear import Fp8Linear, concat_fp8
 
+    if all(isinstance(lin, Fp8Linear) for lin in linears):
+        return concat_fp8([lin for lin in linears if isinstance(lin, Fp8Linear)]) or ConcatLinear(list(linears))
     quantized = [lin for lin in linears if isinstance(lin, BlockQuantLinear)]
     if len(quantized) == len(linears):
         blocks = concat_weights([lin.w for lin in quantized])

@@ -33,7 +33,45 @@ def inv_frequencies(head_dim: int, params: dict[str, Any]) -> tuple[torch.Tensor
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, smoothed, scaled), 1.0
-    raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+    if kind == "yarn":
+        return _yarn(dim, base, params)
+    raise ValueError(
+        f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3, yarn)"
+    )
+
+
+def _yarn(dim: int, base: float, params: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    """YaRN (arXiv 2309.00071) as transformers computes it: each frequency blends the interpolated
+    (divided by ``factor``) and the original one along a linear ramp between the dimensions that turn
+    ``beta_fast`` and ``beta_slow`` times within ``original_max_position_embeddings`` (the ramp's ends
+    floored/ceiled unless ``truncate`` is false); cos/sin are scaled by ``attention_factor``, by default
+    0.1 ln(factor) + 1 (or the ratio of the ``mscale``/``mscale_all_dim`` forms where both are given)."""
+    factor = float(params["factor"])
+    old_len = float(params["original_max_position_embeddings"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = params.get("attention_factor")
+    if attention is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    fast, slow = float(params.get("beta_fast") or 32), float(params.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(old_len / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(fast), correction_dim(slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp  # the share of the original frequency
+    inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv, float(attention)
 
 
 class RotaryEmbedding(nn.Module):

@@ -99,6 +99,16 @@ def _gemma3_fields(cfg: dict[str, Any], hidden: int) -> dict[str, Any]:
     )
 
 
+def _gpt_oss_moe(cfg: dict[str, Any]) -> dict[str, Any]:
+    """gpt-oss's routing (top-k of the logits, softmax over the k), biases, and clamped SwiGLU experts."""
+    return dict(
+        moe_router="topk_softmax",
+        moe_bias=True,
+        swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
+        swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
+    )
+
+
 def _quantization_config(cfg: dict[str, Any]) -> dict[str, Any]:
     qc = cfg.get("quantization_config")
     return dict(qc) if isinstance(qc, dict) else {}
@@ -130,7 +140,7 @@ def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         qk_norm=mt in ("qwen3", "qwen3_moe", "gemma3_text"),
         attention_sinks=mt == "gpt_oss",
-        rope=rope_parameters(cfg),
+        rope=rope_parameters(cfg, default_theta=150000.0 if mt == "gpt_oss" else 10000.0),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", mt == "gemma3_text")),
         dtype=dtype,
         dtype_declared=declared,
@@ -206,6 +216,7 @@ def transformer_facts(cfg: dict[str, Any], name: str) -> ModelFacts:
         shared_expert_gated=mt == "qwen2_moe" and shared_inter > 0,
         # Mixtral renormalizes its top-k always; Qwen2/3-MoE where the config says so (default False)
         norm_topk_prob=bool(n_exp) and (mt == "mixtral" or bool(cfg.get("norm_topk_prob", False))),
+        **(_gpt_oss_moe(cfg) if mt == "gpt_oss" and n_exp else {}),
         layer_moe=tuple(is_moe),
         ffn_width=ffn_width,
     )

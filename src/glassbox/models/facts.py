@@ -56,6 +56,14 @@ class ModelFacts:
     shared_expert_intermediate_size: int = 0
     shared_expert_gated: bool = False  # the shared expert's output times sigmoid(a linear of x) (Qwen2-MoE)
     norm_topk_prob: bool = False  # the top-k routing weights renormalized to sum to 1 (Mixtral: always)
+    # "softmax_topk": softmax over all experts, then top-k; "topk_softmax" (gpt-oss): top-k of the logits,
+    # then a softmax over those k
+    moe_router: str = "softmax_topk"
+    moe_bias: bool = False  # the router and the experts' two projections carry biases (gpt-oss)
+    # gpt-oss's experts: gate/up interleaved, out = (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g) with
+    # g = clamp(gate, max=limit); None: act(gate) * up over the [gate | up] halves
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
     layer_moe: tuple[bool, ...] = ()  # per layer: its FFN is the routed MoE block; (): none is
     ffn_width: int = 0  # widest FFN activation per token (activation-memory estimate)
     tie_word_embeddings: bool = False
@@ -167,6 +175,11 @@ def rope_parameters(
     params.setdefault("rope_theta", default_theta)
     kind = params.get("rope_type", params.get("type", "default")) or "default"
     params["rope_type"] = kind
+    if kind in ("llama3", "yarn", "longrope"):  # the pre-training length, as transformers fills it in
+        if "original_max_position_embeddings" in config:
+            params["original_max_position_embeddings"] = config["original_max_position_embeddings"]
+        elif config.get("max_position_embeddings"):
+            params.setdefault("original_max_position_embeddings", config["max_position_embeddings"])
     return params
 
 

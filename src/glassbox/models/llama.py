@@ -1,5 +1,6 @@
 """Llama-family decoder (Llama, Qwen2, Qwen3, Mistral; with routed experts (models/moe.py) in the layers
-the config names: Mixtral, Qwen2-MoE, Qwen3-MoE) with Hugging Face parameter names."""
+the config names: Mixtral, Qwen2-MoE, Qwen3-MoE; with attention sinks and gpt-oss's experts: gpt-oss,
+models/gpt_oss.py) with Hugging Face parameter names."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class LlamaAttention(nn.Module):
         self.rotary = [rotary]  # a list so the shared table is not registered once per layer
         self.scale = self.head_dim**-0.5
         self.sliding_window = cfg.layer_windows[layer]
+        # gpt-oss: a learned logit per query head in each softmax's denominator
+        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if cfg.attention_sinks else None
         self.qkv_proj: nn.Module | None = None  # set by fuse()
 
     def fuse(self) -> None:
@@ -57,7 +60,7 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary[0](q, k, *rope)
         write_kv(kv_cache, k, v, meta.slot_mapping)
-        o = paged_attention(q, k, v, kv_cache, meta, self.scale, self.sliding_window)
+        o = paged_attention(q, k, v, kv_cache, meta, self.scale, self.sliding_window, self.sinks)
         return self.o_proj(o.reshape(t, nq))
 
 
@@ -100,6 +103,9 @@ class LlamaDecoderLayer(nn.Module):
                 cfg.norm_topk_prob,
                 LlamaMLP(cfg, shared) if shared else None,
                 cfg.shared_expert_gated,
+                router=cfg.moe_router,
+                bias=cfg.moe_bias,
+                swiglu=None if cfg.swiglu_limit is None else (cfg.swiglu_alpha, cfg.swiglu_limit),
             )
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -20,8 +20,10 @@ import torch.nn.functional as F
 from glassbox.kernels import cpu_ops
 from glassbox.kernels.cpu_prefill import prefill_attention_bf16
 from glassbox.layers.attention import AttentionMetadata, prefill_attention
+from glassbox.layers.block_linear import kernel_chosen
 from glassbox.layers.kv_quant import KV8_DTYPES
 from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+from glassbox.models.llama_step import DecodeStep, bind_step
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -47,6 +49,7 @@ class NativeForward:
     kv_caches: list[torch.Tensor]
     layers: list[LayerOps]
     final_norm: cpu_ops.AddRMSNorm
+    step: DecodeStep | None = None  # decode-only steps in one native call (all linears block weights)
 
     def __call__(
         self,
@@ -98,7 +101,7 @@ def bind(lm: LlamaForCausalLM, kv_caches: list[torch.Tensor], dtype: torch.dtype
                 in_norm=cpu_ops.AddRMSNorm(inorm.weight.detach(), inorm.eps),
                 qkv=attn.qkv_proj.forward,
                 attn=cpu_ops.PagedAttention(
-                    attn.num_heads, cache, tables, qn, kn, eps, attn.scale, attn.sliding_window
+                    attn.num_heads, cache, tables, qn, kn, eps, attn.scale, attn.sliding_window, attn.sinks
                 ),
                 o_proj=attn.o_proj.forward,
                 post_norm=cpu_ops.AddRMSNorm(post.weight.detach(), post.eps),
@@ -109,7 +112,8 @@ def bind(lm: LlamaForCausalLM, kv_caches: list[torch.Tensor], dtype: torch.dtype
             )
         )
     final = cpu_ops.AddRMSNorm(model.norm.weight.detach(), model.norm.eps)
-    return NativeForward(model.embed_tokens.forward, kv_caches, layers, final)
+    step = bind_step(lm, [(lo.attn, lo.in_norm, lo.post_norm) for lo in layers], final)
+    return NativeForward(model.embed_tokens.forward, kv_caches, layers, final, step)
 
 
 def forward(
@@ -123,6 +127,8 @@ def forward(
     )  # fmt: skip
     t, nd = x.shape[0], meta.num_decode
     tables, lens = meta.decode_block_tables, meta.decode_context_lens
+    if ops.step is not None and nd == t and tables is not None and lens is not None and kernel_chosen(t):
+        return ops.step(x, positions, meta.slot_mapping, tables, lens)  # the block linears' kernel rows
     h = torch.empty_like(x)
     ops.layers[0].in_norm(x, None, h)
     nexts = [lo.in_norm for lo in ops.layers[1:]] + [ops.final_norm]
@@ -152,8 +158,8 @@ def _prefill(lo: LayerOps, qkv: torch.Tensor, o: torch.Tensor, meta: AttentionMe
     k = qkv[:, hq * d : (hq + hk) * d].unflatten(1, (hk, d))
     v = qkv[:, (hq + hk) * d :].unflatten(1, (hk, d))
     out = o.view(t, hq, d)
-    window = lo.attn.window or None
+    window, sinks = lo.attn.window or None, lo.attn.sinks
     if qkv.dtype == torch.bfloat16 and lo.attn.kv_cache.dtype in (torch.bfloat16, *KV8_DTYPES):
-        prefill_attention_bf16(q, k, v, lo.attn.kv_cache, meta.prefills, lo.attn.scale, window, out)
-    else:  # float32: SDPA, the reference's own attention
-        prefill_attention(q, k, v, lo.attn.kv_cache, meta.prefills, lo.attn.scale, window, out)
+        prefill_attention_bf16(q, k, v, lo.attn.kv_cache, meta.prefills, lo.attn.scale, window, out, sinks)
+    else:  # float32: SDPA (or with sinks its explicit softmax), the reference's own attention
+        prefill_attention(q, k, v, lo.attn.kv_cache, meta.prefills, lo.attn.scale, window, out, sinks)

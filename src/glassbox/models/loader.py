@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -13,11 +13,14 @@ from torch import nn
 
 from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear, PackedWeights
+from glassbox.layers.fp8_linear import Fp8Linear
+from glassbox.layers.fp8_weights import Fp8Weights
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.gemma3 import Gemma3ForCausalLM
+from glassbox.models.gpt_oss import GptOssForCausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
 
@@ -36,10 +39,14 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "MixtralForCausalLM": LlamaForCausalLM,  # Llama layers with routed experts (models/moe.py)
     "Qwen2MoeForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,  # Llama layers with sinks and its own experts (models/gpt_oss.py)
 }
 # The families with a forward on glassbox's CPU kernels: (model, KV caches, dtype) -> that forward.
 # A family absent here (Gemma 3) runs on the PyTorch ops on the CPU.
-CPU_KERNEL_FORWARDS: dict[type[nn.Module], Callable[..., Forward]] = {LlamaForCausalLM: llama_native.bind}
+CPU_KERNEL_FORWARDS: dict[type[nn.Module], Callable[..., Forward]] = {
+    LlamaForCausalLM: llama_native.bind,
+    GptOssForCausalLM: llama_native.bind,
+}
 
 
 def bind_cpu_kernels(model: nn.Module, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> Forward:
@@ -85,7 +92,7 @@ def build_model(
     device: torch.device,
     seed: int = 0,
     where: str = "the checkpoint",
-    packed: Mapping[str, PackedWeights] | None = None,
+    packed: dict[str, PackedWeights | Fp8Weights] | None = None,
 ) -> CausalLM:
     """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None,
     and the ``packed`` weights (HF name -> blocks) kept in their blocks; then fused, in eval mode, and with
@@ -117,15 +124,22 @@ def build_model(
     return model
 
 
-def _swap_in_blocks(model: nn.Module, packed: Mapping[str, PackedWeights], dtype: torch.dtype) -> None:
-    """Replace each module whose weight is in ``packed`` by its block-quantized form (a bias stays a
-    parameter, loaded from the checkpoint by name)."""
+def _swap_in_blocks(
+    model: nn.Module, packed: dict[str, PackedWeights | Fp8Weights], dtype: torch.dtype
+) -> None:
+    """Replace each module whose weight is in ``packed`` by its block-quantized (or FP8) form (a bias stays
+    a parameter, loaded from the checkpoint by name)."""
     for name, blocks in packed.items():
         parent_name, _, child = name.removesuffix(".weight").rpartition(".")
         parent = model.get_submodule(parent_name)
         old = getattr(parent, child)
         new: nn.Module
-        if isinstance(old, nn.Embedding):
+        if isinstance(blocks, Fp8Weights):
+            if not isinstance(old, nn.Linear):
+                raise ValueError(f"{name}: FP8 weights for a {type(old).__name__}, not a linear layer")
+            bias = None if old.bias is None else torch.zeros(old.out_features)
+            new = Fp8Linear(blocks, bias).to(old.weight.device)
+        elif isinstance(old, nn.Embedding):
             new = BlockQuantEmbedding(blocks, dtype)
         elif isinstance(old, nn.Linear):
             bias = None if old.bias is None else torch.zeros(old.out_features)
@@ -133,8 +147,8 @@ def _swap_in_blocks(model: nn.Module, packed: Mapping[str, PackedWeights], dtype
         else:
             raise ValueError(f"{name}: packed weights for a {type(old).__name__}, not a linear or embedding")
         if (
-            new.out_features if isinstance(new, BlockQuantLinear) else new.num_embeddings
-        ) != blocks.out_features:
+            new.out_features if isinstance(new, BlockQuantLinear | Fp8Linear) else new.num_embeddings
+        ) != blocks.out_features or (isinstance(old, nn.Linear) and old.in_features != blocks.in_features):
             raise ValueError(f"{name}: packed shape does not match the model")
         setattr(parent, child, new)
 

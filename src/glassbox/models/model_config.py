@@ -22,6 +22,7 @@ SUPPORTED_ARCHITECTURES = (
     "MixtralForCausalLM",
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
+    "GptOssForCausalLM",
 )
 
 # canonical dtype names (glassbox.dtypes) <-> torch
@@ -62,6 +63,7 @@ class ModelConfig:
     embed_scale: float = 1.0  # token embeddings times this (Gemma: sqrt(hidden_size), rounded to the dtype)
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
+    attention_sinks: bool = False  # a learned logit per query head joins each softmax's denominator (gpt-oss)
     # mixture of experts (models/moe.py): the layers whose FFN is routed, and its shape and rules
     layer_moe: tuple[bool, ...] = ()  # per layer; (): no MoE layer
     num_experts: int = 0
@@ -70,6 +72,10 @@ class ModelConfig:
     norm_topk_prob: bool = False
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
     shared_expert_gated: bool = False
+    moe_router: str = "softmax_topk"  # or "topk_softmax" (ModelFacts.moe_router)
+    moe_bias: bool = False
+    swiglu_limit: float | None = None  # gpt-oss's clamped SwiGLU experts (ModelFacts.swiglu_limit)
+    swiglu_alpha: float = 1.702
 
     @classmethod
     def from_facts(cls, facts: ModelFacts) -> ModelConfig:
@@ -110,6 +116,7 @@ class ModelConfig:
             embed_scale=facts.embed_scale,
             final_logit_softcapping=facts.final_logit_softcapping,
             attn_logit_softcapping=facts.attn_logit_softcapping,
+            attention_sinks=facts.attention_sinks,
             layer_moe=facts.layer_moe if facts.is_moe else (),
             num_experts=facts.num_experts,
             experts_per_token=facts.experts_per_token,
@@ -117,4 +124,8 @@ class ModelConfig:
             norm_topk_prob=facts.norm_topk_prob,
             shared_expert_intermediate_size=facts.shared_expert_intermediate_size,
             shared_expert_gated=facts.shared_expert_gated,
+            moe_router=facts.moe_router,
+            moe_bias=facts.moe_bias,
+            swiglu_limit=facts.swiglu_limit,
+            swiglu_alpha=facts.swiglu_alpha,
         )

@@ -1,12 +1,15 @@
-"""The routed mixture-of-experts FFN (Mixtral, Qwen2-MoE, Qwen3-MoE) with Hugging Face parameter names.
+"""The routed mixture-of-experts FFN (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss) with Hugging Face names.
 
 A router linear picks each token's top-k experts: softmax over all experts in float32, top-k (ties as
 ``torch.topk`` breaks them), the k weights renormalized to sum to 1 where the family does so (Mixtral
-always, which equals a softmax over the top-k logits; Qwen2/3-MoE iff ``norm_topk_prob``). The experts
-are gated MLPs held fused for execution: one (E, 2I, H) [gate | up] tensor and one (E, H, I) down tensor
-(transformers 5's own layout; checkpoints that store one tensor per expert are loaded into their rows,
-:func:`checkpoint_slot`). Qwen2-MoE adds a shared expert that every token runs, scaled by
-sigmoid(``shared_expert_gate``(x)).
+always, which equals a softmax over the top-k logits; Qwen2/3-MoE iff ``norm_topk_prob``); or, for
+gpt-oss (router "topk_softmax"), top-k of the logits and a softmax over those k. The experts are gated
+MLPs held fused for execution: one (E, 2I, H) gate_up tensor and one (E, H, I) down tensor (transformers
+5's own layout; checkpoints that store one tensor per expert are loaded into their rows,
+:func:`checkpoint_slot`), optionally with biases (gpt-oss). An expert's activation (a ``Glu``) takes its
+gate_up rows to I values: ``act(gate) * up`` over [gate | up] halves, or gpt-oss's clamped SwiGLU over
+interleaved [g0, u0, g1, u1, ...] rows (:class:`ClampedSwiGLU`). Qwen2-MoE adds a shared expert that
+every token runs, scaled by sigmoid(``shared_expert_gate``(x)).
 
 Execution is grouped (:meth:`MoEExperts.grouped`): the (token, choice) pairs sorted by expert, each
 expert that some token chose runs its two GEMMs once on its gathered rows, and the rows go back weighted
@@ -18,6 +21,7 @@ captures) and :meth:`MoEExperts.reference` one (token, choice) at a time (for te
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +36,45 @@ class RouterLinear(nn.Linear):
     (which replace exactly ``nn.Linear``) leave it in the model's dtype: routing stays as trained."""
 
 
-def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+ROUTERS = ("softmax_topk", "topk_softmax")
+# an expert's activation: its gate_up rows (..., 2I) -> (..., I)
+Glu = Callable[[torch.Tensor], torch.Tensor]
+
+
+def gated(act: str) -> Glu:
+    """``act(gate) * up`` over rows holding [gate | up]."""
+    fn = get_activation(act)
+
+    def glu(gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return fn(gate) * up
+
+    return glu
+
+
+class ClampedSwiGLU:
+    """gpt-oss's expert activation over interleaved rows [g0, u0, g1, u1, ...], as transformers computes
+    it: g = min(gate, limit), u = clamp(up, -limit, limit), out = (u + 1) * g * sigmoid(alpha * g)."""
+
+    def __init__(self, alpha: float, limit: float) -> None:
+        self.alpha, self.limit = alpha, limit
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
+def route(
+    logits: torch.Tensor, top_k: int, renormalize: bool, router: str = "softmax_topk"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights (T, k) float32, expert ids (T, k) int64) from router logits (T, E), as transformers does:
-    softmax in float32, ``torch.topk`` (ties to the lower id), renormalized over the k where asked."""
+    softmax in float32, ``torch.topk`` (ties to the lower id), renormalized over the k where asked; or
+    with ``router`` "topk_softmax", ``torch.topk`` of the logits and a softmax over those k."""
+    if router == "topk_softmax":
+        top, ids = torch.topk(logits, top_k, dim=-1)
+        return torch.softmax(top, dim=-1, dtype=torch.float32), ids
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
@@ -43,15 +83,18 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Te
 
 
 class MoEExperts(nn.Module):
-    """E gated MLPs: ``gate_up_proj`` (E, 2I, H) holds each expert's gate rows then its up rows,
-    ``down_proj`` (E, H, I)."""
+    """E gated MLPs: ``gate_up_proj`` (E, 2I, H) holds each expert's gate and up rows (in the order its
+    ``glu`` reads them), ``down_proj`` (E, H, I); with ``bias``, ``gate_up_proj_bias`` (E, 2I) and
+    ``down_proj_bias`` (E, H)."""
 
-    def __init__(self, num_experts: int, hidden: int, inter: int, act: str) -> None:
+    def __init__(self, num_experts: int, hidden: int, inter: int, glu: Glu, bias: bool = False) -> None:
         super().__init__()
         self.num_experts, self.inter = num_experts, inter
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
-        self.act = get_activation(act)
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * inter)) if bias else None
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden)) if bias else None
+        self.glu = glu
         # per expert (gate_up, down) in oneDNN's layout once pack_weights() ran (CPU bf16); then the 3-D
         # tensors are dropped and only the grouped path runs
         self.packed: list[tuple[PackedLinear, PackedLinear]] = []
@@ -60,18 +103,25 @@ class MoEExperts(nn.Module):
         """Each expert's two matrices in oneDNN's blocked layout (layers/linear.py: ~2x faster bf16 GEMVs
         than plain ``F.linear``); the 3-D parameters are then freed. Returns the matrices packed."""
         w1, w2 = self.gate_up_proj.detach(), self.down_proj.detach()
-        self.packed = [(packed_matrix(w1[e]), packed_matrix(w2[e])) for e in range(self.num_experts)]
+        self.packed = [
+            (packed_matrix(w1[e], self._bias(self.gate_up_proj_bias, e)),
+             packed_matrix(w2[e], self._bias(self.down_proj_bias, e)))
+            for e in range(self.num_experts)
+        ]  # fmt: skip
         self.gate_up_proj = nn.Parameter(w1.new_empty(0, *w1.shape[1:]), requires_grad=False)
         self.down_proj = nn.Parameter(w2.new_empty(0, *w2.shape[1:]), requires_grad=False)
         return 2 * self.num_experts
 
+    @staticmethod
+    def _bias(bias: nn.Parameter | None, e: int) -> torch.Tensor | None:
+        return None if bias is None else bias.detach()[e]
+
     def _expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:  # (n, H) -> (n, H)
         if self.packed:
             gate_up, down = self.packed[e]
-            gate, up = gate_up(rows).split(self.inter, dim=-1)
-            return down(self.act(gate) * up)
-        gate, up = F.linear(rows, self.gate_up_proj[e]).split(self.inter, dim=-1)
-        return F.linear(self.act(gate) * up, self.down_proj[e])
+            return down(self.glu(gate_up(rows)))
+        h = self.glu(F.linear(rows, self.gate_up_proj[e], self._bias(self.gate_up_proj_bias, e)))
+        return F.linear(h, self.down_proj[e], self._bias(self.down_proj_bias, e))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x (T, H), ids (T, k), weights (T, k) in x's dtype -> (T, H). Grouped; on CUDA while a graph
@@ -101,8 +151,12 @@ class MoEExperts(nn.Module):
         assert not self.packed, "packed experts run grouped"
         w = torch.zeros(x.shape[0], self.num_experts, dtype=x.dtype, device=x.device)
         w.scatter_(1, ids, weights)
-        gate, up = torch.einsum("th,eoh->teo", x, self.gate_up_proj).split(self.inter, dim=-1)
-        y = torch.einsum("tei,ehi->teh", self.act(gate) * up, self.down_proj)
+        gate_up = torch.einsum("th,eoh->teo", x, self.gate_up_proj)
+        if self.gate_up_proj_bias is not None:
+            gate_up = gate_up + self.gate_up_proj_bias
+        y = torch.einsum("tei,ehi->teh", self.glu(gate_up), self.down_proj)
+        if self.down_proj_bias is not None:
+            y = y + self.down_proj_bias
         return torch.einsum("teh,te->th", y, w)
 
     def reference(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -116,7 +170,9 @@ class MoEExperts(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     """Router + routed experts (+ the optional shared expert and its gate), HF names: ``gate``,
-    ``experts``, ``shared_expert``, ``shared_expert_gate``."""
+    ``experts``, ``shared_expert``, ``shared_expert_gate``. ``router``: one of ROUTERS; ``bias``: the
+    router and the experts carry biases; ``swiglu``: (alpha, limit) of gpt-oss's clamped SwiGLU over
+    interleaved gate/up rows, else ``act(gate) * up``."""
 
     def __init__(
         self,
@@ -128,17 +184,24 @@ class SparseMoeBlock(nn.Module):
         renormalize: bool,
         shared_expert: nn.Module | None = None,
         shared_gated: bool = False,
+        *,
+        router: str = "softmax_topk",
+        bias: bool = False,
+        swiglu: tuple[float, float] | None = None,
     ) -> None:
         super().__init__()
-        self.top_k, self.renormalize = top_k, renormalize
-        self.gate = RouterLinear(hidden, num_experts, bias=False)
-        self.experts = MoEExperts(num_experts, hidden, inter, act)
+        if router not in ROUTERS:
+            raise ValueError(f"MoE router {router!r} is not one of {ROUTERS}")
+        self.top_k, self.renormalize, self.router = top_k, renormalize, router
+        self.gate = RouterLinear(hidden, num_experts, bias=bias)
+        glu = ClampedSwiGLU(*swiglu) if swiglu is not None else gated(act)
+        self.experts = MoEExperts(num_experts, hidden, inter, glu, bias)
         self.shared_expert = shared_expert
         self.shared_expert_gate = RouterLinear(hidden, 1, bias=False) if shared_gated else None
 
     def routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights (T, k) in x's dtype, ids (T, k))."""
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize, self.router)
         return weights.to(x.dtype), ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)

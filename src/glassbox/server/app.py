@@ -1,7 +1,8 @@
 """The FastAPI app: OpenAI-compatible routes, health, Prometheus metrics, (de)tokenize.
 
 ``build_app(async_engine, settings, metrics)`` returns an app whose lifespan starts and stops the engine
-thread. A pure-ASGI gate in front answers 503 while shutting down and 401 without the API key.
+thread. A pure-ASGI gate in front answers 503 while shutting down and 401 without the API key; with
+--allowed-origins, Starlette's CORS middleware sits in front of the gate.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from glassbox.engine.async_engine import AsyncEngine
-from glassbox.server.chat import create_chat_completion, render_chat
+from glassbox.server.chat import TOOLS_UNSUPPORTED, chat_flags, create_chat_completion, render_chat
 from glassbox.server.completions import create_completion
-from glassbox.server.errors import bad_request, error_response, install_error_handlers
+from glassbox.server.errors import bad_request, error_response, install_error_handlers, unsupported
 from glassbox.server.metrics import ServerMetrics
 from glassbox.server.protocol import (
     ChatCompletionRequest,
@@ -110,6 +112,13 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetr
     app.state.glassbox = state
     install_error_handlers(app)
     app.add_middleware(_Gate, state=state)
+    if settings.allowed_origins:  # outside the gate: preflights need no key, and 401/503 carry the headers
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.allowed_origins,
+            allow_methods=settings.allowed_methods,
+            allow_headers=settings.allowed_headers,
+        )
 
     @app.get("/health", response_model=HealthResponse, responses=_errors(503))
     async def health() -> JSONResponse:
@@ -156,17 +165,24 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetr
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=_errors(400, 401, 404))
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        """Token ids of a prompt, or of messages rendered as /v1/chat/completions renders them (the same
+        add_generation_prompt / continue_final_message rules; tools are refused there, so here too)."""
         state.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("give exactly one of prompt or messages", "prompt")
         if body.messages is not None:
             if not body.messages:
                 raise bad_request("messages must contain at least one message", "messages")
-            text = render_chat(state.tokenizer, body.messages, body.add_generation_prompt)
+            if body.tools:
+                raise unsupported(TOOLS_UNSUPPORTED, "tools")
+            text = render_chat(state.tokenizer, body.messages, *chat_flags(body))
             ids = state.tokenizer.encode(text, add_special_tokens=False)
         else:
             ids = state.tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
-        return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+        if body.return_token_strs:
+            out["token_strs"] = [state.tokenizer.id_to_token(t) for t in ids]
+        return out
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=_errors(400, 401, 404))
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:

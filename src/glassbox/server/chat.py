@@ -12,19 +12,23 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from glassbox.outputs import RequestOutput
-from glassbox.server.errors import bad_request
+from glassbox.server.errors import bad_request, unsupported
 from glassbox.server.generation import (
     anatomy,
     collect,
+    finish_chunk,
     prepare,
     sampling_params,
     stream_events,
     submit,
     usage,
 )
-from glassbox.server.protocol import ChatCompletionRequest, ChatMessage
+from glassbox.server.protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
+from glassbox.server.response_format import with_structured_outputs
 from glassbox.server.state import ServerState
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
+
+TOOLS_UNSUPPORTED = "tools are not supported yet (no tool calling): send the request without tools"
 
 
 @dataclass
@@ -34,11 +38,32 @@ class _Cursor:
     done: bool = False
 
 
-def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
+def chat_flags(req: ChatCompletionRequest | TokenizeRequest) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final_message): continuing the last message opens no new turn, so
+    add_generation_prompt is false unless the request set it, and 400 when it set both true."""
+    if not req.continue_final_message:
+        return req.add_generation_prompt, False
+    if req.add_generation_prompt and "add_generation_prompt" in req.model_fields_set:
+        raise bad_request(
+            "continue_final_message and add_generation_prompt cannot both be true: the first continues the "
+            "last message, the second opens a new assistant turn",
+            "continue_final_message",
+        )
+    return False, True
+
+
+def render_chat(
+    tokenizer: Tokenizer,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
     """The chat template's text for ``messages``; 400 for anything the tokenizer or template rejects."""
     chat = [m.model_dump(exclude_none=True) for m in messages]
     try:
-        return tokenizer.apply_chat_template(chat, add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(
+            chat, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message
+        )
     except ValueError as e:
         raise bad_request(str(e), "messages") from None
     except Exception as e:  # a template's raise_exception, undefined fields, bad types: all the user's input
@@ -52,21 +77,25 @@ async def create_chat_completion(
 ) -> Response:
     state.check_model(req.model)
     if req.tools:
-        raise bad_request("tools are not supported", "tools")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise bad_request('response_format must be {"type": "text"}', "response_format")
+        raise unsupported(TOOLS_UNSUPPORTED, "tools")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
     k = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    base = sampling_params(req, max_tokens, k)
+    base = with_structured_outputs(state, req, sampling_params(req, max_tokens, k))
     t0 = time.perf_counter()
-    text = render_chat(state.tokenizer, req.messages, req.add_generation_prompt)
+    text = render_chat(state.tokenizer, req.messages, *chat_flags(req))
     ids = state.tokenizer.encode(text, add_special_tokens=False)  # the template wrote any BOS
     tokenize_s = time.perf_counter() - t0
     job = prepare(state, state.new_id("chatcmpl"), [ids], [tokenize_s], base, max_tokens, "messages")
     submit(state, job)
-    head = {"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": job.model}
+    head = {
+        "id": job.id,
+        "object": "chat.completion.chunk",
+        "created": job.created,
+        "model": job.model,
+        "system_fingerprint": state.fingerprint,
+    }
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         cursors = [_Cursor() for _ in range(job.n)]
@@ -97,23 +126,13 @@ async def create_chat_completion(
                     logprobs = {
                         "content": state.logprobs.chat(o.token_ids[c.tokens :], o.logprobs[c.tokens :], k)
                     }
-                if not text and o.finish_reason is None and not (logprobs and logprobs["content"]):
-                    continue
+                if text or (logprobs and logprobs["content"]):
+                    delta = {"content": text} if text else {}
+                    choice = {"index": o.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+                    chunks.append({**head, "choices": [choice]})
                 c.text_len, c.tokens, c.done = len(o.text), o.num_tokens, o.finish_reason is not None
-                chunks.append(
-                    {
-                        **head,
-                        "choices": [
-                            {
-                                "index": o.index,
-                                "delta": {"content": text} if text else {},
-                                "logprobs": logprobs,
-                                "finish_reason": o.finish_reason,
-                                "stop_reason": o.stop_reason,
-                            }
-                        ],
-                    }
-                )
+                if c.done and o.finish_reason != "abort":
+                    chunks.append(finish_chunk(head, o.index, {"delta": {}}, o))
             return chunks
 
         events = stream_events(job, request, first, chunks_for, head, include_usage)

@@ -12,10 +12,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from glassbox.outputs import RequestOutput
-from glassbox.server.errors import bad_request
+from glassbox.server.errors import bad_request, unsupported
 from glassbox.server.generation import (
     anatomy,
     collect,
+    finish_chunk,
     prepare,
     sampling_params,
     stream_events,
@@ -23,6 +24,7 @@ from glassbox.server.generation import (
     usage,
 )
 from glassbox.server.protocol import CompletionRequest
+from glassbox.server.response_format import with_structured_outputs
 from glassbox.server.state import ServerState
 
 
@@ -56,23 +58,42 @@ def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
     state.check_model(req.model)
-    if req.echo:
-        raise bad_request("echo is not supported", "echo")
+    if req.echo and req.logprobs is not None:
+        raise unsupported(
+            "echo with logprobs is not supported: it needs the prompt's logprobs, which the engine does not "
+            "compute; use echo or logprobs alone",
+            "echo",
+            "unsupported_value",
+        )
     if req.suffix:
-        raise bad_request("suffix is not supported", "suffix")
+        raise unsupported("suffix is not supported", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of ({req.best_of}) must equal n ({req.n}) or be omitted", "best_of")
-    base = sampling_params(req, req.max_tokens, req.logprobs)
+    base = with_structured_outputs(state, req, sampling_params(req, req.max_tokens, req.logprobs))
     prompts: list[list[int]] = []
     tokenize_s: list[float] = []
-    for item in _prompt_list(req.prompt):
+    items = _prompt_list(req.prompt)
+    for item in items:
         t0 = time.perf_counter()
         prompts.append(state.tokenizer.encode(item) if isinstance(item, str) else list(item))
         tokenize_s.append(time.perf_counter() - t0)
     job = prepare(state, state.new_id("cmpl"), prompts, tokenize_s, base, req.max_tokens, "prompt")
+    # echo: each choice's text starts with its prompt's (token ids decoded verbatim)
+    echo = [
+        (item if isinstance(item, str) else state.tokenizer.decode(item, skip_special_tokens=False))
+        if req.echo
+        else ""
+        for item in items
+    ]
     submit(state, job)
     k = req.logprobs
-    head = {"id": job.id, "object": "text_completion", "created": job.created, "model": job.model}
+    head = {
+        "id": job.id,
+        "object": "text_completion",
+        "created": job.created,
+        "model": job.model,
+        "system_fingerprint": state.fingerprint,
+    }
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         cursors = [_Cursor() for _ in range(len(prompts) * job.n)]
@@ -90,28 +111,28 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
                     logprobs = state.logprobs.completion(
                         o.token_ids[c.tokens :], o.logprobs[c.tokens :], k, c.text_offset
                     )
-                if not text and o.finish_reason is None and not (logprobs and logprobs["tokens"]):
-                    continue
+                if text or (logprobs and logprobs["tokens"]):
+                    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
+                    chunks.append({**head, "choices": [choice]})
                 if logprobs is not None:
                     c.text_offset += sum(len(t) for t in logprobs["tokens"])
                 c.text_len, c.tokens, c.done = len(o.text), o.num_tokens, o.finish_reason is not None
-                chunks.append(
-                    {
-                        **head,
-                        "choices": [
-                            {
-                                "index": index,
-                                "text": text,
-                                "logprobs": logprobs,
-                                "finish_reason": o.finish_reason,
-                                "stop_reason": o.stop_reason,
-                            }
-                        ],
-                    }
-                )
+                if c.done and o.finish_reason != "abort":
+                    chunks.append(finish_chunk(head, index, {"text": ""}, o))
             return chunks
 
-        events = stream_events(job, request, [], chunks_for, head, include_usage)
+        first = [
+            {
+                **head,
+                "choices": [
+                    {"index": i * job.n + j, "text": echo[i], "logprobs": None, "finish_reason": None}
+                ],
+            }
+            for i in range(len(prompts))
+            for j in range(job.n)
+            if echo[i]
+        ]
+        events = stream_events(job, request, first, chunks_for, head, include_usage)
         # the background task also runs when the client left before the stream began
         return StreamingResponse(
             events, media_type="text/event-stream", background=BackgroundTask(job.abort_unfinished)
@@ -127,7 +148,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
             choices.append(
                 {
                     "index": i * job.n + o.index,
-                    "text": o.text,
+                    "text": echo[i] + o.text,
                     "logprobs": logprobs,
                     "finish_reason": o.finish_reason,
                     "stop_reason": o.stop_reason,

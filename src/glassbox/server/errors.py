@@ -1,7 +1,10 @@
 """Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, with the right status.
 
 User input never yields a 500: invalid parameters are 400, an unknown model 404, a missing key 401, a
-full queue 429 (with Retry-After), shutting down 503. Only our own bugs reach the 500 handler.
+full queue 429 (with Retry-After), shutting down 503. Only our own bugs reach the 500 handler. Types and
+codes are OpenAI's: a request error of any status (400, 401, 404) is an ``invalid_request_error``; the code
+says which (``invalid_value``, ``integer_above_max_value``, ``context_length_exceeded``,
+``model_not_found``, ``invalid_api_key``, ``unsupported_parameter``, ...).
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ logger = logging.getLogger(__name__)
 
 ERROR_TYPES = {
     400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
@@ -48,8 +51,13 @@ class ApiError(Exception):
         self.headers = headers
 
 
-def bad_request(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param)
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param, code)
+
+
+def unsupported(message: str, param: str, code: str = "unsupported_parameter") -> ApiError:
+    """400 for a parameter (or value: ``code="unsupported_value"``) that OpenAI has and we do not."""
+    return ApiError(400, message, param, code)
 
 
 def error_body(
@@ -76,21 +84,43 @@ def param_of_value_error(message: str, known: set[str]) -> str | None:
     return word if word in known else None
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str]:
+    """The message, the parameter and OpenAI's code for the first of pydantic's errors."""
     errors = exc.errors()
     if not errors:
-        return "invalid request", None
+        return "invalid request", None, "invalid_value"
     first = errors[0]
     if first.get("type") == "json_invalid":
-        return f"malformed JSON body: {first.get('msg', 'invalid JSON')}", None
+        return f"malformed JSON body: {first.get('msg', 'invalid JSON')}", None, "invalid_json"
     param = _path(first.get("loc", ())) or None
     if first.get("type") == "missing" and param is None:
-        return "a JSON request body is required", None
+        return "a JSON request body is required", None, "missing_required_parameter"
     parts = []
     for err in errors[:3]:
         parts.append(f"{_path(err.get('loc', ())) or 'body'}: {err.get('msg', 'invalid value')}")
     more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-    return "invalid request: " + "; ".join(parts) + more, param
+    return "invalid request: " + "; ".join(parts) + more, param, _code(first)
+
+
+def _code(err: Any) -> str:
+    """OpenAI's code for one pydantic error (``integer_above_max_value``, ``invalid_type``, ...)."""
+    kind = str(err.get("type", ""))
+    value = err.get("input")
+    number = "integer" if isinstance(value, int) else "decimal"
+    if kind in ("less_than", "less_than_equal"):
+        return f"{number}_above_max_value"
+    if kind in ("greater_than", "greater_than_equal"):
+        return f"{number}_below_min_value"
+    if kind == "int_parsing_size":  # an integer (or 1e30) too big to parse at all
+        negative = str(value).lstrip().startswith("-")
+        return "integer_below_min_value" if negative else "integer_above_max_value"
+    if kind == "missing":
+        return "missing_required_parameter"
+    if kind in ("too_long", "too_short"):
+        return "array_above_max_length" if kind == "too_long" else "array_below_min_length"
+    if kind.endswith("_type") or kind.endswith("_parsing") or kind == "model_attributes_type":
+        return "invalid_type"
+    return "invalid_value"
 
 
 def _path(loc: Any) -> str:
@@ -121,8 +151,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return error_response(400, message, param)
+        message, param, code = _validation_message(exc)
+        return error_response(400, message, param, code)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

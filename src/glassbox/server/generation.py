@@ -20,7 +20,7 @@ from starlette.requests import Request
 from glassbox.engine.async_engine import RequestError, RequestStream
 from glassbox.engine.request_check import RequestCheckError, check_request
 from glassbox.engine.sequence import merge_metrics
-from glassbox.outputs import RequestOutput
+from glassbox.outputs import CompletionOutput, RequestOutput
 from glassbox.sampling_params import SamplingParams
 from glassbox.server.errors import ApiError, bad_request, error_body, param_of_value_error
 from glassbox.server.protocol import SamplingFields
@@ -37,8 +37,6 @@ _PARAM_NAMES = set(SamplingFields.model_fields) | {
 
 def sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
     """SamplingParams from the request's fields; 400 naming the parameter when a value is invalid."""
-    if req.logit_bias:
-        raise bad_request("logit_bias is not supported", "logit_bias")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -53,6 +51,7 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int |
         ignore_eos=req.ignore_eos,
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
+        logit_bias=_logit_bias(req.logit_bias),
     )
     for name in (
         "temperature",
@@ -67,6 +66,20 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int |
         if value is not None:
             kwargs[name] = value
     return _build(kwargs)
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias} with integer keys (the values are checked by SamplingParams)."""
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(
+                f"logit_bias keys must be token ids written as integers, got {key!r}", "logit_bias"
+            ) from None
+        out[token] = value
+    return out or None
 
 
 def _build(kwargs: dict[str, Any]) -> SamplingParams:
@@ -113,10 +126,17 @@ def prepare(
         where = param if len(prompts) == 1 else f"{param}[{i}]"
         try:
             room = check_request(
-                ids, max_tokens, state.vocab_size, state.max_model_len, state.kv_capacity_tokens, where, param
+                ids,
+                max_tokens,
+                state.vocab_size,
+                state.max_model_len,
+                state.kv_capacity_tokens,
+                where,
+                param,
+                base,
             )
         except RequestCheckError as e:
-            raise bad_request(str(e), e.param) from None
+            raise bad_request(str(e), e.param, e.code) from None
         params.append(base if max_tokens is not None else _build({**_fields(base), "max_tokens": room}))
     return Job(job_id, state.model_name, prompts, params, tokenize_s)
 
@@ -217,6 +237,20 @@ def sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, allow_nan=False)}\n\n"
 
 
+def finish_chunk(
+    base: dict[str, Any], index: int, empty: dict[str, Any], o: CompletionOutput
+) -> dict[str, Any]:
+    """A choice's closing chunk, as OpenAI streams it: nothing new (``empty``: chat's ``{"delta": {}}``,
+    completions' ``{"text": ""}``), the finish reason (and vLLM's stop_reason)."""
+    choice = {"index": index, **empty, "logprobs": None, "finish_reason": o.finish_reason}
+    return {**base, "choices": [{**choice, "stop_reason": o.stop_reason}]}
+
+
+def aborted(out: RequestOutput) -> bool:
+    """Ended by an abort: the server is shutting down (a client that left reads nothing)."""
+    return any(o.finish_reason == "abort" for o in out.outputs)
+
+
 async def stream_events(
     job: Job,
     request: Request,
@@ -225,19 +259,28 @@ async def stream_events(
     base: dict[str, Any],
     include_usage: bool,
 ) -> AsyncIterator[str]:
-    """Server-sent events: ``head`` chunks, then ``chunks_for`` each output, then the usage chunk when
-    asked (choices == []); the last chunk carries ``metrics``; then ``data: [DONE]``."""
+    """Server-sent events: ``head`` chunks, then ``chunks_for`` each output (content chunks, then each
+    choice's closing chunk), then the usage chunk when asked (choices == []; every chunk before it has
+    ``usage: null``, as OpenAI sends them); the last chunk carries ``metrics``; then ``data: [DONE]``.
+
+    A request that fails or is aborted on the way (the server shutting down) ends with an error event in
+    OpenAI's shape and no ``[DONE]``, never a finish_reason outside OpenAI's values: OpenAI's clients raise
+    an APIError on it, where a made-up "abort" (vLLM's) or a lossy "stop"/"length" would pass a cut answer
+    off as complete."""
     watcher = watch_disconnect(request, job)
     finals: dict[int, RequestOutput] = {}
+    failed: dict[str, Any] | None = None
     try:
         for chunk in head:
-            yield sse(chunk)
+            yield sse(_with_usage(chunk, include_usage))
         async with aclosing(iterate(job)) as outputs:
             async for i, out in outputs:
                 chunks = chunks_for(i, out)
-                if out.finished:
+                if aborted(out):
+                    failed = error_body(503, "the request was aborted: the server is shutting down")
+                elif out.finished:
                     finals[i] = out
-                if len(finals) == len(job.streams):
+                if failed is None and len(finals) == len(job.streams):
                     ordered = [finals[k] for k in range(len(job.streams))]
                     if include_usage:
                         chunks.append({**base, "choices": [], "usage": usage(job, ordered)})
@@ -245,13 +288,24 @@ async def stream_events(
                         chunks.append({**base, "choices": []})
                     chunks[-1]["metrics"] = anatomy(ordered)
                 for chunk in chunks:
-                    yield sse(chunk)
+                    yield sse(_with_usage(chunk, include_usage))
+                if failed is not None:
+                    break
     except RequestError as e:
-        yield sse(error_body(e.status, e.message))
+        failed = error_body(e.status, e.message)
     finally:
         watcher.cancel()
         job.abort_unfinished()
-    yield "data: [DONE]\n\n"
+    if failed is not None:
+        yield sse(failed)
+    else:
+        yield "data: [DONE]\n\n"
+
+
+def _with_usage(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any]:
+    if include_usage and "usage" not in chunk:
+        chunk["usage"] = None
+    return chunk
 
 
 def usage(job: Job, finals: list[RequestOutput]) -> dict[str, Any]:

@@ -1,7 +1,10 @@
 """Logprobs in OpenAI's two formats, from the engine's per-token ``{token_id: logprob}`` dicts.
 
-Completions: ``{tokens, token_logprobs, top_logprobs, text_offset}``.
-Chat: ``{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}``.
+Completions: ``{tokens, token_logprobs, top_logprobs, text_offset}``; each ``top_logprobs`` entry holds the
+N most likely tokens and the sampled one (up to N + 1 entries; N = 0 gives the sampled one alone), as
+OpenAI's legacy API and vLLM answer.
+Chat: ``{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}``; ``top_logprobs``
+holds exactly the N most likely tokens, as OpenAI's chat API defines it (the sampled one only if among them).
 The engine's dict for a token holds the top-N plus the chosen token (N + 1 entries when the chosen one is
 not among the top N), so the top N are the N largest values.
 """
@@ -82,11 +85,13 @@ class LogprobFormatter:
         offsets: list[int] = []
         for tid, entry in zip(token_ids, logprobs, strict=False):
             text = self.text(tid)
+            chosen = _finite(entry.get(tid))
             tokens.append(text)
-            token_logprobs.append(_finite(entry.get(tid)))
+            token_logprobs.append(chosen)
             best: dict[str, float] = {}
             for t, lp in self._top(entry, k):  # tokens with the same text (e.g. U+FFFD) keep the best value
                 best.setdefault(self.text(t), _finite(lp))
+            best.setdefault(text, chosen)  # the sampled token, when not among the top k
             top.append(best)
             offsets.append(text_offset)
             text_offset += len(text)

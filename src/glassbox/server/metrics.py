@@ -68,7 +68,13 @@ class ServerMetrics:
         self.kv_cache_usage_perc = gauge("kv_cache_usage_perc", "Share of KV blocks in use (1 = full).")
         self.kv_cache_free_blocks = gauge("kv_cache_free_blocks", "Free KV cache blocks.")
         self.kv_cache_total_blocks = gauge("kv_cache_total_blocks", "KV cache blocks in the pool.")
-        self.prompt_tokens = counter("prompt_tokens_total", "Prompt tokens computed (prefilled).")
+        self.prompt_tokens = counter(
+            "prompt_tokens_total",
+            "Prompt tokens prefilled, per sequence: computed or served by the prefix cache.",
+        )
+        self.prompt_tokens_cached = counter(
+            "prompt_tokens_cached_total", "Of prompt_tokens_total, those served by the prefix cache."
+        )
         self.generation_tokens = counter("generation_tokens_total", "Tokens generated.")
         self.num_preemptions = counter(
             "num_preemptions_total", "Sequences preempted (KV dropped, recomputed)."
@@ -95,12 +101,15 @@ class ServerMetrics:
         )
         self.decode = histogram("request_decode_time_seconds", "First token to the last.", REQUEST_BUCKETS)
         self.iteration_tokens = histogram(
-            "iteration_tokens_total", "Tokens computed per engine step.", [float(b) for b in TOKEN_BUCKETS]
+            "iteration_tokens_total",
+            "Tokens the model computed per engine step (the scheduled tokens: prompt chunks, recomputation, "
+            "one per decoding sequence; prefix-cache hits excluded).",
+            [float(b) for b in TOKEN_BUCKETS],
         )
         self.step_duration = histogram(
             "step_duration_seconds", "Engine step time by phase.", STEP_BUCKETS, ("phase",)
         )
-        self._seen = {"prompt": 0, "generation": 0, "preemptions": 0, "queries": 0, "hits": 0}
+        self._seen = {"prompt": 0, "cached": 0, "generation": 0, "preemptions": 0, "queries": 0, "hits": 0}
 
     # -- EngineObserver (engine thread) ---------------------------------------------
     def on_iteration(self, engine: LLMEngine, record: StepRecord | None) -> None:
@@ -112,6 +121,7 @@ class ServerMetrics:
         self.kv_cache_total_blocks.set(bm.num_blocks)
         totals = {
             "prompt": engine.counters.prompt_tokens,
+            "cached": engine.counters.cached_prompt_tokens,
             "generation": engine.counters.generation_tokens,
             "preemptions": engine.scheduler.num_preemptions,
             "queries": bm.stats.queries,
@@ -119,6 +129,7 @@ class ServerMetrics:
         }
         counters = {
             "prompt": self.prompt_tokens,
+            "cached": self.prompt_tokens_cached,
             "generation": self.generation_tokens,
             "preemptions": self.num_preemptions,
             "queries": self.prefix_cache_queries,

@@ -2,17 +2,20 @@
 
 Request fields use OpenAI's names plus vLLM's sampling extras (top_k, min_p, repetition_penalty,
 ignore_eos, min_tokens, stop_token_ids, ...). Unknown fields are ignored, as OpenAI clients send some we
-do not use; NaN and infinity are rejected. Every response also carries ``metrics``: the anatomy of the
-request (queue, prefill, decode, ...), which OpenAI clients ignore and our bench client reads.
+do not use; NaN and infinity are rejected, and so is a string holding a lone UTF-16 surrogate (JSON lets
+"\\ud800" through; no tokenizer can encode it). Every response also carries ``metrics``: the anatomy of
+the request (queue, prefill, decode, ...), which OpenAI clients ignore and our bench client reads.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from glassbox.sampling_params import MAX_LOGPROBS
+from glassbox.sampling_params import INT64_MAX, INT64_MIN, MAX_LOGPROBS
+from glassbox.server.errors import bad_request
 
 MAX_N = 128
 TokenId = Annotated[int, Field(ge=0)]
@@ -22,11 +25,55 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _has_surrogate(text: str) -> bool:
+    return _SURROGATE.search(text) is not None
+
+
+def _lone_surrogate(value: Any, path: str) -> str | None:
+    """The path of the first string in ``value`` holding a lone UTF-16 surrogate ("messages[0].content";
+    for a key, the path of its object, "" at the top), or None."""
+    if isinstance(value, str):
+        return path if _has_surrogate(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if _has_surrogate(str(key)):
+                return path
+            found = _lone_surrogate(item, f"{path}.{key}" if path else str(key))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _lone_surrogate(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+class _Body(_Request):
+    """A whole request body: 400 (naming the field) for any string with a lone surrogate, before the
+    fields are read (raised past pydantic, straight to the app's ApiError handler)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data: Any) -> Any:
+        where = _lone_surrogate(data, "") if isinstance(data, dict) else None
+        if where is not None:
+            raise bad_request(
+                f"{where or 'a field name'} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                "escape), which is not valid Unicode text",
+                where or None,
+            )
+        return data
+
+
 class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class SamplingFields(_Request):
+class SamplingFields(_Body):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = Field(None, description="the served model name (default: the one served)")
@@ -34,12 +81,14 @@ class SamplingFields(_Request):
     temperature: float | None = Field(None, ge=0.0, le=100.0, description="0 is greedy (default 1)")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = Field(None, description="not supported: must be empty")
+    logit_bias: dict[str, float] | None = Field(
+        None, description="token id (a string) -> bias in [-100, 100], added to the logit before sampling"
+    )
     user: str | None = None
     # vLLM's extras
     top_k: int | None = Field(None, ge=-1, description="-1 or 0: off")
@@ -50,6 +99,19 @@ class SamplingFields(_Request):
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # structured outputs (server/response_format.py): OpenAI's, vLLM's, vLLM's older names; one at most
+    response_format: dict[str, Any] | None = Field(
+        None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema"}}'
+    )
+    structured_outputs: dict[str, Any] | None = Field(
+        None, description="vLLM's: one of json (a schema), regex, choice, grammar (Lark or GBNF), json_object"
+    )
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = Field(None, description="not supported: must be null")
+    guided_decoding_backend: str | None = Field(None, description="ignored: the backend is llguidance")
 
 
 class CompletionRequest(SamplingFields):
@@ -58,7 +120,7 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     max_tokens: int | None = Field(16, ge=1, description="null: up to the max model length")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = Field(False, description="not supported: must be false")
+    echo: bool = Field(False, description="the prompt's text before each choice's (not with logprobs)")
     suffix: str | None = Field(None, description="not supported: must be null")
     best_of: int | None = Field(None, ge=1, le=MAX_N, description="must equal n when given")
 
@@ -86,21 +148,31 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = Field(None, description="not supported: must be empty")
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = Field(None, description='only {"type": "text"}')
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool = Field(
+        True, description="false when continue_final_message is and this is unset"
+    )
+    continue_final_message: bool = Field(
+        False, description="leave the last message open (no end-of-turn) for the model to continue"
+    )
 
 
-class TokenizeRequest(_Request):
-    """POST /tokenize: exactly one of ``prompt`` (text) or ``messages`` (rendered with the chat template)."""
+class TokenizeRequest(_Body):
+    """POST /tokenize: exactly one of ``prompt`` (text) or ``messages`` (rendered with the chat template,
+    as /v1/chat/completions renders them)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = Field(True, description="for a prompt: add the tokenizer's BOS/EOS")
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool = Field(
+        True, description="false when continue_final_message is and this is unset"
+    )
+    continue_final_message: bool = False
+    return_token_strs: bool = Field(False, description="also return each token's vocabulary string")
+    tools: list[dict[str, Any]] | None = Field(None, description="not supported: must be empty")
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: list[TokenId]
 
@@ -159,6 +231,7 @@ class CompletionResponse(BaseModel):
     created: int
     model: str
     choices: list[CompletionChoice]
+    system_fingerprint: str | None = None
     usage: Usage | None = None
     metrics: RequestAnatomy | None = None
 
@@ -196,6 +269,7 @@ class ChatCompletionResponse(BaseModel):
     created: int
     model: str
     choices: list[ChatChoice]
+    system_fingerprint: str | None = None
     usage: Usage | None = None
     metrics: RequestAnatomy | None = None
 
@@ -217,6 +291,7 @@ class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int
     tokens: list[int]
+    token_strs: list[str | None] | None = None
 
 
 class DetokenizeResponse(BaseModel):

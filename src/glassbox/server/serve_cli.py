@@ -60,12 +60,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds SIGTERM lets requests in flight finish before aborting them",
     )
     g.add_argument(
+        "--allowed-origins",
+        action="append",
+        default=None,
+        metavar="ORIGINS",
+        help="turn CORS on for these browser origins (comma-separated or repeated; '*': any); default off",
+    )
+    g.add_argument(
+        "--allowed-methods",
+        action="append",
+        default=None,
+        metavar="METHODS",
+        help="with --allowed-origins: the HTTP methods allowed cross-origin (default '*')",
+    )
+    g.add_argument(
+        "--allowed-headers",
+        action="append",
+        default=None,
+        metavar="HEADERS",
+        help="with --allowed-origins: the request headers allowed cross-origin (default '*')",
+    )
+    g.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
     )
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per request")
     p.set_defaults(func=run)
+
+
+def _listed(values: list[str] | None) -> list[str]:
+    """A repeated, comma-separated flag as one list."""
+    return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -75,6 +101,10 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-queue-len must be >= 0, got {args.max_queue_len}")
     if not 0 <= args.shutdown_timeout <= 3600:
         raise ValueError(f"--shutdown-timeout must be in [0, 3600] seconds, got {args.shutdown_timeout}")
+    if (args.allowed_methods or args.allowed_headers) and not _listed(args.allowed_origins):
+        raise ValueError(
+            "--allowed-methods and --allowed-headers need --allowed-origins (CORS is off without)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,7 +122,12 @@ def run(args: argparse.Namespace) -> int:
     engine = LLMEngine(config)
     metrics = ServerMetrics()
     settings = ServerSettings(
-        api_key=args.api_key or None, max_queue_len=args.max_queue_len, drain_timeout_s=args.shutdown_timeout
+        api_key=args.api_key or None,
+        max_queue_len=args.max_queue_len,
+        drain_timeout_s=args.shutdown_timeout,
+        allowed_origins=_listed(args.allowed_origins),
+        allowed_methods=_listed(args.allowed_methods) or ["*"],
+        allowed_headers=_listed(args.allowed_headers) or ["*"],
     )
     app = build_app(AsyncEngine(engine, metrics), settings, metrics)
     uv_config = uvicorn.Config(

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from glassbox import __version__
+from glassbox.config import EngineConfig
 from glassbox.engine.async_engine import AsyncEngine
 from glassbox.server.errors import ApiError
 from glassbox.server.logprobs import LogprobFormatter
@@ -16,11 +21,23 @@ from glassbox.server.metrics import ServerMetrics
 class ServerSettings:
     """Server flags: ``api_key`` guards /v1 and /(de)tokenize; ``max_queue_len`` bounds the sequences
     waiting beyond max-num-seqs (more get 429); ``drain_timeout_s`` is how long SIGTERM lets requests in
-    flight finish before aborting them."""
+    flight finish before aborting them; ``allowed_origins`` turns CORS on for those browser origins ("*":
+    any), with ``allowed_methods`` and ``allowed_headers``."""
 
     api_key: str | None = None
     max_queue_len: int | None = None
     drain_timeout_s: float = 5.0
+    allowed_origins: list[str] = field(default_factory=list)
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+
+
+def system_fingerprint(model: str, device: str, config: EngineConfig, version: str = __version__) -> str:
+    """OpenAI's ``system_fingerprint``: the same for the same glassbox version, model, device and engine
+    settings (any of which might change a sampled token), different when any of them changes."""
+    facts = {"glassbox": version, "model": model, "device": device, "config": dataclasses.asdict(config)}
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+    return f"fp_{digest[:12]}"
 
 
 class ServerState:
@@ -38,11 +55,14 @@ class ServerState:
         self.vocab_size = llm.facts.vocab_size
         self.kv_capacity_tokens = llm.kv_capacity_tokens
         self.logprobs = LogprobFormatter(self.tokenizer)
+        self.grammars = llm.grammars  # structured outputs: compiled (and cached) for the engine too
+        self.fingerprint = system_fingerprint(llm.source.describe(), str(llm.executor.device), llm.config)
         self.created = int(time.time())
         self.draining = False
 
     def check_model(self, model: str | None) -> None:
-        """404 unless ``model`` is None or the served model's name."""
+        """404 (OpenAI's ``invalid_request_error``, code ``model_not_found``) unless ``model`` is None or the
+        served model's name."""
         if model is not None and model != self.model_name:
             raise ApiError(
                 404,

@@ -157,6 +157,18 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _cut_after_final_message(text: str, final: Any) -> str:
+    """``text`` up to the end of the last message's content (its last occurrence; stripped when the template
+    strips messages, as Llama 3's does)."""
+    if not isinstance(final, str) or not final.strip():
+        raise ValueError("continue_final_message needs a last message with text content to continue")
+    for piece in (final, final.strip()):
+        at = text.rfind(piece)
+        if at >= 0:
+            return text[: at + len(piece)]
+    raise ValueError("continue_final_message: the chat template does not render the last message's text")
+
+
 class Tokenizer:
     """A model's tokenizer: encode/decode equal to transformers' fast tokenizer, plus its chat template.
 
@@ -300,6 +312,10 @@ class Tokenizer:
         token: str | None = self._backend.id_to_token(token_id)
         return token
 
+    def backend_json(self) -> str:
+        """The tokenizer as tokenizer.json text, added tokens included (what grammar engines read)."""
+        return str(self._backend.to_str())
+
     def token_to_id(self, token: str) -> int | None:
         """The id of a vocabulary string, or None when it is not in the vocabulary."""
         token_id: int | None = self._backend.token_to_id(token)
@@ -313,20 +329,29 @@ class Tokenizer:
         validate_messages(messages)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **kwargs: Any,
     ) -> str:
         """Render a chat with the model's template (same text as transformers' ``tokenize=False``).
 
-        Extra keyword arguments (e.g. ``tools``, ``enable_thinking``) become template variables.
-        Raises ValueError for malformed messages or when the model has no chat template.
+        ``continue_final_message``: the text ends with the last message's content, open for the model to
+        continue (the template's end-of-turn after it cut, as transformers does). Extra keyword arguments
+        (e.g. ``tools``, ``enable_thinking``) become template variables. Raises ValueError for malformed
+        messages or when the model has no chat template.
         """
         if self.chat_template is None:
             raise ValueError("this model has no chat template; send a plain prompt (completions) instead")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
         chat = normalize_messages(messages)
         if self._template is None:
             self._template = compile_chat_template(self.chat_template)
         variables: dict[str, Any] = {"tools": None, "documents": None, **self.special_tokens, **kwargs}
-        return self._template.render(messages=chat, add_generation_prompt=add_generation_prompt, **variables)
+        text = self._template.render(messages=chat, add_generation_prompt=add_generation_prompt, **variables)
+        return _cut_after_final_message(text, chat[-1].get("content")) if continue_final_message else text
 
     def encode_chat(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any

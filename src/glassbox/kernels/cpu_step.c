@@ -1,0 +1,95 @@
+/* A whole decode step of a Llama-family layer stack in one call, for models whose linears are all block
+ * weights (cpu_quant.c): the same kernels, in the same order, with the same roundings as
+ * models/llama_native.py's per-op forward, without a Python call (and its checks) around each of them.
+ *
+ * A decode step of a small model runs ~10 kernels per layer; from Python each costs 5-20 us of ctypes,
+ * tensor allocation and argument checks, as much as the GEMV itself on a thin layer. Here a step costs one
+ * call. The caller (kernels/cpu_step.py) checks every weight and buffer once, at binding, and the step's
+ * index tensors once per step (cpu_ops.check_step).
+ */
+#include "cpu_common.h"
+
+/* the kernels it chains (cpu_kernels.c, cpu_quant.c) */
+void gb_add_rms_norm(void *x, const void *res, const void *w, void *out, i64 rows, i64 dim, float eps, int dt,
+                     int threads);
+void gb_silu_mul(const void *gu, void *out, i64 rows, i64 inter, int dt, int threads);
+void gb_qkv_rope_store(void *qkv, i64 T, i64 stride, i64 hq, i64 hk, i64 d, const void *qn_w, const void *kn_w,
+                       float eps, const void *cos_t, const void *sin_t, i64 rd, const i64 *positions, void *k_cache,
+                       void *v_cache, const i64 *slots, int dt, int kv8, int threads);
+void gb_decode_attention(const void *qkv, i64 q_stride, const void *k_cache, const void *v_cache,
+                         const i64 *block_tables, i64 max_blocks, const i64 *context_lens, i64 nd, i64 hq, i64 hk,
+                         i64 d, i64 bs, float scale, i64 window, const float *sinks, void *out, int dt, int kv8,
+                         int threads);
+void gb_linear_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint16_t *d, const uint16_t *o,
+                      const uint8_t *z, float c, const float *bias, i64 N, i64 Kp, int bits, void *out, int dt,
+                      int threads);
+
+/* One linear's block weights (layers/block_quant.py BlockWeights.pointers()). */
+typedef struct {
+    const uint8_t *codes;
+    const uint16_t *scales;
+    const uint16_t *offsets; /* or NULL */
+    const uint8_t *zeros;    /* or NULL */
+    const float *bias;       /* or NULL */
+    i64 n, k, kp;
+    float offset_factor;
+    int bits;
+} gb_step_linear;
+
+typedef struct {
+    const void *in_norm; /* (hidden,) in the storage dtype */
+    const void *post_norm;
+    const void *q_norm; /* (d,) or NULL */
+    const void *k_norm;
+    void *k_cache; /* this layer's caches (cpu_ops.PagedAttention) */
+    void *v_cache;
+    const float *sinks; /* (hq,) attention sinks or NULL */
+    gb_step_linear qkv, o, gate_up, down;
+    i64 window;
+    float in_eps, post_eps, qk_eps;
+} gb_step_layer;
+
+typedef struct {
+    i64 layers, hidden, inter, hq, hk, d, bs, rd;
+    const void *cos_t, *sin_t; /* rotary tables (positions, rd) */
+    const void *final_norm;
+    float final_eps, scale;
+    int dt, kv8;
+} gb_step_model;
+
+static void linear(const gb_step_linear *l, const void *x, i64 T, void *out, int dt, int threads) {
+    gb_linear_blocks(x, T, l->k, l->codes, l->scales, l->offsets, l->zeros, l->offset_factor, l->bias, l->n, l->kp,
+                     l->bits, out, dt, threads);
+}
+
+/* x (T, hidden): the embedded tokens, the residual stream (updated in place); h (T, hidden): the final
+ * norm's output. Every row decodes (row t is sequence t). scratch: T * (width + hq d + 2 inter + hidden)
+ * values of the storage dtype, width = (hq + 2 hk) d. */
+void gb_decode_step(const gb_step_model *m, const gb_step_layer *layers, void *x, void *h, i64 T,
+                    const i64 *positions, const i64 *slots, const i64 *block_tables, i64 max_blocks,
+                    const i64 *context_lens, void *scratch, int threads) {
+    const int dt = m->dt;
+    const i64 width = (m->hq + 2 * m->hk) * m->d, esz = dt ? 2 : 4;
+    char *qkv = (char *)scratch;
+    char *attn = qkv + T * width * esz;
+    char *gate_up = attn + T * m->hq * m->d * esz;
+    char *act = gate_up + T * 2 * m->inter * esz;
+    char *tmp = act + T * m->inter * esz;
+    gb_add_rms_norm(x, NULL, layers[0].in_norm, h, T, m->hidden, layers[0].in_eps, dt, threads);
+    for (i64 i = 0; i < m->layers; i++) {
+        const gb_step_layer *l = layers + i;
+        linear(&l->qkv, h, T, qkv, dt, threads);
+        gb_qkv_rope_store(qkv, T, width, m->hq, m->hk, m->d, l->q_norm, l->k_norm, l->qk_eps, m->cos_t, m->sin_t,
+                          m->rd, positions, l->k_cache, l->v_cache, slots, dt, m->kv8, threads);
+        gb_decode_attention(qkv, width, l->k_cache, l->v_cache, block_tables, max_blocks, context_lens, T, m->hq,
+                            m->hk, m->d, m->bs, m->scale, l->window, l->sinks, attn, dt, m->kv8, threads);
+        linear(&l->o, attn, T, tmp, dt, threads);
+        gb_add_rms_norm(x, tmp, l->post_norm, h, T, m->hidden, l->post_eps, dt, threads);
+        linear(&l->gate_up, h, T, gate_up, dt, threads);
+        gb_silu_mul(gate_up, act, T, m->inter, dt, threads);
+        linear(&l->down, act, T, tmp, dt, threads);
+        const int last = i + 1 == m->layers;
+        gb_add_rms_norm(x, tmp, last ? m->final_norm : layers[i + 1].in_norm, h, T, m->hidden,
+                        last ? m->final_eps : layers[i + 1].in_eps, dt, threads);
+    }
+}

@@ -1,0 +1,120 @@
+"""The linear layer that runs ``Fp8Weights`` (layers/fp8_weights.py): FP8 checkpoints kept 8-bit.
+
+On the CPU (float32 or bf16 activations, C kernels built): decode rows run kernels/cpu_fp8.c's GEMV
+(E4M3 widened in registers, float32 sums per scale block); more rows multiply the weight dequantized a tile
+of rows at a time (to the activations' dtype, exact in float32) in a GEMM, so no full-size copy of the
+weight is ever held. Elsewhere (CUDA, float16, no C compiler) the weight is dequantized by PyTorch ops
+(``w.to(float32) * scale``) for each call: correct on any device, but with no FP8 compute (on CUDA,
+``torch._scaled_mm`` would need FP8 activations too, W8A8: not done here). Activations are never quantized.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glassbox.layers.block_linear import step_kernel_choice
+from glassbox.layers.block_quant import native_library
+from glassbox.layers.fp8_weights import Fp8Weights, concat
+
+# Up to this many rows run the GEMV, more the tiled dequantize + GEMM (benchmarks/fp8_gemv.py, a 2048 x
+# 2048 layer with 128 x 128 blocks, one thread, bf16, fastest calls: GEMV 0.80 / 1.74 / 2.38 ms at 8 / 16 /
+# 24 rows, tiles 1.33 / 1.63 / 1.92 ms; per-channel scales: GEMV 1.17 ms at 16 rows). Level at about 16,
+# the engine's decode-step rule for block weights too.
+KERNEL_ROWS = 16
+# Weight rows dequantized per GEMM tile: 256 x 4096 bf16 is 2 MiB, about one core's L2.
+TILE_ROWS = 256
+
+
+class Fp8Linear(nn.Module):
+    """y = x W^T + b with W in ``Fp8Weights``; the codes and scales are (non-persistent) buffers, so that
+    ``.to(device)`` moves them and ``model.buffers()`` counts their bytes."""
+
+    kernel_rows = KERNEL_ROWS
+    tile_rows = TILE_ROWS
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+    def __init__(self, weights: Fp8Weights, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.register_buffer("codes", weights.codes, persistent=False)
+        self.register_buffer("scales", weights.scales, persistent=False)
+        self.block_rows, self.block_cols, self.label = weights.block_rows, weights.block_cols, weights.label
+        self.out_features, self.in_features = weights.out_features, weights.in_features
+        # float32 whatever the model's dtype (the kernel adds it in float); a parameter, so that a
+        # checkpoint's bias loads into it by name
+        self.bias = (
+            None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
+        )
+        self._args: tuple[Any, ...] | None = None  # the GEMV's weight arguments, taken at the first call
+
+    @property
+    def w(self) -> Fp8Weights:
+        return Fp8Weights(self.codes, self.scales, self.block_rows, self.block_cols, self.label)
+
+    @property
+    def kept_weights(self) -> Fp8Weights:  # what the engine counts (layers/block_linear.block_weights)
+        return self.w
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() + 4 * self.scales.numel()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.label}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        on_kernels = x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+        if not on_kernels or native_library() is None:
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return F.linear(x, self.w.dequantize_reference(x.dtype), bias)
+        rows = x2.shape[0]
+        step = step_kernel_choice()  # the engine's step: decode-only (True) or with prompt rows (False)
+        use_gemv = rows <= self.kernel_rows and step is not False
+        y = self._gemv(x2.contiguous()) if use_gemv else self._tiled(x2)
+        return y.view(*lead, self.out_features)
+
+    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+        lib = native_library()
+        assert lib is not None
+        if self._args is None:
+            bias = None if self.bias is None else ctypes.c_void_p(self.bias.data_ptr())
+            self._args = (*self.w.kernel_args(), bias, self.out_features)
+        out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
+        lib.gb_fp8_gemv(x.data_ptr(), x.shape[0], self.in_features, *self._args, out.data_ptr(),
+                        int(x.dtype == torch.bfloat16), torch.get_num_threads())  # fmt: skip
+        return out
+
+    def _tiled(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows of W dequantized ``tile_rows`` at a time into one buffer, each tile's GEMM written into its
+        columns of the output."""
+        w, n, t = self.w, self.out_features, self.tile_rows
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if n <= t:
+            return F.linear(x, w.dequantize(x.dtype), bias)
+        out = torch.empty(x.shape[0], n, dtype=x.dtype)
+        buf = torch.empty(t, self.in_features, dtype=x.dtype)
+        for n0 in range(0, n, t):
+            n1 = min(n, n0 + t)
+            tile = w.dequantize(x.dtype, (n0, n1), buf[: n1 - n0])
+            torch.mm(x, tile.t(), out=out[:, n0:n1])
+        if bias is not None:
+            out += bias
+        return out
+
+
+def concat_fp8(linears: list[Fp8Linear]) -> Fp8Linear | None:
+    """One Fp8Linear for linears side by side (a fused q/k/v or gate/up), or None when their weights do
+    not stack (layers/fp8_weights.concat) or only some carry a bias."""
+    weights = concat([lin.w for lin in linears])
+    biases = [lin.bias for lin in linears]
+    if weights is None or (any(b is None for b in biases) and any(b is not None for b in biases)):
+        return None
+    bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
+    return Fp8Linear(weights, bias)
