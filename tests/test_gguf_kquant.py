@@ -240,3 +240,24 @@ def test_stored_bits_per_weight() -> None:
         w = from_gguf(qtype.name, _tensor(qtype, n, k, "random"), (n, k))
         assert w.nbytes == n * k // 256 * GGML_QUANT_SIZES[qtype][1]
         assert w.nbytes * 8 / (n * k) == bits
+
+
+def test_gemma3_packed_embedding_keeps_its_scale(tmp_path: Path) -> None:
+    """Gemma 3 scales its embedding rows by sqrt(hidden): a packed table (Q8_0 here, Q4_K linears) must too.
+    The packed float32 model's logits against the same file dequantized by the gguf package."""
+    spec = Spec(
+        arch="gemma3", hidden=256, ffn=512, layers=2, heads=2, kv_heads=1, head_dim=256, vocab=64, tie=True,
+        qtype=Q.Q4_K, types={"embed_tokens": Q.Q8_0}, meta={"attention.sliding_window": 4},
+    )  # fmt: skip
+    path = tmp_path / "gemma3-k.gguf"
+    write_model(path, spec)
+    checkpoint = open_checkpoint(resolve_model(str(path)))
+    cfg = ModelConfig.from_facts(checkpoint.facts)
+    cpu = torch.device("cpu")
+    floats, packed = checkpoint.weights(True, cpu, torch.float32)
+    assert {w.label for w in packed.values()} == {"Q4_K", "Q8_0"}
+    ours = build_model(cfg, floats, torch.float32, cpu, packed=packed)
+    dense = build_model(cfg, checkpoint.weights(False, cpu, torch.float32)[0], torch.float32, cpu)
+    toks, lps = _greedy(ours, cfg, PROMPTS[1], 4)
+    ref_toks, ref_lps = _greedy(dense, cfg, PROMPTS[1], 4)
+    assert toks == ref_toks and lps == pytest.approx(ref_lps, abs=1e-5)

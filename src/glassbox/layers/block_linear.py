@@ -150,17 +150,21 @@ class BlockQuantLinear(nn.Module):
 
 
 class BlockQuantEmbedding(nn.Module):
-    """An embedding table in block weights: looked-up rows are dequantized (to the model's dtype)."""
+    """An embedding table in block weights: looked-up rows are dequantized (to the model's dtype), then
+    times ``scale`` where the table it replaces scales them (Gemma 3: sqrt(hidden), rounded to the dtype
+    first, as models/gemma3.py's ScaledEmbedding does)."""
 
-    def __init__(self, weights: PackedWeights, dtype: torch.dtype) -> None:
+    def __init__(self, weights: PackedWeights, dtype: torch.dtype, scale: float | None = None) -> None:
         super().__init__()
         self.w = weights
         _register(self, weights)
         self.dtype = dtype
         self.num_embeddings, self.embedding_dim = weights.out_features, weights.in_features
+        self.scale = None if scale is None else torch.tensor(scale, dtype=dtype).item()
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.w.rows(ids, self.dtype)
+        rows = self.w.rows(ids, self.dtype)
+        return rows if self.scale is None else rows * self.scale
 
 
 def concat_weights(parts: list[PackedWeights]) -> PackedWeights | None:

@@ -19,7 +19,7 @@ from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
 from glassbox.models.causal_lm import CausalLM
-from glassbox.models.gemma3 import Gemma3ForCausalLM
+from glassbox.models.gemma3 import Gemma3ForCausalLM, ScaledEmbedding
 from glassbox.models.gpt_oss import GptOssForCausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
@@ -139,8 +139,8 @@ def _swap_in_blocks(
                 raise ValueError(f"{name}: FP8 weights for a {type(old).__name__}, not a linear layer")
             bias = None if old.bias is None else torch.zeros(old.out_features)
             new = Fp8Linear(blocks, bias).to(old.weight.device)
-        elif isinstance(old, nn.Embedding):
-            new = BlockQuantEmbedding(blocks, dtype)
+        elif isinstance(old, nn.Embedding):  # Gemma 3's table scales its rows: the blocks must too
+            new = BlockQuantEmbedding(blocks, dtype, old.scale if isinstance(old, ScaledEmbedding) else None)
         elif isinstance(old, nn.Linear):
             bias = None if old.bias is None else torch.zeros(old.out_features)
             new = BlockQuantLinear(blocks, bias)
