@@ -88,8 +88,8 @@ def kquant_gemv(w: KQuantWeights, x: torch.Tensor, generic: bool) -> torch.Tenso
     assert lib is not None
     m, k = x.shape
     qx = torch.empty(m, k, dtype=torch.int8)
-    dx, cx = torch.empty(m, k // 16), torch.empty(m, k // 16)
-    sx = torch.empty(m, k // 16, dtype=torch.int32)
+    dx, cx = torch.empty(m, k // 32), torch.empty(m, k // 32)  # per 32-value block
+    sx = torch.empty(m, k // 16, dtype=torch.int32)  # per 16-value lane
     xb = x.bfloat16().contiguous()
     lib.gb_quantize_rows_kq(xb.data_ptr(), m, k, qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), sx.data_ptr(), 1, 1)
     out = torch.empty(m, w.out_features)

@@ -109,6 +109,34 @@ static inline void lane_scales(const uint8_t *mt, int kind, __m512 *S, __m512 *O
     *S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))));
     *O = _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))));
 }
+
+/* Q4_K/Q5_K: the scales S and offsets O of the 16 sub-blocks of two super-blocks (their meta records at mt
+ * and mt + 16; ``two``: whether the second exists, else its lanes are 0), as lane_scales does for one. */
+static inline void pair_scales(const uint8_t *mt, int two, __m512 *S, __m512 *O) {
+    const __m256i x = _mm256_maskz_loadu_epi8(two ? 0xFFFFFFFFu : 0xFFFFu, mt);
+    const __m256i p1 = _mm256_shuffle_epi8(x, _mm256_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15,
+                                                               4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m256i p2 = _mm256_shuffle_epi8(x, _mm256_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11,
+                                                               -1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m256i low = _mm256_or_si256(
+        _mm256_and_si256(p1, _mm256_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0,
+                                              63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
+        _mm256_and_si256(_mm256_srli_epi16(p1, 4), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15,
+                                                                    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+    const __m256i top = _mm256_and_si256(_mm256_srli_epi16(p2, 2),
+                                         _mm256_setr_epi8(0, 0, 0, 0, 48, 48, 48, 48, 0, 0, 0, 0, 48, 48, 48, 48,
+                                                          0, 0, 0, 0, 48, 48, 48, 48, 0, 0, 0, 0, 48, 48, 48, 48));
+    /* per record (128-bit lane): sc 0..7, m 0..7; then the first's sc, the second's sc, the mins likewise */
+    const __m256i sm = _mm256_permute4x64_epi64(_mm256_or_si256(low, top), 0xD8);
+    const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(sm)));
+    const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(sm, 1)));
+    const __m256i dd = _mm256_shuffle_epi8(x, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                                               0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1));
+    const __m256i dm = _mm256_shuffle_epi8(x, _mm256_setr_epi8(2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+                                                               2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+    *S = _mm512_mul_ps(_mm512_cvtph_ps(dd), sc);
+    *O = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(_mm512_cvtph_ps(dm), mn));
+}
 #endif
 
 #endif
