@@ -23,6 +23,7 @@ from glassbox.layers.attention import AttentionMetadata, PrefillSeq
 from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear, block_weights
 from glassbox.layers.kquant import KQuantWeights, from_gguf
 from glassbox.models.causal_lm import CausalLM
+from glassbox.models.llama_native import NativeForward
 from glassbox.models.loader import build_model
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.sources import resolve_model
@@ -231,6 +232,25 @@ def test_engine_serves_the_blocks_in_bf16(model_file: Path, reference: list) -> 
             if out.token_ids[: j + 1] != toks[: j + 1]:
                 break
             assert abs(out.logprobs[j][t] - lps[j]) < 0.25
+
+
+@needs_kernels
+def test_one_call_step_equals_the_per_op_forward(model_file: Path) -> None:
+    """The one-call decode step (kernels/cpu_step.c) takes K-quant linears, q/k/v of two types as their parts:
+    the same kernels as the per-op forward, so the same bits."""
+    llm = LLM(str(model_file), dtype="bfloat16", device="cpu", max_model_len=128)
+    forward = llm.engine.executor.forward
+    assert isinstance(forward, NativeForward) and forward.step is not None
+    assert forward.step.layers[0].qkv_parts == 3  # q and k Q4_K, v Q6_K
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=2)
+
+    def run() -> list[tuple[list[int], list[float]]]:
+        outs = llm.generate(PROMPTS, params)
+        return [(o.token_ids, [lp[t] for lp, t in zip(o.logprobs or [], o.token_ids, strict=True)]) for o in outs]
+
+    stepped = run()
+    forward.step = None  # the per-op forward for every step
+    assert stepped == run()
 
 
 def test_stored_bits_per_weight() -> None:
