@@ -1,6 +1,8 @@
-"""GGUF K-quants kept as stored (layers/kquant.py, kernels/cpu_kquant.c): the dequantization equals the gguf
-package's bit for bit, the int8-activation GEMV computes its arithmetic (checked in float64 PyTorch), and a
-tiny Llama in a Q4_K_M-like mix of Q4_K/Q5_K/Q6_K runs packed with transformers' greedy tokens."""
+"""GGUF K-quants kept as stored (layers/kquant.py, kernels/cpu_kquant*.c): the dequantization equals the gguf
+package's bit for bit, the int8-activation GEMV computes its arithmetic (checked in float64 PyTorch), a tiny
+Llama in a Q4_K_M-like mix of Q4_K/Q5_K/Q6_K runs packed with transformers' greedy tokens (float32) and
+through the one-call decode step as through the per-op forward (bf16), and a packed Gemma 3 table keeps its
+scale."""
 
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ def _tensor(qtype: Q, n: int, k: int, kind: str) -> np.ndarray:
     if kind == "random":
         return random_blocks(qtype, n, k, rng)
     w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
-    w[0, k - 256 :] = 0.0 if k > 256 else w[0, k - 256 :]  # an all-zero super-block
+    if k > 256:  # an all-zero super-block (not in a weight of one super-block: its product would be 0)
+        w[0, -256:] = 0.0
     return quantize_k(w, qtype)
 
 
