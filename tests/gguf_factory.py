@@ -17,6 +17,7 @@ import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
+from kquant_factory import K_QUANTIZABLE, quantize_k
 from tiny_models import greedy_continuation
 
 from glassbox import SamplingParams
@@ -33,7 +34,8 @@ def smollm2_path() -> Path | None:
     return None
 
 
-# GGML types gguf.quants can quantize; the others (K- and I-quants) are written as random blocks.
+# GGML types gguf.quants can quantize; Q4_K/Q5_K/Q6_K are quantized by kquant_factory, the others (the other
+# K- and I-quants) are written as random blocks.
 QUANTIZABLE = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)
 # Byte offsets of the float16 scale fields inside one block of the random-block types (the rest of a block
 # is integer data, any byte of which is valid). IQ1_M spreads its scale over four nibbles: see below.
@@ -82,6 +84,7 @@ class Spec:
     ffn: int = 96
     vocab: int = 64
     qtype: Q = Q.F32  # type of the 2-D weights
+    types: dict[str, Q] = field(default_factory=dict)  # a type for the 2-D weights whose HF name has the key
     tie: bool = False
     bias: bool = False  # q/k/v biases
     qk_norm: bool = False
@@ -181,6 +184,8 @@ def encode_tensor(values: np.ndarray, qtype: Q, rng: np.random.Generator) -> tup
         return values.astype(np.float16), Q.F16
     if qtype in QUANTIZABLE:
         return gguf.quants.quantize(values, qtype), qtype
+    if qtype in K_QUANTIZABLE:
+        return quantize_k(values, qtype), qtype
     return random_blocks(qtype, *values.shape, rng), qtype
 
 
@@ -206,8 +211,8 @@ def write_model(
     """Write ``spec`` as a GGUF file at ``path`` (shards beside it when split); return the HF-layout weights.
 
     ``weights`` (HF names and layout) replace the random ones; ``vocab`` (``tokenizer.*`` keys, see
-    write_vocab) replaces the tiny byte-level one. For a K-quant the file holds random blocks instead of the
-    returned 2-D weights (see random_blocks).
+    write_vocab) replaces the tiny byte-level one. For a type no quantizer here makes (most K- and I-quants) the
+    file holds random blocks instead of the returned 2-D weights (see random_blocks).
     """
     rng = np.random.default_rng(seed + 1)
     weights = hf_weights(spec, seed) if weights is None else weights
@@ -249,7 +254,8 @@ def write_model(
         elif permuted and ".k_proj." in name:
             values = interleave_rotary_rows(values, spec.kv_heads)
         if values.ndim == 2:
-            data, raw = encode_tensor(values, spec.qtype, rng)
+            qtype = next((t for key, t in spec.types.items() if key in name), spec.qtype)
+            data, raw = encode_tensor(values, qtype, rng)
             writer.add_tensor(gguf_name(name, a), data, raw_dtype=raw)
         else:
             writer.add_tensor(gguf_name(name, a), values)

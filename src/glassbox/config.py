@@ -33,8 +33,8 @@ class EngineConfig:
     kv_cache_memory_gib: float | None = None  # CPU: explicit KV cache size; default a share of free RAM
     seed: int = 0
     load_format: str = "auto"
-    # None: as the checkpoint stores it (GGUF Q4_0/Q4_1/Q8_0 stay in their blocks on the CPU); "none":
-    # 16/32-bit weights (a GGUF file is dequantized at load); "int8"/"int4": quantized at load;
+    # None: as the checkpoint stores it (GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K stay in their blocks on the CPU);
+    # "none": 16/32-bit weights (a GGUF file is dequantized at load); "int8"/"int4": quantized at load;
     # "mxfp4"/"nvfp4": linear layers and routed experts quantized at load (layers/fp4_linear.py)
     quantization: str | None = None
     enforce_eager: bool = False  # no CUDA graphs / torch.compile

@@ -65,7 +65,7 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         help="int8/int4: weight-only, 32-value blocks (as GGUF Q8_0/Q4_0), CPU only; mxfp4/nvfp4: linear "
         "layers and routed experts in 4-bit floats (embeddings, LM head and routers stay), CPU only; none: "
         "16-bit weights (a GGUF file dequantized at load); default: as stored (GGUF Q4_0/Q4_1/Q8_0 and "
-        "NVFP4 checkpoints kept packed on the CPU)",
+        "Q4_K/Q5_K/Q6_K, and NVFP4/MXFP4/FP8/GPTQ/AWQ checkpoints kept packed on the CPU)",
     )
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs or torch.compile")
     g.add_argument(

@@ -1,7 +1,8 @@
 """A checkpoint opened for the engine: its description, tokenizer and weights, from a Hugging Face
 directory (config.json, tokenizer files, safetensors; GPTQ and AWQ layers repacked into blocks, FP8 layers
 kept as stored, NVFP4 linears and MXFP4 experts kept in 4-bit floats) or a GGUF file (metadata, vocabulary,
-tensors: Q4_0, Q4_1 and Q8_0 kept in their blocks when the engine can run them so, the rest dequantized)."""
+tensors: Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K kept in their blocks when the engine can run
+them so, the rest dequantized)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from glassbox.layers import kquant
 from glassbox.layers.block_quant import GGUF_TYPES, from_gguf
 from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
 from glassbox.models.facts import ModelFacts
@@ -38,10 +40,10 @@ class Checkpoint:
         self, keep_packed: bool, device: torch.device, dtype: torch.dtype
     ) -> tuple[Tensors, dict[str, Packed]]:
         """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
-        tensors of the packed types (layers/block_quant.py) stay in their blocks; a GPTQ/AWQ, NVFP4 or
-        MXFP4 checkpoint's layers always do (ValueError off the CPU or in a dtype other than bf16/float32,
-        or for settings the loader cannot run), and an FP8 checkpoint's stay 8-bit (any device and
-        dtype); all else is float."""
+        tensors of the packed types (layers/block_quant.py, layers/kquant.py) stay in their blocks; a
+        GPTQ/AWQ, NVFP4 or MXFP4 checkpoint's layers always do (ValueError off the CPU or in a dtype other
+        than bf16/float32, or for settings the loader cannot run), and an FP8 checkpoint's stay 8-bit (any
+        device and dtype); all else is float."""
         if self.gguf is None:
             fp4 = read_fp4(self.source.path, self.facts.quantization_config, device, dtype)
             if fp4 is not None:
@@ -59,8 +61,9 @@ class Checkpoint:
         gguf = self.gguf
         packed: dict[str, Packed] = {}
         if keep_packed:
-            for name, ggml_type, raw, shape in gguf.stored_tensors(set(GGUF_TYPES)):
-                packed[name] = from_gguf(ggml_type, raw, shape)
+            for name, ggml_type, raw, shape in gguf.stored_tensors({*GGUF_TYPES, *kquant.KQUANT_TYPES}):
+                k_quant = ggml_type in kquant.KQUANT_TYPES
+                packed[name] = (kquant.from_gguf if k_quant else from_gguf)(ggml_type, raw, shape)
 
         def floats() -> Tensors:
             for name, array in gguf.tensors(skip=set(packed)):

@@ -113,7 +113,7 @@ class TorchExecutor:
             raise ValueError(
                 f"--quantization {config.quantization} runs on the CPU only so far (not on CUDA)"
             )
-        # GGUF Q4_0/Q4_1/Q8_0 stay in their blocks where the C kernels run them (CPU, bf16 activations);
+        # GGUF Q4_0/Q4_1/Q8_0 and K-quants stay in their blocks where the C kernels run them (CPU, bf16 activations);
         # GPTQ/AWQ layers always do (CPU only)
         keep_packed = (
             config.quantization is None and self.attn_backend == "native" and self.dtype == torch.bfloat16

@@ -1,6 +1,6 @@
 /* A whole decode step of a Llama-family layer stack in one call, for models whose linears are all block
- * weights (cpu_quant.c): the same kernels, in the same order, with the same roundings as
- * models/llama_native.py's per-op forward, without a Python call (and its checks) around each of them.
+ * weights (cpu_quant.c) or GGUF K-quants (cpu_kquant.c): the same kernels, in the same order, with the same
+ * roundings as models/llama_native.py's per-op forward, without a Python call (and its checks) around each.
  *
  * A decode step of a small model runs ~10 kernels per layer; from Python each costs 5-20 us of ctypes,
  * tensor allocation and argument checks, as much as the GEMV itself on a thin layer. Here a step costs one
@@ -23,8 +23,11 @@ void gb_decode_attention(const void *qkv, i64 q_stride, const void *k_cache, con
 void gb_linear_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint16_t *d, const uint16_t *o,
                       const uint8_t *z, float c, const float *bias, i64 N, i64 Kp, int bits, void *out, int dt,
                       int threads);
+void gb_linear_kquant(const void *x, i64 M, i64 K, const uint8_t *codes, const uint8_t *meta, int kind,
+                      const float *bias, i64 N, void *out, int dt, int threads);
 
-/* One linear's block weights (layers/block_quant.py BlockWeights.pointers()). */
+/* One linear's block weights (layers/block_quant.py BlockWeights.pointers()), or with ``kind`` 4, 5 or 6 a
+ * GGUF K-quant's (layers/kquant.py: ``codes`` and its meta bytes in ``scales``). */
 typedef struct {
     const uint8_t *codes;
     const uint16_t *scales;
@@ -34,6 +37,7 @@ typedef struct {
     i64 n, k, kp;
     float offset_factor;
     int bits;
+    int kind; /* 0: block weights; 4, 5, 6: Q4_K, Q5_K, Q6_K (cpu_kquant.c) */
 } gb_step_linear;
 
 typedef struct {
@@ -47,6 +51,9 @@ typedef struct {
     gb_step_linear qkv, o, gate_up, down;
     i64 window;
     float in_eps, post_eps, qk_eps;
+    /* q/k/v that cannot share one weight (a Q4_K_M file's Q6_K attn_v): qkv is q, then these; else 1 part */
+    gb_step_linear qkv_k, qkv_v;
+    i64 qkv_parts;
 } gb_step_layer;
 
 typedef struct {
@@ -58,8 +65,30 @@ typedef struct {
 } gb_step_model;
 
 static void linear(const gb_step_linear *l, const void *x, i64 T, void *out, int dt, int threads) {
-    gb_linear_blocks(x, T, l->k, l->codes, l->scales, l->offsets, l->zeros, l->offset_factor, l->bias, l->n, l->kp,
-                     l->bits, out, dt, threads);
+    if (l->kind)
+        gb_linear_kquant(x, T, l->k, l->codes, (const uint8_t *)l->scales, l->kind, l->bias, l->n, out, dt, threads);
+    else
+        gb_linear_blocks(x, T, l->k, l->codes, l->scales, l->offsets, l->zeros, l->offset_factor, l->bias, l->n,
+                         l->kp, l->bits, out, dt, threads);
+}
+
+/* q/k/v into qkv (T x width): one call, or each part into ``part`` (T x its n, at least the q part's size)
+ * and copied to its columns (ConcatLinear's torch.cat in the per-op forward). */
+static void qkv_linear(const gb_step_layer *l, const void *h, i64 T, char *qkv, i64 width, char *part, int dt,
+                       int threads) {
+    if (l->qkv_parts == 1) {
+        linear(&l->qkv, h, T, qkv, dt, threads);
+        return;
+    }
+    const gb_step_linear *parts[3] = {&l->qkv, &l->qkv_k, &l->qkv_v};
+    const i64 esz = dt ? 2 : 4;
+    i64 col = 0;
+    for (i64 p = 0; p < l->qkv_parts; p++) {
+        const i64 n = parts[p]->n;
+        linear(parts[p], h, T, part, dt, threads);
+        for (i64 t = 0; t < T; t++) memcpy(qkv + (t * width + col) * esz, part + t * n * esz, (size_t)(n * esz));
+        col += n;
+    }
 }
 
 /* x (T, hidden): the embedded tokens, the residual stream (updated in place); h (T, hidden): the final
@@ -78,7 +107,7 @@ void gb_decode_step(const gb_step_model *m, const gb_step_layer *layers, void *x
     gb_add_rms_norm(x, NULL, layers[0].in_norm, h, T, m->hidden, layers[0].in_eps, dt, threads);
     for (i64 i = 0; i < m->layers; i++) {
         const gb_step_layer *l = layers + i;
-        linear(&l->qkv, h, T, qkv, dt, threads);
+        qkv_linear(l, h, T, qkv, width, attn, dt, threads); /* attn: free until the attention writes it */
         gb_qkv_rope_store(qkv, T, width, m->hq, m->hk, m->d, l->q_norm, l->k_norm, l->qk_eps, m->cos_t, m->sin_t,
                           m->rd, positions, l->k_cache, l->v_cache, slots, dt, m->kv8, threads);
         gb_decode_attention(qkv, width, l->k_cache, l->v_cache, block_tables, max_blocks, context_lens, T, m->hq,

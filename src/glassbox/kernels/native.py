@@ -32,10 +32,13 @@ _C_FILES = (
     "cpu_fp8.c",
     "cpu_fp4.c",  # 4-bit float weights: MXFP4, NVFP4
     "cpu_fp4_dequant.c",
+    "cpu_kquant.c",  # GGUF K-quants
+    "cpu_kquant_dequant.c",
 )
 SOURCES = [Path(__file__).with_name(name) for name in _C_FILES]
 HEADERS = [
-    Path(__file__).with_name(name) for name in ("cpu_common.h", "cpu_kv8.h", "cpu_quant.h", "cpu_fp4.h")
+    Path(__file__).with_name(name)
+    for name in ("cpu_common.h", "cpu_kv8.h", "cpu_quant.h", "cpu_fp4.h", "cpu_kquant.h")
 ]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
@@ -72,6 +75,11 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_fp4_gemv": [_P, _P, _P, _C, _P, _I, _I, _P, _P, _P, _I, _P, _I, _C, _C, _C],
     "gb_fp4_linear": [_P, _I, _I, _P, _P, _P, _C, _P, _I, _I, _P, _C, _C],
     "gb_fp4_dequant": [_P, _P, _P, _C, _I, _I, _I, _P, _C, _C],
+    # cpu_kquant.c: GGUF K-quants (weight arguments: codes, meta, kind)
+    "gb_quantize_rows_kq": [_P, _I, _I, _P, _P, _P, _P, _C, _C],
+    "gb_gemv_kquant": [_P, _P, _C, _P, _I, _I, _P, _P, _P, _P, _I, _P, _I, _C, _C, _C],
+    "gb_linear_kquant": [_P, _I, _I, _P, _P, _C, _P, _I, _P, _C, _C],
+    "gb_dequant_kquant": [_P, _P, _C, _I, _I, _P, _C, _C, _C],
 }
 
 

@@ -1,4 +1,5 @@
-"""The modules that run ``BlockWeights`` (layers/block_quant.py): a linear layer and an embedding table.
+"""The modules that run ``BlockWeights`` (layers/block_quant.py) and ``KQuantWeights`` (layers/kquant.py):
+a linear layer and an embedding table.
 
 Decode rows run the kernels' int8-activation GEMV (llama.cpp's arithmetic); other rows, and float32
 models, multiply the dequantized weight (exact in float32), so a float32 model gives what the dequantized
@@ -16,7 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glassbox.layers.block_quant import BlockWeights, native_library
+from glassbox.layers.block_quant import BlockWeights, concat, native_library
+from glassbox.layers.kquant import KQuantWeights
+from glassbox.layers.kquant import concat as concat_kquant
+
+PackedWeights = BlockWeights | KQuantWeights
 
 # Up to this many rows run the int8-activation kernel and more multiply the dequantized weight (bf16 GEMM).
 # Measured on a 3072 x 1024 Q4 layer (2 cores): kernel 0.60 / 2.69 / 5.54 ms at 16 / 64 / 128 rows,
@@ -52,17 +57,17 @@ def kernel_chosen(rows: int) -> bool:
     return rows <= KERNEL_ROWS if step is None else step
 
 
-def _register(module: nn.Module, w: BlockWeights) -> None:
+def _register(module: nn.Module, w: PackedWeights) -> None:
     """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold."""
     module.register_buffer("codes", w.codes, persistent=False)
-    module.register_buffer("scales", w.scales, persistent=False)
-    for name in ("offsets", "zeros", "perm"):
-        if getattr(w, name) is not None:
+    for name in ("scales", "meta", "offsets", "zeros", "perm"):
+        if getattr(w, name, None) is not None:
             module.register_buffer(name, getattr(w, name), persistent=False)
 
 
 class KeptWeights(Protocol):
-    """What the engine reads of weights kept in a format of their own (BlockWeights, FP8 weights)."""
+    """What the engine reads of weights kept in a format of their own (BlockWeights, KQuantWeights, FP8
+    weights)."""
 
     label: str
 
@@ -75,9 +80,9 @@ class KeptWeights(Protocol):
 
 
 def block_weights(model: nn.Module) -> list[KeptWeights]:
-    """Every distinct BlockWeights of a model (a tied table counted once), and the weights of modules that
-    keep theirs otherwise (a ``kept_weights`` attribute: layers/fp8_linear.py; a ``packed_weights()``
-    list: FP4 linears and MoE experts, layers/fp4_linear.py and models/moe.py)."""
+    """Every distinct BlockWeights or KQuantWeights of a model (a tied table counted once), and the weights
+    of modules that keep theirs otherwise (a ``kept_weights`` attribute: layers/fp8_linear.py; a
+    ``packed_weights()`` list: FP4 linears and MoE experts, layers/fp4_linear.py and models/moe.py)."""
     seen: dict[int, KeptWeights] = {}
     for m in model.modules():
         if isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
@@ -90,11 +95,11 @@ def block_weights(model: nn.Module) -> list[KeptWeights]:
 
 
 class BlockQuantLinear(nn.Module):
-    """y = x W^T + b with W in ``BlockWeights`` (CPU)."""
+    """y = x W^T + b with W in ``BlockWeights`` or ``KQuantWeights`` (CPU)."""
 
     kernel_rows = KERNEL_ROWS
 
-    def __init__(self, weights: BlockWeights, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weights: PackedWeights, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.w = weights
         _register(self, weights)
@@ -132,10 +137,13 @@ class BlockQuantLinear(nn.Module):
             lib = native_library()
             assert lib is not None
             w = self.w
-            self._call = (
-                lib.gb_linear_blocks,
-                (*w.pointers(), self._bias_ptr, self.out_features, w.padded, w.bits),
-            )
+            if isinstance(w, KQuantWeights):
+                self._call = w.kernel_call(self._bias_ptr)
+            else:
+                self._call = (
+                    lib.gb_linear_blocks,
+                    (*w.pointers(), self._bias_ptr, self.out_features, w.padded, w.bits),
+                )
         fn, weight_args = self._call
         m = x.shape[0]
         out = torch.empty(m, self.out_features, dtype=x.dtype)
@@ -145,14 +153,28 @@ class BlockQuantLinear(nn.Module):
 
 
 class BlockQuantEmbedding(nn.Module):
-    """An embedding table in ``BlockWeights``: looked-up rows are dequantized (to the model's dtype)."""
+    """An embedding table in block weights: looked-up rows are dequantized (to the model's dtype), then
+    times ``scale`` where the table it replaces scales them (Gemma 3: sqrt(hidden), rounded to the dtype
+    first, as models/gemma3.py's ScaledEmbedding does)."""
 
-    def __init__(self, weights: BlockWeights, dtype: torch.dtype) -> None:
+    def __init__(self, weights: PackedWeights, dtype: torch.dtype, scale: float | None = None) -> None:
         super().__init__()
         self.w = weights
         _register(self, weights)
         self.dtype = dtype
         self.num_embeddings, self.embedding_dim = weights.out_features, weights.in_features
+        self.scale = None if scale is None else torch.tensor(scale, dtype=dtype).item()
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.w.rows(ids, self.dtype)
+        rows = self.w.rows(ids, self.dtype)
+        return rows if self.scale is None else rows * self.scale
+
+
+def concat_weights(parts: list[PackedWeights]) -> PackedWeights | None:
+    """The parts stacked by rows (one kernel call for a fused q/k/v or gate/up), or None when they are of
+    different layouts, bits or widths."""
+    blocks = [p for p in parts if isinstance(p, BlockWeights)]
+    if len(blocks) == len(parts):
+        return concat(blocks)
+    kquants = [p for p in parts if isinstance(p, KQuantWeights)]
+    return concat_kquant(kquants) if len(kquants) == len(parts) else None

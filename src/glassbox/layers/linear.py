@@ -87,8 +87,7 @@ def concat_linears(*linears: nn.Module) -> nn.Module:
     weights stacked by rows when they share their bits, FP8 weights when their scales stack
     (layers/fp8_weights.concat), FP4 weights when they share their format, else a ConcatLinear. All share
     in_features and either all carry a bias or none does."""
-    from glassbox.layers.block_linear import BlockQuantLinear
-    from glassbox.layers.block_quant import concat
+    from glassbox.layers.block_linear import BlockQuantLinear, concat_weights
     from glassbox.layers.fp4_linear import FP4Linear
     from glassbox.layers.fp4_quant import concat as concat_fp4
     from glassbox.layers.fp8_linear import Fp8Linear, concat_fp8
@@ -105,7 +104,7 @@ def concat_linears(*linears: nn.Module) -> nn.Module:
         return FP4Linear(weights, bias) if weights is not None else ConcatLinear(list(linears))
     quantized = [lin for lin in linears if isinstance(lin, BlockQuantLinear)]
     if len(quantized) == len(linears):
-        blocks = concat([lin.w for lin in quantized])
+        blocks = concat_weights([lin.w for lin in quantized])
         biases = [lin.bias for lin in quantized]
         bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
         return BlockQuantLinear(blocks, bias) if blocks is not None else ConcatLinear(list(linears))

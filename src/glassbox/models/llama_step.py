@@ -1,6 +1,7 @@
 """A decode step of the whole Llama layer stack in one native call (kernels/cpu_step.c), for models whose
-linears are all block weights (GGUF Q4_0/Q4_1/Q8_0, ``--quantization int4|int8``, GPTQ/AWQ without
-act-order): the default model's case.
+linears are all block weights (GGUF Q4_0/Q4_1/Q8_0 and the K-quants Q4_K/Q5_K/Q6_K, ``--quantization
+int4|int8``, GPTQ/AWQ without act-order): the default model's case. A q/k/v whose parts cannot share one
+weight (a Q4_K_M file's Q6_K attn_v beside Q4_K q and k: a ConcatLinear) runs as its parts.
 
 The per-op forward (models/llama_native.py) calls ~10 kernels per layer from Python, 5-20 us each of
 ctypes, allocation and checks: on SmolLM2-135M's 30 thin layers that is a quarter of a batch-1 step. The
@@ -19,6 +20,8 @@ import torch.nn.functional as F
 
 from glassbox.kernels import cpu_ops
 from glassbox.layers.block_linear import BlockQuantLinear
+from glassbox.layers.kquant import KQuantWeights
+from glassbox.layers.linear import ConcatLinear
 from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -27,7 +30,7 @@ _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 class _Linear(ctypes.Structure):
     _fields_ = [
         ("codes", _P), ("scales", _P), ("offsets", _P), ("zeros", _P), ("bias", _P),
-        ("n", _I), ("k", _I), ("kp", _I), ("offset_factor", _F), ("bits", _C),
+        ("n", _I), ("k", _I), ("kp", _I), ("offset_factor", _F), ("bits", _C), ("kind", _C),
     ]  # fmt: skip
 
 
@@ -36,6 +39,7 @@ class _Layer(ctypes.Structure):
         ("in_norm", _P), ("post_norm", _P), ("q_norm", _P), ("k_norm", _P), ("k_cache", _P), ("v_cache", _P),
         ("sinks", _P), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear), ("down", _Linear),
         ("window", _I), ("in_eps", _F), ("post_eps", _F), ("qk_eps", _F),
+        ("qkv_k", _Linear), ("qkv_v", _Linear), ("qkv_parts", _I),
     ]  # fmt: skip
 
 
@@ -48,13 +52,25 @@ class _Model(ctypes.Structure):
 
 
 def _linear(module: object, k: int) -> _Linear | None:
-    """A block-weight linear as cpu_step.c reads it; None for any other linear (or act-order blocks)."""
+    """A block-weight or K-quant linear as cpu_step.c reads it; None for any other linear (or act-order
+    blocks)."""
     if not isinstance(module, BlockQuantLinear) or module.w.perm is not None or module.in_features != k:
         return None
-    codes, scales, offsets, zeros, factor = module.w.pointers()
     bias = None if module.bias is None else module.bias.data_ptr()
-    n, kp, bits = module.out_features, module.w.padded, module.w.bits
-    return _Linear(codes, scales, offsets, zeros, bias, n, k, kp, factor, bits)
+    w, n = module.w, module.out_features
+    if isinstance(w, KQuantWeights):  # its meta bytes where block weights have their scales
+        return _Linear(w.codes.data_ptr(), w.meta.data_ptr(), None, None, bias, n, k, k, 0.0, 0, w.kind)
+    codes, scales, offsets, zeros, factor = w.pointers()
+    return _Linear(codes, scales, offsets, zeros, bias, n, k, w.padded, factor, w.bits, 0)
+
+
+def _qkv(module: object, k: int) -> list[_Linear] | None:
+    """The fused q/k/v as one linear, or its parts (a ConcatLinear of q, k, v); None if any is not one."""
+    parts = list(module.parts) if isinstance(module, ConcatLinear) else [module]
+    linears = [_linear(p, k) for p in parts]
+    if len(linears) not in (1, 3) or any(lin is None for lin in linears):
+        return None
+    return [lin for lin in linears if lin is not None]
 
 
 class DecodeStep:
@@ -99,8 +115,9 @@ Bound = tuple[cpu_ops.PagedAttention, cpu_ops.AddRMSNorm, cpu_ops.AddRMSNorm]  #
 
 def bind_step(lm: LlamaForCausalLM, bound: list[Bound], final: cpu_ops.AddRMSNorm) -> DecodeStep | None:
     """The one-call decode step over the per-op forward's bound kernels (per layer: attention, input and
-    post-attention norms), or None when some layer is not a dense SiLU MLP over block-weight linears, or the model is not bf16 (a
-    float32 model's block linears run dequantized, in float32: layers/block_linear.py)."""
+    post-attention norms), or None when some layer is not a dense SiLU MLP over block-weight (or K-quant)
+    linears, or the model is not bf16 (a float32 model's block linears run dequantized, in float32:
+    layers/block_linear.py)."""
     model = lm.model
     a0 = bound[0][0]
     if a0.dtype != torch.bfloat16:
@@ -115,17 +132,20 @@ def bind_step(lm: LlamaForCausalLM, bound: list[Bound], final: cpu_ops.AddRMSNor
         if not isinstance(mlp, LlamaMLP) or mlp.act is not F.silu or (inter not in (None, mlp.intermediate)):
             return None
         inter = mlp.intermediate
+        qkv = _qkv(sa.qkv_proj, hidden)
         parts = (
-            _linear(sa.qkv_proj, hidden),
             _linear(sa.o_proj, a0.hq * a0.d),
             _linear(mlp.gate_up_proj, hidden),
             _linear(mlp.down_proj, inter),
         )
         same_shape = (attn.hq, attn.hk, attn.d, attn.bs, attn.kv8) == (a0.hq, a0.hk, a0.d, a0.bs, a0.kv8)
-        if any(p is None for p in parts) or not same_shape:
+        if qkv is None or any(p is None for p in parts) or not same_shape:
             return None
-        qkv, o, gate_up, down = parts
-        assert qkv is not None and o is not None and gate_up is not None and down is not None
+        if sum(lin.n for lin in qkv) != (a0.hq + 2 * a0.hk) * a0.d:
+            return None
+        o, gate_up, down = parts
+        assert o is not None and gate_up is not None and down is not None
+        k_part, v_part = (qkv[1], qkv[2]) if len(qkv) == 3 else (_Linear(), _Linear())
         keep += [inorm, post, attn]
         rows.append(
             _Layer(
@@ -136,7 +156,7 @@ def bind_step(lm: LlamaForCausalLM, bound: list[Bound], final: cpu_ops.AddRMSNor
                 attn.k_ptr,
                 attn.v_ptr,
                 attn.sinks_ptr,
-                qkv,
+                qkv[0],
                 o,
                 gate_up,
                 down,
@@ -144,6 +164,9 @@ def bind_step(lm: LlamaForCausalLM, bound: list[Bound], final: cpu_ops.AddRMSNor
                 inorm.eps,
                 post.eps,
                 attn.eps,
+                k_part,
+                v_part,
+                len(qkv),
             )  # fmt: skip
         )
     assert inter is not None

@@ -12,8 +12,7 @@ from safetensors import safe_open
 from torch import nn
 
 from glassbox.layers.attention import AttentionMetadata
-from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
-from glassbox.layers.block_quant import BlockWeights
+from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear, PackedWeights
 from glassbox.layers.fp4_linear import FP4Linear
 from glassbox.layers.fp4_quant import FP4Experts, FP4Weights
 from glassbox.layers.fp8_linear import Fp8Linear
@@ -22,7 +21,7 @@ from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
 from glassbox.models.causal_lm import CausalLM
-from glassbox.models.gemma3 import Gemma3ForCausalLM
+from glassbox.models.gemma3 import Gemma3ForCausalLM, ScaledEmbedding
 from glassbox.models.gpt_oss import GptOssForCausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
@@ -31,7 +30,7 @@ from glassbox.models.moe import MoEExperts
 logger = logging.getLogger(__name__)
 
 # Weights kept in a format of their own, by HF weight name (MoE experts in FP4: by module name)
-Packed = BlockWeights | Fp8Weights | FP4Weights | FP4Experts
+Packed = PackedWeights | Fp8Weights | FP4Weights | FP4Experts
 # (input ids (T,), positions (T,), KV caches, attention metadata) -> final hidden states (T, hidden)
 Forward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], AttentionMetadata], torch.Tensor]
 
@@ -151,9 +150,10 @@ def _swap_in_blocks(model: nn.Module, packed: dict[str, Packed], dtype: torch.dt
             new = Fp8Linear(blocks, bias).to(old.weight.device)
         elif isinstance(blocks, FP4Weights) and isinstance(old, nn.Linear):
             new = FP4Linear(blocks, bias)
-        elif isinstance(old, nn.Embedding) and isinstance(blocks, BlockWeights):
-            new = BlockQuantEmbedding(blocks, dtype)
-        elif isinstance(old, nn.Linear) and isinstance(blocks, BlockWeights):
+        elif isinstance(old, nn.Embedding) and isinstance(blocks, PackedWeights):
+            # Gemma 3's table scales its rows: the blocks must too
+            new = BlockQuantEmbedding(blocks, dtype, old.scale if isinstance(old, ScaledEmbedding) else None)
+        elif isinstance(old, nn.Linear) and isinstance(blocks, PackedWeights):
             new = BlockQuantLinear(blocks, bias)
         else:
             raise ValueError(f"{name}: packed weights for a {type(old).__name__}, not a linear or embedding")

@@ -1,0 +1,290 @@
+/* glassbox CPU kernels for GGUF K-quant weights kept as stored (Q4_K, Q5_K, Q6_K), compiled with
+ * cpu_kernels.c by glassbox/kernels/native.py. The layout is written by layers/kquant.py.
+ *
+ * A row of K values (K a multiple of 256) is K / 256 super-blocks. Each has two records:
+ *   codes (kind 4: 128 bytes, 5: 160, 6: 192): the unsigned codes q (4, 5 or 6 bits) in lane order, as
+ *     4 byte vectors V0..V3 of 64 bytes where lane j (bytes 4j .. 4j+3) of V_p holds the codes of values
+ *     16j + 4p .. 16j + 4p + 3: so that AVX-512 VNNI sums each 16-value lane in one int32 lane. Bytes 0..63
+ *     hold V0 in the low nibbles and V1 in the high, bytes 64..127 V2 and V3; then for Q5_K 4 bit masks
+ *     of 64 bits (mask p: bit 4 of V_p's bytes), for Q6_K 8 (mask 2p: bit 4 of V_p, 2p + 1: bit 5).
+ *   meta (kind 4/5: 16 bytes, 6: 18), the GGML block's own: Q4_K/Q5_K float16 d, float16 dmin, then 8
+ *     6-bit sub-block scales sc and 8 6-bit mins m in 12 bytes (see scale_min); Q6_K 16 sub-block scales sc
+ *     (int8), float16 d.
+ * Lane j (16 values) has a scale S_j and an offset O_j, formed here in float32 from the stored integers:
+ *   Q4_K, Q5_K: W = S_j q + O_j, S_j = d sc[j/2], O_j = -dmin m[j/2]   (sub-blocks of 32 values)
+ *   Q6_K:       W = S_j (q - 32), S_j = d sc[j]                         (sub-blocks of 16 values)
+ * d sc and dmin m are exact in float32 (an 11-bit significand times an integer below 2^7) and so is S q:
+ * the dequantization below equals GGML's (gguf.quants.dequantize) bit for bit. Bytes per weight: the
+ * file's own, Q4_K 144/256 (4.5 bits), Q5_K 176/256 (5.5), Q6_K 210/256 (6.5625).
+ *
+ * Decode rows: the activations are quantized to int8 per 32 values (as cpu_quant.c: dx = max|x| / 127,
+ * codes rounded half away from zero), their codes put in the same lane order, with per 32-value block dx and
+ * cx = dx times the sum of its codes, and per 16-value lane that sum sx. Then, exactly in int32,
+ *   Q4_K, Q5_K: per sub-block s of 32 values, ip = sum q qx (its two lanes added); y = sum_s dx S ip + O cx,
+ *     two super-blocks (16 sub-blocks) to a vector;
+ *   Q6_K: per lane, ip = sum q qx - 32 sx; y = sum_lanes dx S ip.
+ */
+#include "cpu_kquant.h"
+
+/* Activations (M x K, float32 dt=0 or bf16 dt=1) to int8 codes in lane order (M x K); per 32-value block
+ * (M x K/32) its scale dx and cx = dx times its codes' sum, per 16-value lane (M x K/16) the codes' sum sx. */
+void gb_quantize_rows_kq(const void *x, i64 M, i64 K, int8_t *qx, float *dx, float *cx, int32_t *sx, int dt,
+                         int threads) {
+    const i64 nb = K / 32;
+#pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= (1 << 16))
+    for (i64 m = 0; m < M; m++) {
+        float v[32];
+        for (i64 b = 0; b < nb; b++) {
+            float amax = 0.0f;
+            for (int t = 0; t < 32; t++) {
+                const i64 k = b * 32 + t;
+                const float f = dt ? bf2f(((const uint16_t *)x)[m * K + k]) : ((const float *)x)[m * K + k];
+                v[t] = f;
+                const float a = f < 0 ? -f : f;
+                amax = a > amax ? a : amax;
+            }
+            const float d = amax / 127.0f;
+            const float id = d > 0.0f ? 1.0f / d : 0.0f;
+            int32_t s[2] = {0, 0};
+            for (int t = 0; t < 32; t++) {
+                const i64 k = b * 32 + t;
+                const int c = (int)roundf(v[t] * id);
+                qx[m * K + (k / SB) * SB + lane_pos(k % SB)] = (int8_t)c;
+                s[t / 16] += c;
+            }
+            dx[m * nb + b] = d;
+            cx[m * nb + b] = d * (float)(s[0] + s[1]);
+            sx[m * 2 * nb + 2 * b] = s[0];
+            sx[m * 2 * nb + 2 * b + 1] = s[1];
+        }
+    }
+}
+
+/* One weight row against M activation rows, plain C: y[m]. */
+static void row_generic(const uint8_t *codes, const uint8_t *meta, int kind, i64 K, const int8_t *qx,
+                        const float *dx, const float *cx, const int32_t *sx, i64 M, float *y) {
+    const i64 nsb = K / SB, nb = K / 32, cb = code_bytes(kind), mb = meta_bytes(kind);
+    for (i64 m = 0; m < M; m++) {
+        float total = 0.0f;
+        for (i64 sb = 0; sb < nsb; sb++) {
+            const uint8_t *rec = codes + sb * cb;
+            const int8_t *a = qx + m * K + sb * SB;
+            const i64 b0 = m * nb + sb * 8; /* this super-block's first activation block */
+            for (i64 j = 0; j < LANES; j += (kind == 6 ? 1 : 2)) { /* a lane (Q6_K) or a sub-block of two */
+                const i64 width = kind == 6 ? 16 : 32;
+                int32_t ip = 0;
+                for (i64 r = 16 * j; r < 16 * j + width; r++) ip += code_of(rec, kind, r) * a[lane_pos(r)];
+                float S, O;
+                lane_scale(meta + sb * mb, kind, j, &S, &O);
+                if (kind == 6)
+                    total += (float)(ip - 32 * sx[2 * b0 + j]) * (S * dx[b0 + j / 2]);
+                else
+                    total += (float)ip * (S * dx[b0 + j / 2]) + O * cx[b0 + j / 2];
+            }
+        }
+        y[m] = total;
+    }
+}
+
+#ifdef GB_VNNI
+/* lane j: sum over its 16 values of q qx (exact int32), less 32 sx for Q6_K */
+static inline __m512i lane_dots(const __m512i V[4], const int8_t *a, int kind, const int32_t *sx) {
+    __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), V[0], _mm512_loadu_si512((const void *)a));
+    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), V[1], _mm512_loadu_si512((const void *)(a + 64)));
+    s0 = _mm512_dpbusd_epi32(s0, V[2], _mm512_loadu_si512((const void *)(a + 128)));
+    s1 = _mm512_dpbusd_epi32(s1, V[3], _mm512_loadu_si512((const void *)(a + 192)));
+    const __m512i s = _mm512_add_epi32(s0, s1);
+    if (kind != 6) return s;
+    return _mm512_sub_epi32(s, _mm512_slli_epi32(_mm512_loadu_si512((const void *)sx), 5));
+}
+
+/* Q4_K/Q5_K, super-blocks sb and sb + 1 (``two``: whether the second exists) of one weight row against one
+ * activation row: per sub-block s (0-7 the first's, 8-15 the second's) ip_s, exact, its two lanes added. */
+static inline __m512i pair_dots(const uint8_t *rec, int kind, int two, const int8_t *a) {
+    __m512i V[4];
+    unpack_sb(rec, kind, V);
+    const __m512i s0 = lane_dots(V, a, kind, NULL);
+    __m512i s1 = _mm512_setzero_si512();
+    if (two) {
+        unpack_sb(rec + code_bytes(kind), kind, V);
+        s1 = lane_dots(V, a + SB, kind, NULL);
+    }
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    return _mm512_add_epi32(_mm512_permutex2var_epi32(s0, even, s1), _mm512_permutex2var_epi32(s0, odd, s1));
+}
+
+/* Q6_K's per-lane activation scales dx (one per 32 values, each over two lanes) of one super-block. */
+static inline __m512 lane_dx(const float *dx) {
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    return _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(dx)));
+}
+
+/* Lane r of the result: the sum of the 16 lanes of v[r] (a tree of permute-adds). */
+static inline __m512 sum16(__m512 v[16]) {
+    __m512 a[8], b[4], c[2];
+    const __m512i i1 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    const __m512i j1 = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    const __m512i i2 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+    const __m512i j2 = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    const __m512i i3 = _mm512_setr_epi32(0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    const __m512i j3 = _mm512_setr_epi32(2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    const __m512i i4 = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+    const __m512i j4 = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_permutex2var_ps(v[i], i1, v[i + 8]), _mm512_permutex2var_ps(v[i], j1, v[i + 8]));
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm512_add_ps(_mm512_permutex2var_ps(a[i], i2, a[i + 4]), _mm512_permutex2var_ps(a[i], j2, a[i + 4]));
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm512_add_ps(_mm512_permutex2var_ps(b[i], i3, b[i + 2]), _mm512_permutex2var_ps(b[i], j3, b[i + 2]));
+    return _mm512_add_ps(_mm512_permutex2var_ps(c[0], i4, c[1]), _mm512_permutex2var_ps(c[0], j4, c[1]));
+}
+
+/* One activation row against 16 weight rows: y[r] for row r. Q4_K/Q5_K two super-blocks a step, Q6_K one.
+ * Inlined where ``kind`` is a constant: the compiler drops the other kinds' branches (8-10% faster). */
+static inline __attribute__((always_inline)) void tile16_m1(const uint8_t *codes, const uint8_t *meta, int kind, i64 K, const int8_t *qx,
+                      const float *dx, const float *cx, const int32_t *sx, float *y) {
+    const i64 nsb = K / SB, cb = code_bytes(kind), mb = meta_bytes(kind);
+    const i64 crow = nsb * cb, mrow = nsb * mb, step = kind == 6 ? 1 : 2;
+    __m512 acc[16];
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+    for (i64 sb = 0; sb < nsb; sb += step) {
+        const int two = kind != 6 && sb + 1 < nsb;
+        const __mmask16 k = two ? 0xFFFF : 0x00FF;
+        const __m512 dxv = kind == 6 ? lane_dx(dx + sb * 8) : _mm512_maskz_loadu_ps(k, dx + sb * 8);
+        const __m512 cxv = kind == 6 ? dxv : _mm512_maskz_loadu_ps(k, cx + sb * 8);
+        const int8_t *a = qx + sb * SB;
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *rec = codes + r * crow + sb * cb;
+            const uint8_t *mt = meta + r * mrow + sb * mb;
+            /* 16 rows are 16 streams, more than the hardware prefetcher follows: fetch 2 steps ahead */
+            for (i64 line = 0; line < step * cb; line += 64)
+                _mm_prefetch((const char *)(rec + 2 * step * cb + line), _MM_HINT_T0);
+            __m512 S, O;
+            if (kind == 6) {
+                __m512i V[4];
+                unpack_sb(rec, kind, V);
+                lane_scales(mt, kind, &S, &O);
+                const __m512i ip = lane_dots(V, a, kind, sx + sb * LANES);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), _mm512_mul_ps(S, dxv), acc[r]);
+            } else {
+                pair_scales(mt, two, &S, &O);
+                const __m512i ip = pair_dots(rec, kind, two, a);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), _mm512_mul_ps(S, dxv), acc[r]);
+                acc[r] = _mm512_fmadd_ps(O, cxv, acc[r]);
+            }
+        }
+    }
+    _mm512_storeu_ps(y, sum16(acc));
+}
+
+/* One weight row against M <= 64 activation rows: codes unpacked once per step for all of them. */
+static inline __attribute__((always_inline)) void row_vnni(const uint8_t *codes, const uint8_t *meta, int kind, i64 K, const int8_t *qx,
+                     const float *dx, const float *cx, const int32_t *sx, i64 M, float *y) {
+    const i64 nsb = K / SB, nb = K / 32, cb = code_bytes(kind), mb = meta_bytes(kind);
+    __m512 acc[64];
+    for (i64 m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
+    if (kind == 6) {
+        for (i64 sb = 0; sb < nsb; sb++) {
+            __m512i V[4];
+            unpack_sb(codes + sb * cb, kind, V);
+            __m512 S, O;
+            lane_scales(meta + sb * mb, kind, &S, &O);
+            for (i64 m = 0; m < M; m++) {
+                const i64 b0 = m * nb + sb * 8;
+                const __m512i ip = lane_dots(V, qx + m * K + sb * SB, kind, sx + 2 * b0);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), _mm512_mul_ps(S, lane_dx(dx + b0)), acc[m]);
+            }
+        }
+    } else {
+        for (i64 sb = 0; sb < nsb; sb += 2) {
+            const int two = sb + 1 < nsb;
+            const __mmask16 k = two ? 0xFFFF : 0x00FF;
+            __m512 S, O;
+            pair_scales(meta + sb * mb, two, &S, &O);
+            for (i64 m = 0; m < M; m++) { /* the codes come from L1 after the first row */
+                const i64 b0 = m * nb + sb * 8;
+                const __m512i ip = pair_dots(codes + sb * cb, kind, two, qx + m * K + sb * SB);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), _mm512_mul_ps(S, _mm512_maskz_loadu_ps(k, dx + b0)), acc[m]);
+                acc[m] = _mm512_fmadd_ps(O, _mm512_maskz_loadu_ps(k, cx + b0), acc[m]);
+            }
+        }
+    }
+    for (i64 m = 0; m < M; m++) y[m] = _mm512_reduce_add_ps(acc[m]);
+}
+#endif
+
+/* out[m * out_stride + n] = the sums above (+ bias[n]), n < N, m < M <= 64. ``generic``: the
+ * plain-C path alone (the vector path's reference). */
+static void gemv_kq(const uint8_t *codes, const uint8_t *meta, int kind, const float *bias, i64 N, i64 K,
+                    const int8_t *qx, const float *dx, const float *cx, const int32_t *sx, i64 M, void *out,
+                    i64 out_stride, int out_dt, int threads, int generic) {
+    const i64 crow = K / SB * code_bytes(kind), mrow = K / SB * meta_bytes(kind);
+    (void)generic; /* without AVX-512 VNNI every path is the plain one */
+#ifdef GB_VNNI
+    if (!generic && M == 1 && N >= 16) { /* batch 1: rows in tiles of 16 */
+        const i64 tiles = N / 16;
+#pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
+        for (i64 t = 0; t < tiles; t++) {
+            float y[16];
+            const i64 n0 = t * 16;
+            const uint8_t *c = codes + n0 * crow, *mt = meta + n0 * mrow;
+            if (kind == 4)
+                tile16_m1(c, mt, 4, K, qx, dx, cx, sx, y);
+            else if (kind == 5)
+                tile16_m1(c, mt, 5, K, qx, dx, cx, sx, y);
+            else
+                tile16_m1(c, mt, 6, K, qx, dx, cx, sx, y);
+            for (int r = 0; r < 16; r++) store_out(out, n0 + r, y[r] + (bias ? bias[n0 + r] : 0.0f), out_dt);
+        }
+        const i64 done = tiles * 16; /* the last rows one by one */
+        if (done < N)
+            gemv_kq(codes + done * crow, meta + done * mrow, kind, bias ? bias + done : NULL, N - done, K, qx, dx,
+                    cx, sx, M, (char *)out + done * (out_dt ? 2 : 4), out_stride, out_dt, threads, 0);
+        return;
+    }
+#endif
+#pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
+    for (i64 n = 0; n < N; n++) {
+        float y[64];
+#ifdef GB_VNNI
+        if (!generic && kind == 6)
+            row_vnni(codes + n * crow, meta + n * mrow, 6, K, qx, dx, cx, sx, M, y);
+        else if (!generic)
+            row_vnni(codes + n * crow, meta + n * mrow, kind, K, qx, dx, cx, sx, M, y);
+        else
+#endif
+            row_generic(codes + n * crow, meta + n * mrow, kind, K, qx, dx, cx, sx, M, y);
+        const float bn = bias ? bias[n] : 0.0f;
+        for (i64 m = 0; m < M; m++) store_out(out, m * out_stride + n, y[m] + bn, out_dt);
+    }
+}
+
+void gb_gemv_kquant(const uint8_t *codes, const uint8_t *meta, int kind, const float *bias, i64 N, i64 K,
+                    const int8_t *qx, const float *dx, const float *cx, const int32_t *sx, i64 M, void *out,
+                    i64 out_stride, int out_dt, int threads, int generic) {
+    gemv_kq(codes, meta, kind, bias, N, K, qx, dx, cx, sx, M, out, out_stride, out_dt, threads, generic);
+}
+
+/* One linear in one call: x (M x K, dt 0 float32 / 1 bf16) to int8 codes, then the GEMV into out (M x N,
+ * same dtype), 64 activation rows at a time. */
+void gb_linear_kquant(const void *x, i64 M, i64 K, const uint8_t *codes, const uint8_t *meta, int kind,
+                      const float *bias, i64 N, void *out, int dt, int threads) {
+    const i64 nb = K / 32;
+    int8_t *qx = (int8_t *)malloc((size_t)(M * K));
+    float *dx = (float *)malloc((size_t)(M * nb) * sizeof(float));
+    float *cx = (float *)malloc((size_t)(M * nb) * sizeof(float));
+    int32_t *sx = (int32_t *)malloc((size_t)(M * 2 * nb) * sizeof(int32_t));
+    if (qx && dx && cx && sx) {
+        gb_quantize_rows_kq(x, M, K, qx, dx, cx, sx, dt, threads);
+        for (i64 m0 = 0; m0 < M; m0 += 64) {
+            const i64 rows = M - m0 < 64 ? M - m0 : 64;
+            gemv_kq(codes, meta, kind, bias, N, K, qx + m0 * K, dx + m0 * nb, cx + m0 * nb, sx + m0 * 2 * nb, rows,
+                    (char *)out + m0 * N * (dt ? 2 : 4), N, dt, threads, 0);
+        }
+    }
+    free(qx);
+    free(dx);
+    free(cx);
+    free(sx);
+}
