@@ -341,3 +341,33 @@ def test_simulator_speculative_steps_match_the_closed_form(k: int, a: float) -> 
     assert per_step == pytest.approx(expected_tokens_per_step(k, a), rel=0.03)
     assert expected_tokens_per_step(k, a) == pytest.approx(sum(a**i for i in range(k + 1)))
     assert sim.requests[0].output_tokens == out_tokens
+
+
+def test_drafts_never_take_a_block_a_later_sequence_needs() -> None:
+    """Two decoding sequences, one free block: the first's four drafts would need it, the second's next
+    token does: the first gets only the draft its own block holds, the second the block and three drafts
+    in it, and nobody is preempted."""
+    from glassbox.engine.block_manager import BlockManager
+    from glassbox.engine.scheduler import Scheduler
+    from glassbox.engine.sequence import SequenceStatus
+    from glassbox.perf.simulator import DraftProposer
+
+    bm = BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, proposer=DraftProposer(4, 1000))
+    sp = SamplingParams(max_tokens=50)
+    a = Sequence(0, "a", [1, 2], sp)  # + 1 output: its token at position 2, block 0 holds one draft more
+    b = Sequence(1, "b", [1, 2, 3, 4, 5, 6, 7], sp)  # + 2 outputs: its token at position 8 needs a block
+    for seq, out in ((a, [9]), (b, [9, 9])):
+        seq.token_ids += out
+        bm.allocate(seq)
+        bm.grow(seq, len(seq) - 1)
+        seq.num_computed_tokens = len(seq) - 1
+        seq.status = SequenceStatus.RUNNING
+        sched.running.append(seq)
+    assert bm.num_free_blocks == 1 and len(a.block_table) == 1 and len(b.block_table) == 2
+    batch = sched.schedule()
+    assert not batch.preempted
+    rows = {s.seq.seq_id: s for s in batch.scheduled}
+    assert [len(rows[0].draft_tokens), len(rows[1].draft_tokens)] == [1, 3]
+    assert len(a.block_table) == 1 and len(b.block_table) == 3 and bm.num_free_blocks == 0
+    bm.check_integrity([a, b])

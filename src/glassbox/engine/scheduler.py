@@ -86,7 +86,8 @@ class Scheduler:
     later), and no new sequence is admitted in that step.
 
     With a ``proposer`` (speculative decoding), a decoding sequence also computes the drafts it proposes,
-    as far as the token budget, its ``max_tokens`` and free blocks allow: drafts never preempt anyone.
+    as far as the token budget and its ``max_tokens`` allow, in slots it holds or in free blocks that no
+    later running sequence may need in this step: drafts never preempt anyone.
     """
 
     block_manager: BlockManager
@@ -110,15 +111,17 @@ class Scheduler:
         out = SchedulerOutput()
         bm = self.block_manager
         budget = self.max_num_batched_tokens
+        reserve = self._later_needs() if self.proposer is not None else []
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(len(seq) - seq.num_computed_tokens, budget)
             drafts = self._drafts(seq, budget)
-            if drafts and bm.can_grow(seq, seq.num_computed_tokens + 1 + len(drafts)):
-                n = 1 + len(drafts)
-            else:
-                drafts = []
+            if drafts:  # only into slots it holds or blocks no later running sequence may need this step
+                spare = max(0, bm.num_free_blocks - reserve[i + 1])
+                room = (len(seq.block_table) + spare) * bm.block_size - seq.num_computed_tokens - 1
+                drafts = drafts[: max(0, room)]
+                n = 1 + len(drafts) if drafts else n
             while not bm.can_grow(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim, out)
@@ -151,6 +154,17 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq.of(seq, n))
             budget -= n
         return out
+
+    def _later_needs(self) -> list[int]:
+        """For each position i of ``running``: the blocks the sequences after it may grow by this step, at
+        most (their whole remaining tokens within a full budget); 0 past the end."""
+        bm = self.block_manager
+        suffix = [0] * (len(self.running) + 1)
+        for j in range(len(self.running) - 1, -1, -1):
+            s = self.running[j]
+            end = min(len(s), s.num_computed_tokens + self.max_num_batched_tokens)
+            suffix[j] = suffix[j + 1] + max(0, bm.blocks_needed(end) - len(s.block_table))
+        return suffix
 
     def _drafts(self, seq: Sequence, budget: int) -> list[int]:
         """The proposer's drafts for a decoding sequence (one token after its computed ones), within the
