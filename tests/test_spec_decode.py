@@ -371,3 +371,24 @@ def test_drafts_never_take_a_block_a_later_sequence_needs() -> None:
     assert [len(rows[0].draft_tokens), len(rows[1].draft_tokens)] == [1, 3]
     assert len(a.block_table) == 1 and len(b.block_table) == 3 and bm.num_free_blocks == 0
     bm.check_integrity([a, b])
+
+
+def test_plan_predicts_the_speedup() -> None:
+    from glassbox.perf.plan_request import PlanRequest
+    from glassbox.perf.planner import plan
+
+    base = dict(model="llama-3.1-8b", hardware="dgx-spark", output_tokens=128, concurrency=(1,))
+    plain = plan(PlanRequest(**base))  # type: ignore[arg-type]
+    spec = plan(PlanRequest(**base, spec_tokens=4, acceptance_rate=0.7))  # type: ignore[arg-type]
+    row = spec["speculative"]
+    assert plain["speculative"] is None
+    assert row["tokens_per_step"] == pytest.approx((1 - 0.7**5) / 0.3, abs=1e-3)
+    # memory bound: a step of 5 rows costs about one of 1 row, so the rate follows the tokens per step
+    assert (
+        row["bound"] == "memory" and 0.8 * row["tokens_per_step"] < row["speedup"] <= row["tokens_per_step"]
+    )
+    ratio = spec["concurrency"][0]["per_request_tok_s"] / plain["concurrency"][0]["per_request_tok_s"]
+    assert ratio == pytest.approx(row["speedup"], rel=0.15)  # the simulator's steps agree
+    for kw, flag in (({"spec_tokens": 4}, "--acceptance-rate"), ({"acceptance_rate": 0.5}, "--spec-tokens")):
+        with pytest.raises(ValueError, match=flag):
+            PlanRequest(**base, **kw)  # type: ignore[arg-type]
