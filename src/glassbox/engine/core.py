@@ -2,10 +2,10 @@
 
 schedule -> executor.launch -> (overlapped host work) -> result -> append each sampled token (a speculative
 row: its accepted drafts and the token after them) -> scheduler.update -> end the sequences a token alone
-ends (stop token, EOS, length), as vLLM's ``check_stop`` does inside its core. Text-level work (detokenize, stop strings, outputs) happens outside, after a step: the
-LLMEngine does it, the simulator has none. Because both drive this class with the same Scheduler and
-BlockManager, a simulated run takes the same batches and ends each sequence at the same token as the
-real engine does for the same tokens.
+ends (stop token, EOS, length), as vLLM's ``check_stop`` does inside its core. Text-level work
+(detokenize, stop strings, outputs) happens outside, after a step: the LLMEngine does it, the simulator
+has none. Because both drive this class with the same Scheduler and BlockManager, a simulated run takes
+the same batches and ends each sequence at the same token as the real engine does for the same tokens.
 """
 
 from __future__ import annotations

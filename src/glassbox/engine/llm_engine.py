@@ -141,7 +141,7 @@ class LLMEngine:
         if sc is not None:
             k, lo, hi = sc.num_speculative_tokens, sc.prompt_lookup_min, sc.prompt_lookup_max
             self.scheduler.proposer = NgramProposer(k, lo, hi, self.max_model_len)
-            logger.info("speculative decoding: %s (verification steps run eager)", sc.to_dict())
+            logger.info("speculative decoding: %s", sc.to_dict())
         self.core = EngineCore(
             self.scheduler, self.executor, self.max_model_len, self.tokenizer.eos_token_ids
         )

@@ -195,7 +195,7 @@ class Scheduler:
         full blocks. A speculative row's KV holds its last token and the accepted drafts (now appended);
         the rejected drafts' slots are given back (blocks past the sequence's length, BlockManager.trim)."""
         for s in out.scheduled:
-            if s.seq.is_finished:  # ended (a stop string, an abort, a stop token) while the step ran
+            if s.seq.is_finished:  # ended (a stop string, an abort) while the step ran
                 continue
             if s.draft_tokens:
                 # its KV is valid up to the last accepted draft: everything but the newest token
