@@ -1,8 +1,8 @@
 """Speculative decoding's verification: which drafts the target model accepts, and the token after them.
 
-A sequence with k drafts d_1..d_k runs k + 1 rows in one forward (its last token, then the drafts: a
-"prefill" chunk over its cache), so row i holds the target model's distribution p_i for the position
-after d_1..d_i. Each row is processed as the sampler processes a plain row of the sequence as it would
+A sequence with k drafts d_1..d_k runs k + 1 rows in one forward (its last token, then the drafts, each a
+decode row over the cache up to its own position), so row i holds the target model's distribution p_i for
+the position after d_1..d_i. Each row is processed as the sampler processes a plain row of the sequence as it would
 be after those i drafts (``DraftRow``: penalties see the drafts in the history, min_tokens counts them),
 then, from row 0 on, until a draft is rejected:
 
