@@ -8,6 +8,7 @@ simulator's speculative steps against the closed form the planner uses."""
 from __future__ import annotations
 
 import itertools
+import random
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 from tiny_models import build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
-from glassbox.engine.ngram import find_ngram_drafts
+from glassbox.engine.ngram import NgramProposer, find_ngram_drafts
 from glassbox.engine.sequence import Sequence
 from glassbox.engine.spec_decode import verify_on_device
 from glassbox.outputs import RequestOutput
@@ -310,6 +311,16 @@ def test_ngram_rule_and_config_errors() -> None:
     assert find_ngram_drafts([5, 1, 2, 3, 6, 2, 3, 1, 2, 3], 1, 3, 2) == [6, 2]  # 3-gram beats 2-gram
     assert find_ngram_drafts([1, 2, 3, 4], 1, 3, 4) == []
     assert find_ngram_drafts([7, 7, 7], 1, 2, 3) == [7]  # only one token follows the earliest "7 7"
+    # the proposer's incremental index answers as the rule on the list, token by token
+    rng = random.Random(3)
+    for _ in range(200):
+        vocab, lo = rng.choice([2, 3, 5, 20]), rng.randrange(1, 4)
+        hi, k = rng.randrange(lo, 6), rng.randrange(1, 5)
+        proposer = NgramProposer(k, lo, hi, 10**6)
+        seq = Sequence(0, "r", [rng.randrange(vocab) for _ in range(rng.randrange(1, 8))], SamplingParams())
+        for _ in range(25):
+            assert proposer.propose(seq, 9) == find_ngram_drafts(seq.token_ids, lo, hi, k), seq.token_ids
+            seq.append_token(rng.randrange(vocab))
     spec = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3}')
     assert spec is not None and (spec.prompt_lookup_min, spec.prompt_lookup_max) == (5, 5)
     assert parse_speculative_config({"model": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_max": 4})
