@@ -437,3 +437,46 @@ def test_interpreted_triton_engine_reads_8bit_cache(tiny_root: Path, kv: str) ->
     ref = with_engine(d, lambda llm: (_use_torch(llm), tokens(llm))[1], **kw)
     assert with_engine(d, on_triton(True), **kw) == [ref, ref]
     assert with_engine(d, on_triton(False), **kw, max_num_batched_tokens=37) == [ref, ref]
+
+
+@needs_triton
+@pytest.mark.parametrize("graphs", [True, False])
+def test_speculative_decoding_on_the_triton_path(tiny_root: Path, graphs: bool) -> None:
+    """Speculative decoding (n-gram drafts) on the triton kernels: a token and its drafts run as decode rows,
+    on the graph runner when the step has no prompt rows, else eagerly beside prefill chunks; greedy tokens
+    equal to transformers'."""
+    d = build_tiny_model("llama", tiny_root)
+    rnd = random.Random(5)
+    prompts = [
+        [rnd.randrange(3, 400) for _ in range(12)] * 4,
+        [7, 8, 9, 10] * 10,
+        [rnd.randrange(3, 400) for _ in range(40)],
+    ]
+    ref = [toks for toks, _ in hf_greedy(d, prompts, 24)]
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+    drafts_on_graphs: list[int] = []  # drafts in each step the graph runner ran
+
+    def use(llm: LLM) -> tuple[list[list[int]], int]:
+        ex = llm.engine.executor
+        if INTERPRET:
+            _use_triton(llm, graphs)
+        run_graph = ex._execute_graph
+
+        def spy(decodes: list[Any]) -> Any:
+            drafts_on_graphs.append(sum(len(s.draft_tokens) for s in decodes))
+            return run_graph(decodes)
+
+        ex._execute_graph = spy  # type: ignore[method-assign]
+        got = [o.token_ids for o in llm.generate(prompts, sp)]
+        llm.engine.check_integrity()
+        return got, llm.engine.counters.spec_accepted_tokens
+
+    kw: dict[str, Any] = dict(dtype="float32", device=DEV, max_num_seqs=16, speculative_config=spec)
+    if not graphs:
+        kw.update(max_num_batched_tokens=37, enforce_eager=True)
+    got, accepted = with_engine(d, use, **kw)
+    assert got == ref
+    assert accepted > 0
+    assert (max(drafts_on_graphs, default=0) > 0) == graphs

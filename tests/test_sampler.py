@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from glassbox.engine.sampler import _filter, sample_on_device
+from glassbox.engine.sampler import filter_probs as _filter
+from glassbox.engine.sampler import sample_on_device
 from glassbox.engine.sequence import Sequence
 from glassbox.sampling_params import SamplingParams
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from glassbox.dtypes import ENGINE_DTYPES, KV_CACHE_DTYPES, parse_dtype
+from glassbox.spec_config import SpeculativeConfig, parse_speculative_config
 
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV cache block (engine and planner)
@@ -43,6 +45,16 @@ class EngineConfig:
     async_output: bool | None = None
     tensor_parallel_size: int = 1
     served_model_name: str | None = None
+    # speculative decoding, vLLM's JSON or dict (spec_config.py): {"method": "ngram",
+    # "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}; parsed to
+    # SpeculativeConfig (or None) here
+    speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """The validated speculative decoding setup, or None."""
+        assert self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig)
+        return self.speculative_config
 
     def __post_init__(self) -> None:
         # either spelling ("bfloat16" / "bf16") in, the canonical one (glassbox.dtypes) kept
@@ -70,6 +82,7 @@ class EngineConfig:
             raise ValueError(f"--num-kv-blocks must be >= 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ValueError(f"--kv-cache-memory-gib must be > 0, got {self.kv_cache_memory_gib}")
+        self.speculative_config = parse_speculative_config(self.speculative_config)
         if self.tensor_parallel_size != 1:
             raise ValueError(
                 f"--tensor-parallel-size must be 1 (tensor parallelism is not built yet), got {self.tensor_parallel_size}"

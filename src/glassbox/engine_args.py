@@ -74,6 +74,13 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         default=None,
         help="detokenize and check stops while the next step runs (default: on for CUDA, off for CPU)",
     )
+    g.add_argument(
+        "--speculative-config",
+        default=None,
+        help='speculative decoding as JSON (vLLM\'s keys): \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\' (n-gram / prompt lookup; a draft model is not '
+        "supported yet)",
+    )
     g.add_argument("--tensor-parallel-size", type=int, default=1, help="only 1 is supported")
     g.add_argument("--seed", type=int, default=0)
 
@@ -98,6 +105,7 @@ def config_from_args(args: argparse.Namespace, **extra: object) -> EngineConfig:
         enforce_eager=args.enforce_eager,
         async_output=args.async_output,
         tensor_parallel_size=args.tensor_parallel_size,
+        speculative_config=args.speculative_config,
         seed=args.seed,
         **extra,  # type: ignore[arg-type]
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from glassbox.engine.sequence import RequestMetrics
@@ -14,6 +14,8 @@ class SampleResult:
 
     token_id: int
     logprobs: dict[int, float] | None  # top-N plus the chosen token, or None when not asked for
+    # speculative decoding: the drafts verification accepted, in order, before ``token_id``
+    accepted: list[SampleResult] = field(default_factory=list)
 
 
 class CompletionOutput:

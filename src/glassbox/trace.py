@@ -100,6 +100,16 @@ def run_trace(
     }
     if experts:
         result["moe"] = _moe_reads(engine, experts, reads, prefill_tokens, decode_tokens)
+    spec = engine.config.speculative
+    if spec is not None:  # speculative decoding: what the drafts bought this request
+        result["speculative"] = {
+            **spec.to_dict(),
+            "verify_steps": m.spec_drafts,
+            "draft_tokens": m.spec_draft_tokens,
+            "accepted_tokens": m.spec_accepted_tokens,
+            "acceptance_rate": m.spec_acceptance_rate,
+            "mean_acceptance_length": m.spec_mean_acceptance_length,
+        }
     if roofline is not None:
         _add_roofline(result, engine, roofline, m.prompt_tokens, m.cached_prompt_tokens, m.output_tokens)
     return result

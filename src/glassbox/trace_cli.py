@@ -77,6 +77,14 @@ def render(r: dict[str, Any]) -> None:
         f"ITL p50 {dec['itl_ms_p50']:.1f} ms, p99 {dec['itl_ms_p99']:.1f} ms",
         _ceiling(dec),
     )
+    sd = r.get("speculative")
+    if sd is not None:
+        t.add_row(
+            "  speculative",
+            f"{sd['accepted_tokens']} of {sd['draft_tokens']} drafts accepted ({sd['acceptance_rate']:.0%}) in "
+            f"{sd['verify_steps']} steps: {sd['mean_acceptance_length']:.2f} tokens / step",
+            f"{sd['method']}, k = {sd['num_speculative_tokens']}",
+        )
     kv = r["kv_cache"]
     grew = " -> ".join(str(g["blocks"]) for g in kv["growth"])
     t.add_row(

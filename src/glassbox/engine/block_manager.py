@@ -122,6 +122,15 @@ class BlockManager:
         for _ in range(need):
             seq.block_table.append(self._take_free())
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back ``seq``'s blocks past the first ``num_tokens`` tokens (speculative decoding: the slots
+        of rejected drafts), newest first. Such blocks were never full of computed tokens: no hash."""
+        keep = self.blocks_needed(num_tokens)
+        while len(seq.block_table) > keep:
+            bid = seq.block_table.pop()
+            assert self.blocks[bid].hash is None, "a trimmed block was in the prefix cache"
+            self._unref(bid)
+
     def free_seq(self, seq: Sequence) -> None:
         """Release all of ``seq``'s blocks (newest first, so the oldest prefix stays cached longest)."""
         for bid in reversed(seq.block_table):

@@ -1,21 +1,21 @@
 """EngineCore: the one step loop that both the real engine and the simulator run.
 
-schedule -> executor.launch -> (overlapped host work) -> result -> scheduler.update -> append each sampled
-token -> end the sequences a token alone ends (stop token, EOS, length), as vLLM's ``check_stop`` does
-inside its core. Text-level work (detokenize, stop strings, outputs) happens outside, after a step: the
-LLMEngine does it, the simulator has none. Because both drive this class with the same Scheduler and
-BlockManager, a simulated run takes the same batches and ends each sequence at the same token as the
-real engine does for the same tokens.
+schedule -> executor.launch -> (overlapped host work) -> result -> append each sampled token (a speculative
+row: its accepted drafts and the token after them) -> scheduler.update -> end the sequences a token alone
+ends (stop token, EOS, length), as vLLM's ``check_stop`` does inside its core. Text-level work
+(detokenize, stop strings, outputs) happens outside, after a step: the LLMEngine does it, the simulator
+has none. Because both drive this class with the same Scheduler and BlockManager, a simulated run takes
+the same batches and ends each sequence at the same token as the real engine does for the same tokens.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from glassbox.engine.executor import Executor
-from glassbox.engine.scheduler import Scheduler, SchedulerOutput
+from glassbox.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from glassbox.engine.sequence import Sequence
 from glassbox.outputs import SampleResult
 
@@ -42,6 +42,7 @@ class CoreStep:
     appended: list[Appended]
     launched: float  # clock when the batch was launched
     done: float  # clock when its sampled tokens were read
+    verified: list[tuple[int, int]] = field(default_factory=list)  # speculative rows: (drafts, accepted)
 
 
 @dataclass(frozen=True)
@@ -111,31 +112,46 @@ class EngineCore:
             overlap()
         results = pending.result()
         done = self.clock()
-        self.scheduler.update(batch)
-        appended = []
+        appended: list[Appended] = []
+        verified: list[tuple[int, int]] = []
         for s in batch.scheduled:
             res = results.get(s.seq.seq_id)
             if res is not None and not s.seq.is_finished:
-                appended.append(self._append(s.seq, res, done))
-        step = CoreStep(self.num_steps, batch, appended, launched, done)
+                if s.draft_tokens:
+                    verified.append((len(s.draft_tokens), len(res.accepted)))
+                self._append(s, res, done, appended)
+        # after the appends: a speculative row's computed count depends on how many drafts were accepted
+        self.scheduler.update(batch)
+        for a in appended:
+            if a.ended is not None:
+                self.scheduler.finish(a.seq)  # its blocks are free for the next step
+        step = CoreStep(self.num_steps, batch, appended, launched, done, verified)
         self.num_steps += 1
         if self.trace is not None:
             self.trace.append(_trace(step))
         return step
 
-    def _append(self, seq: Sequence, res: SampleResult, now: float) -> Appended:
-        seq.append_token(res.token_id)
+    def _append(self, s: ScheduledSeq, res: SampleResult, now: float, out: list[Appended]) -> None:
+        """Append the step's tokens for one row (a speculative row: its accepted drafts, then the token
+        drawn after them) until one ends the sequence; count the drafts in its metrics."""
+        seq = s.seq
         m = seq.metrics
+        if s.draft_tokens:
+            m.spec_drafts += 1
+            m.spec_draft_tokens += len(s.draft_tokens)
+            m.spec_accepted_tokens += len(res.accepted)
         if m.first_token_time is None:
             m.first_token_time = now
-        m.last_token_time = now
-        m.token_times.append(now)
-        if seq.logprobs is not None and res.logprobs is not None:
-            seq.logprobs.append(res.logprobs)
-        ended = check_stop(seq, res.token_id, self.eos_token_ids, self.max_model_len)
-        if ended is not None:
-            self.scheduler.finish(seq)  # its blocks are free for the next step
-        return Appended(seq, res.token_id, seq.num_output_tokens, ended)
+        for r in (*res.accepted, res) if res.accepted else (res,):
+            seq.append_token(r.token_id)
+            m.last_token_time = now
+            m.token_times.append(now)
+            if seq.logprobs is not None and r.logprobs is not None:
+                seq.logprobs.append(r.logprobs)
+            ended = check_stop(seq, r.token_id, self.eos_token_ids, self.max_model_len)
+            out.append(Appended(seq, r.token_id, seq.num_output_tokens, ended))
+            if ended is not None:
+                return
 
 
 def _trace(step: CoreStep) -> StepTrace:

@@ -18,6 +18,7 @@ from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.checkpoint import open_checkpoint
 from glassbox.engine.core import Appended, CoreStep, EngineCore
 from glassbox.engine.device import resolve_device
+from glassbox.engine.ngram import NgramProposer
 from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence, merge_metrics
@@ -60,6 +61,12 @@ class EngineCounters:
     cached_prompt_tokens: int = 0
     generation_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)
+    # speculative decoding (vLLM's spec_decode_* counters): rows that verified drafts, drafts, accepted
+    # drafts, and accepted drafts by position (the i-th draft of a row accepted)
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -130,6 +137,11 @@ class LLMEngine:
         )
         self.block_manager = BlockManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
+        sc = config.speculative
+        if sc is not None:
+            k, lo, hi = sc.num_speculative_tokens, sc.prompt_lookup_min, sc.prompt_lookup_max
+            self.scheduler.proposer = NgramProposer(k, lo, hi, self.max_model_len)
+            logger.info("speculative decoding: %s", sc.to_dict())
         self.core = EngineCore(
             self.scheduler, self.executor, self.max_model_len, self.tokenizer.eos_token_ids
         )
@@ -248,6 +260,8 @@ class LLMEngine:
             if not s.is_decode:
                 self._count_prompt(s.seq, s.start, s.start + s.num_new_tokens)
         self.counters.generation_tokens += len(step.appended)
+        if step.verified:
+            self._count_spec(step)
         self._deferred.extend(step.appended)
         if not self.async_output:
             outputs = self._flush(sink)
@@ -264,6 +278,17 @@ class LLMEngine:
             self.counters.cached_prompt_tokens += max(0, min(start, end) - st.prompt_counted)
             self.counters.prompt_tokens += end - st.prompt_counted
             st.prompt_counted = end
+
+    def _count_spec(self, step: CoreStep) -> None:
+        c = self.counters
+        for k, n in step.verified:
+            c.spec_drafts += 1
+            c.spec_draft_tokens += k
+            c.spec_accepted_tokens += n
+            if len(c.spec_accepted_per_pos) < k:
+                c.spec_accepted_per_pos.extend([0] * (k - len(c.spec_accepted_per_pos)))
+            for i in range(n):
+                c.spec_accepted_per_pos[i] += 1
 
     def _flush(self, sink: Callable[[list[RequestOutput]], None] | None = None) -> list[RequestOutput]:
         """Do the deferred text work; the outputs of the requests it moved (finished ones leave)."""
@@ -299,6 +324,7 @@ class LLMEngine:
         emit, matched = st.stops.feed(delta)
         st.text += emit
         if matched is not None and e.num_output_tokens >= seq.sampling_params.min_tokens:
+            _drop_after(seq, e.num_output_tokens)  # a speculative step may have appended tokens past it
             self._finish(seq, "stop", matched)
         elif e.ended is not None:
             emit, matched = st.stops.feed(st.detok.flush())
@@ -360,3 +386,14 @@ class LLMEngine:
     def check_integrity(self) -> None:
         live = list(self.scheduler.running) + list(self.scheduler.waiting)
         self.block_manager.check_integrity(live)
+
+
+def _drop_after(seq: Sequence, num_output_tokens: int) -> None:
+    """Cut a finished sequence's tokens (and their logprobs and times) after its first
+    ``num_output_tokens`` outputs."""
+    end = len(seq.prompt_token_ids) + num_output_tokens
+    if len(seq.token_ids) > end:
+        del seq.token_ids[end:]
+        if seq.logprobs is not None:
+            del seq.logprobs[num_output_tokens:]
+        del seq.metrics.token_times[num_output_tokens:]

@@ -16,7 +16,15 @@ from glassbox.engine.structured import mask_logits
 from glassbox.layers.host import to_device
 from glassbox.outputs import SampleResult
 
-__all__ = ["SampledBatch", "make_generator", "sample_on_device", "to_device"]
+__all__ = [
+    "SampledBatch",
+    "adjust_logits",
+    "exponential_noise",
+    "filter_probs",
+    "make_generator",
+    "sample_on_device",
+    "to_device",
+]
 
 MIN_LOGPROB = -9999.0  # what a top logprob of -inf (a token the grammar forbids) is reported as
 
@@ -73,7 +81,7 @@ def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         logits.index_put_(index, to_device(vals, logits.dtype, dev), accumulate=True)
 
 
-def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def filter_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Temperature, top-k, top-p and min-p over (S, V) float32 logits; returns probabilities.
 
     Only the rows that cut (top-k or top-p) are ranked, and when each of them has a top-k, only their k
@@ -109,6 +117,21 @@ def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return probs
 
 
+def adjust_logits(logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int]) -> None:
+    """In place, the rows' history-dependent adjustments in order: penalties, logit_bias, min_tokens."""
+    if any(
+        s.sampling_params.repetition_penalty != 1.0
+        or s.sampling_params.presence_penalty != 0.0
+        or s.sampling_params.frequency_penalty != 0.0
+        for s in seqs
+    ):
+        _apply_penalties(logits, seqs, logits.shape[1])
+    if any(s.sampling_params.logit_bias for s in seqs):
+        _apply_logit_bias(logits, seqs)
+    if any(s.num_output_tokens < s.sampling_params.min_tokens for s in seqs):
+        _suppress_stops(logits, seqs, eos_ids)
+
+
 def make_generator(seq: Sequence, device: torch.device) -> torch.Generator:
     """The generator of a sequence whose request gave a seed (from the seed and its index among n)."""
     sp = seq.sampling_params
@@ -118,7 +141,7 @@ def make_generator(seq: Sequence, device: torch.device) -> torch.Generator:
     return gen
 
 
-def _exponential_noise(shape: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> torch.Tensor:
+def exponential_noise(shape: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> torch.Tensor:
     """Exp(1) noise like ``shape``: one draw from the engine's ``generator`` for every row, then the rows
     of seeded requests again from their own generators, so that those do not depend on batch mates."""
     noise = torch.empty_like(shape).exponential_(generator=generator)
@@ -184,26 +207,16 @@ def sample_on_device(
     raw_logprobs = None
     if lp_rows:
         raw_logprobs = (logits if lp_idx is None else logits.index_select(0, lp_idx)).log_softmax(dim=-1)
-    if any(
-        s.sampling_params.repetition_penalty != 1.0
-        or s.sampling_params.presence_penalty != 0.0
-        or s.sampling_params.frequency_penalty != 0.0
-        for s in seqs
-    ):
-        _apply_penalties(logits, seqs, logits.shape[1])
-    if any(s.sampling_params.logit_bias for s in seqs):
-        _apply_logit_bias(logits, seqs)
-    if any(s.num_output_tokens < s.sampling_params.min_tokens for s in seqs):
-        _suppress_stops(logits, seqs, eos_ids)
+    adjust_logits(logits, seqs, eos_ids)
     random_rows = [i for i, s in enumerate(seqs) if not s.sampling_params.greedy]
     if len(random_rows) < len(seqs):
         tokens = logits.argmax(dim=-1)  # the greedy rows' picks (the others are overwritten below)
     if random_rows:
         sub = [seqs[i] for i in random_rows]
         idx = to_device(random_rows, torch.long, dev) if len(random_rows) < len(seqs) else None
-        probs = _filter(logits.index_select(0, idx) if idx is not None else logits, sub)
+        probs = filter_probs(logits.index_select(0, idx) if idx is not None else logits, sub)
         # Exponential race: argmax p / E with E ~ Exp(1) draws from p.
-        drawn = (probs / _exponential_noise(probs, sub, generator)).argmax(dim=-1)
+        drawn = (probs / exponential_noise(probs, sub, generator)).argmax(dim=-1)
         tokens = drawn if idx is None else tokens.index_copy(0, idx, drawn)
     out = SampledBatch(tokens, want_logprobs, lp_rows)
     if raw_logprobs is not None:

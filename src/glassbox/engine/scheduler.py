@@ -6,6 +6,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.sequence import Sequence, SequenceStatus
@@ -19,13 +20,32 @@ class ScheduledSeq:
     start: int  # seq.num_computed_tokens when scheduled
     num_new_tokens: int  # tokens computed this step: positions [start, start + num_new_tokens)
     samples: bool  # this step reaches the end of the sequence and so produces its next token
-    is_decode: bool  # one token after a sampled one (not part of a prompt or recomputation)
+    is_decode: bool  # one token after a sampled one (and its drafts), not part of a prompt or recomputation
+    # speculative decoding: proposed tokens after the sequence's last one, verified in this step (their
+    # positions [len(seq), len(seq) + k) are computed too: num_new_tokens == 1 + k)
+    draft_tokens: list[int] = field(default_factory=list)
 
     @classmethod
-    def of(cls, seq: Sequence, n: int) -> ScheduledSeq:
+    def of(cls, seq: Sequence, n: int, drafts: list[int] | None = None) -> ScheduledSeq:
         start = seq.num_computed_tokens
         end = start + n
-        return cls(seq, start, n, end == len(seq), n == 1 and end == len(seq) and seq.num_output_tokens > 0)
+        k = len(drafts) if drafts else 0
+        total = len(seq) + k
+        decode = n == 1 + k and end == total and seq.num_output_tokens > 0
+        return cls(seq, start, n, end == total, decode, list(drafts) if drafts else [])
+
+    def tokens(self) -> list[int]:
+        """The token ids this step computes: the sequence's, then any drafts."""
+        ids = self.seq.token_ids[self.start : self.start + self.num_new_tokens]
+        return ids + self.draft_tokens if self.draft_tokens else ids
+
+
+class Proposer(Protocol):
+    """Speculative decoding's draft source (engine/ngram.py; the simulator's scripted one)."""
+
+    def propose(self, seq: Sequence, max_drafts: int) -> list[int]:
+        """At most ``max_drafts`` tokens guessed to follow ``seq``'s last one ([] for none)."""
+        ...
 
 
 @dataclass
@@ -39,7 +59,12 @@ class SchedulerOutput:
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(1 for s in self.scheduled if s.is_decode)
+        """Decode rows: one per decoding sequence, plus the drafts a speculative step verifies."""
+        return sum(s.num_new_tokens for s in self.scheduled if s.is_decode)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(len(s.draft_tokens) for s in self.scheduled)
 
     @property
     def phase(self) -> str:
@@ -59,6 +84,10 @@ class Scheduler:
     waiting ones are admitted while the token budget, ``max_num_seqs`` and free blocks allow. When a
     running sequence cannot grow, the newest running sequence is preempted (blocks freed, recomputed
     later), and no new sequence is admitted in that step.
+
+    With a ``proposer`` (speculative decoding), a decoding sequence also computes the drafts it proposes,
+    as far as the token budget and its ``max_tokens`` allow, in slots it holds or in free blocks that no
+    later running sequence may need in this step: drafts never preempt anyone.
     """
 
     block_manager: BlockManager
@@ -68,6 +97,7 @@ class Scheduler:
     running: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
     clock: Callable[[], float] = time.perf_counter  # the simulator swaps in a virtual clock
+    proposer: Proposer | None = None
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -81,10 +111,17 @@ class Scheduler:
         out = SchedulerOutput()
         bm = self.block_manager
         budget = self.max_num_batched_tokens
+        reserve = self._later_needs() if self.proposer is not None else []
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(len(seq) - seq.num_computed_tokens, budget)
+            drafts = self._drafts(seq, budget)
+            if drafts:  # only into slots it holds or blocks no later running sequence may need this step
+                spare = max(0, bm.num_free_blocks - reserve[i + 1])
+                room = (len(seq.block_table) + spare) * bm.block_size - seq.num_computed_tokens - 1
+                drafts = drafts[: max(0, room)]
+                n = 1 + len(drafts) if drafts else n
             while not bm.can_grow(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim, out)
@@ -92,7 +129,7 @@ class Scheduler:
                     break
             else:
                 bm.grow(seq, seq.num_computed_tokens + n)
-                out.scheduled.append(ScheduledSeq.of(seq, n))
+                out.scheduled.append(ScheduledSeq.of(seq, n, drafts))
                 budget -= n
                 i += 1
                 continue
@@ -118,6 +155,30 @@ class Scheduler:
             budget -= n
         return out
 
+    def _later_needs(self) -> list[int]:
+        """For each position i of ``running``: the blocks the sequences after it may grow by this step, at
+        most (their whole remaining tokens within a full budget); 0 past the end."""
+        bm = self.block_manager
+        suffix = [0] * (len(self.running) + 1)
+        for j in range(len(self.running) - 1, -1, -1):
+            s = self.running[j]
+            end = min(len(s), s.num_computed_tokens + self.max_num_batched_tokens)
+            suffix[j] = suffix[j + 1] + max(0, bm.blocks_needed(end) - len(s.block_table))
+        return suffix
+
+    def _drafts(self, seq: Sequence, budget: int) -> list[int]:
+        """The proposer's drafts for a decoding sequence (one token after its computed ones), within the
+        budget and the tokens its max_tokens leaves; none for a sequence under a grammar (structured
+        outputs: its matcher would have to accept each draft in turn; not built)."""
+        if self.proposer is None or seq.grammar is not None or seq.num_output_tokens == 0:
+            return []
+        if seq.num_computed_tokens != len(seq) - 1:
+            return []
+        max_tokens = seq.sampling_params.max_tokens
+        left = (max_tokens if max_tokens is not None else 1 << 30) - seq.num_output_tokens - 1
+        limit = min(budget - 1, left)
+        return self.proposer.propose(seq, limit) if limit > 0 else []
+
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Recompute-style preemption: drop the KV, requeue at the front of the waiting queue."""
         self.running.remove(seq)
@@ -130,11 +191,18 @@ class Scheduler:
         out.preempted.append(seq)
 
     def update(self, out: SchedulerOutput) -> None:
-        """After the executor ran ``out``: advance computed counts and publish full blocks."""
+        """After the executor ran ``out`` and its tokens were appended: advance computed counts, publish
+        full blocks. A speculative row's KV holds its last token and the accepted drafts (now appended);
+        the rejected drafts' slots are given back (blocks past the sequence's length, BlockManager.trim)."""
         for s in out.scheduled:
             if s.seq.is_finished:  # ended (a stop string, an abort) while the step ran
                 continue
-            s.seq.num_computed_tokens += s.num_new_tokens
+            if s.draft_tokens:
+                # its KV is valid up to the last accepted draft: everything but the newest token
+                s.seq.num_computed_tokens = min(s.start + s.num_new_tokens, len(s.seq) - 1)
+                self.block_manager.trim(s.seq, len(s.seq))
+            else:
+                s.seq.num_computed_tokens += s.num_new_tokens
             self.block_manager.commit(s.seq)
 
     def finish(self, seq: Sequence) -> None:

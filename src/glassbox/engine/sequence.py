@@ -41,6 +41,14 @@ class RequestMetrics:
     prefill_tok_s: float = 0.0
     decode_tok_s: float = 0.0
     preemptions: int = 0
+    # speculative decoding: steps that verified drafts, drafts proposed, drafts accepted; the share
+    # accepted, and the tokens a verifying step yields on average (1 + accepted / drafts, vLLM's "mean
+    # acceptance length": the token drawn after the accepted drafts included); zeros without speculation
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_acceptance_rate: float = 0.0
+    spec_mean_acceptance_length: float = 0.0
     # raw timestamps (time.perf_counter), kept for derived figures
     arrival_time: float = 0.0
     sequences: int = 1  # continuations these figures cover (a request with n > 1, a batch of prompts)
@@ -65,6 +73,10 @@ class RequestMetrics:
         self.prefill_tok_s = computed / self.prefill_s if self.prefill_s > 0 else 0.0
         decoded = max(0, self.output_tokens - self.sequences)  # each continuation's first token is prefill's
         self.decode_tok_s = decoded / self.decode_s if self.decode_s > 0 and decoded > 0 else 0.0
+        if self.spec_draft_tokens:
+            self.spec_acceptance_rate = self.spec_accepted_tokens / self.spec_draft_tokens
+        if self.spec_drafts:
+            self.spec_mean_acceptance_length = 1.0 + self.spec_accepted_tokens / self.spec_drafts
 
     def as_dict(self) -> dict[str, float | int]:
         return {k: getattr(self, k) for k in METRIC_KEYS}
@@ -91,6 +103,9 @@ def merge_metrics(parts: list[RequestMetrics], shared_prompt: bool) -> RequestMe
         cached_prompt_tokens=cached,
         output_tokens=sum(m.output_tokens for m in parts),
         preemptions=sum(m.preemptions for m in parts),
+        spec_drafts=sum(m.spec_drafts for m in parts),
+        spec_draft_tokens=sum(m.spec_draft_tokens for m in parts),
+        spec_accepted_tokens=sum(m.spec_accepted_tokens for m in parts),
         arrival_time=min(m.arrival_time for m in parts),
         sequences=sum(m.sequences for m in parts),
         first_scheduled_time=min(scheduled) if scheduled else None,

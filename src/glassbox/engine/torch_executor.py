@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,8 +31,9 @@ from glassbox.engine.device import (
     triton_usable,
 )
 from glassbox.engine.kv_plan import GiB, KVCachePlan, plan_kv_cache
-from glassbox.engine.sampler import SampledBatch, sample_on_device, to_device
+from glassbox.engine.sampler import to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
+from glassbox.engine.step_sampling import DevicePendingStep, SamplePlan
 from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
 from glassbox.layers.block_linear import KERNEL_ROWS, block_kernel_rows, block_weights
@@ -42,7 +42,6 @@ from glassbox.layers.kv_quant import row_width
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
 from glassbox.models.model_config import KV_TORCH_DTYPES, ModelConfig, dtype_name
-from glassbox.outputs import SampleResult
 
 if TYPE_CHECKING:
     from glassbox.engine.cuda_graph import DecodeGraphs
@@ -53,20 +52,6 @@ MAX_GRAPH_BATCH = 512
 GRAPH_RESERVE_BYTES = 256 << 20  # the decode graphs' private pool and static buffers (measured < 64 MiB)
 # CPU, serving: a step under this many FLOPs leaves one core to the HTTP frontend (see reserve_frontend_core)
 LIGHT_STEP_FLOPS = 1.5e9
-
-
-@dataclass
-class DevicePendingStep:
-    """A launched step: its draws are still on the device until :meth:`result` reads them."""
-
-    seq_ids: list[int]
-    sampled: SampledBatch | None
-
-    def result(self) -> dict[int, SampleResult]:
-        """{seq_id: SampleResult} of the rows that sample; waits for the device."""
-        if self.sampled is None:
-            return {}
-        return dict(zip(self.seq_ids, self.sampled.results(), strict=True))
 
 
 class TorchExecutor:
@@ -296,34 +281,23 @@ class TorchExecutor:
         """Queue the step's forward and sampling; on CUDA this returns before the device has finished."""
         if self.light_threads != self.max_threads:
             self._set_threads(batch)
-        decodes = [s for s in batch.scheduled if s.num_new_tokens == 1 and s.start > 0]
-        prefills = [s for s in batch.scheduled if not (s.num_new_tokens == 1 and s.start > 0)]
-        if self.graphs is not None and not prefills and len(decodes) <= self.graphs.max_batch:
+        # decode rows: one token after the cached ones, or a token and its drafts (speculative decoding: row i
+        # attends to the cache up to its own position, as a decode row; the drafts' K/V are written first)
+        decodes = [s for s in batch.scheduled if _decode_rows(s)]
+        prefills = [s for s in batch.scheduled if not _decode_rows(s)]
+        rows = sum(s.num_new_tokens for s in decodes)
+        if self.graphs is not None and not prefills and rows <= self.graphs.max_batch:
             return self._execute_graph(decodes)
         ordered = decodes + prefills
         ids, pos, slots = self._flatten(ordered)
         meta = self._metadata(decodes, prefills, slots)
-        sample_rows: list[int] = []
-        sample_seqs: list[ScheduledSeq] = []
-        row = 0
-        for s in ordered:
-            row += s.num_new_tokens
-            if s.samples:
-                sample_rows.append(row - 1)
-                sample_seqs.append(s)
-        rows = to_device(sample_rows, torch.long, self.device) if sample_rows else None  # before the forward
+        plan = SamplePlan.build(ordered, self.device)  # the rows to sample, on the device before the forward
         # block weights run their int8-activation kernel in decode-only steps of few rows, the dequantized
         # weight in a GEMM otherwise: a prompt gives the same first token whether or not its prefix was
         # cached, and wide decode batches take the GEMM, faster there (layers/block_linear.KERNEL_ROWS)
-        with torch.inference_mode(), block_kernel_rows(not prefills and len(decodes) <= KERNEL_ROWS):
+        with torch.inference_mode(), block_kernel_rows(not prefills and rows <= KERNEL_ROWS):
             hidden = self.forward(ids, pos, self.kv_caches, meta)
-            if rows is None:
-                return DevicePendingStep([], None)
-            logits = self.model.compute_logits(hidden.index_select(0, rows))
-            sampled = sample_on_device(
-                logits, [s.seq for s in sample_seqs], self.eos_ids, self.sample_generator
-            )
-        return DevicePendingStep([s.seq.seq_id for s in sample_seqs], sampled)
+            return plan.sample(self.model.compute_logits, hidden, self.eos_ids, self.sample_generator)
 
     def _execute_graph(self, decodes: list[ScheduledSeq]) -> DevicePendingStep:
         """A decode-only step on the captured graphs (CUDA)."""
@@ -331,23 +305,17 @@ class TorchExecutor:
         bs = self.block_size
         ids, pos, slots, lens, tables = [], [], [], [], []
         for s in decodes:
-            p, table = s.start, s.seq.block_table
-            ids.append(s.seq.token_ids[p])
-            pos.append(p)
-            slots.append(table[p // bs] * bs + p % bs)
-            lens.append(p + 1)
-            tables.append(table)
+            table = s.seq.block_table
+            for p, token in enumerate(s.tokens(), start=s.start):
+                ids.append(token)
+                pos.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+                lens.append(p + 1)
+                tables.append(table)
+        plan = SamplePlan.build(decodes, self.device)
         with torch.inference_mode():
-            hidden = self.graphs.run(ids, pos, slots, lens, tables)  # (n, hidden)
-            rows = [i for i, s in enumerate(decodes) if s.samples]
-            if not rows:
-                return DevicePendingStep([], None)
-            if len(rows) < len(decodes):
-                hidden = hidden.index_select(0, to_device(rows, torch.long, self.device))
-            seqs = [decodes[i] for i in rows]
-            logits = self.model.compute_logits(hidden)
-            sampled = sample_on_device(logits, [s.seq for s in seqs], self.eos_ids, self.sample_generator)
-        return DevicePendingStep([s.seq.seq_id for s in seqs], sampled)
+            hidden = self.graphs.run(ids, pos, slots, lens, tables)  # (rows, hidden)
+            return plan.sample(self.model.compute_logits, hidden, self.eos_ids, self.sample_generator)
 
     def _flatten(self, ordered: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ids: list[int] = []
@@ -356,7 +324,7 @@ class TorchExecutor:
         bs = self.block_size
         for s in ordered:
             end = s.start + s.num_new_tokens
-            ids.extend(s.seq.token_ids[s.start : end])
+            ids.extend(s.tokens())
             r = range(s.start, end)
             pos.extend(r)
             table = s.seq.block_table
@@ -369,17 +337,16 @@ class TorchExecutor:
         self, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq], slots: torch.Tensor
     ) -> AttentionMetadata:
         dev, bs = self.device, self.block_size
-        meta = AttentionMetadata(slot_mapping=slots, num_decode=len(decodes), backend=self.attn_backend)
+        lens = [p + 1 for s in decodes for p in range(s.start, s.start + s.num_new_tokens)]
+        meta = AttentionMetadata(slot_mapping=slots, num_decode=len(lens), backend=self.attn_backend)
         if decodes:
-            lens = [s.start + 1 for s in decodes]
             max_blocks = (max(lens) + bs - 1) // bs
             tables: list[int] = []
             for s in decodes:
                 t = s.seq.block_table[:max_blocks]
-                tables += t
-                tables += [0] * (max_blocks - len(t))
+                tables += (t + [0] * (max_blocks - len(t))) * s.num_new_tokens  # a row per token
             flat, ctx = parts_to_device([tables, lens], torch.long, dev)  # one copy, not two
-            meta.decode_block_tables = flat.view(len(decodes), max_blocks)
+            meta.decode_block_tables = flat.view(len(lens), max_blocks)
             meta.decode_context_lens = ctx
         if self.attn_backend == "triton":
             if prefills:
@@ -390,7 +357,7 @@ class TorchExecutor:
                 block_m = prefill_block_m(self.model_config.head_dim, self.kv_dtype, self.dtype, dev)
                 meta.paged_prefill = build_paged_prefill(seqs, block_m, dev)
             return meta
-        row = len(decodes)
+        row = len(lens)
         for s in prefills:
             end = s.start + s.num_new_tokens
             nblocks = (end + bs - 1) // bs
@@ -398,3 +365,8 @@ class TorchExecutor:
             meta.prefills.append(PrefillSeq(row, s.num_new_tokens, s.start, table))
             row += s.num_new_tokens
         return meta
+
+
+def _decode_rows(s: ScheduledSeq) -> bool:
+    """Whether a scheduled sequence runs as decode rows: one token on its cache, or a token and its drafts."""
+    return bool(s.draft_tokens) or (s.num_new_tokens == 1 and s.start > 0)

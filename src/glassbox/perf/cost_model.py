@@ -74,8 +74,10 @@ def step_cost(
     engine: EngineProfile,
     batch: Sequence[tuple[int, int]],
     kv_bytes_per_element: float = 2.0,
+    logit_rows: int | None = None,
 ) -> StepCost:
-    """Cost of one engine step over ``batch`` = [(num_new_tokens, context_len_before), ...]."""
+    """Cost of one engine step over ``batch`` = [(num_new_tokens, context_len_before), ...]; the LM head
+    runs on ``logit_rows`` rows (default one per sequence; a speculative step verifying k drafts: k + 1)."""
     work = [(n, c) for n, c in _pairs(batch) if n > 0]
     if not work:
         return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
@@ -105,7 +107,7 @@ def step_cost(
 
     dense_flops = 2.0 * tokens * sum(facts.params[g] for g in _DENSE_GROUPS)
     expert_flops = 2.0 * tokens * facts.experts_per_token * facts.moe_layers * facts.params_per_expert
-    head_flops = 2.0 * seqs * facts.params["lm_head"]  # logits for one position per sequence
+    head_flops = 2.0 * (seqs if logit_rows is None else logit_rows) * facts.params["lm_head"]
     mixer_flops = sum(facts.attention_flops(n, c) for n, c in work) + tokens * facts.mixer_flops_per_token
     bf16_rate = hw.peak_flops("bf16") * engine.eta_flops
     compute_s = (

@@ -35,6 +35,8 @@ def _settings(req: PlanRequest, s: Setup, memory: MemoryPlan) -> tuple[SimSettin
         max_num_seqs=slots,
         max_num_batched_tokens=chunk,
         request_overhead_s=s.engine.request_overhead_s,
+        spec_tokens=req.spec_tokens,
+        acceptance_rate=req.acceptance_rate or 0.0,
     )
     return settings, slots
 

@@ -42,6 +42,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", default="", help="comma list of Poisson arrival rates in requests/s")
     p.add_argument("--memory-utilization", type=float, default=0.9, help="share of memory the engine may use")
     p.add_argument("--kv-cache-dtype", default="auto", help=f"one of {', '.join(KV_DTYPES)}")
+    p.add_argument(
+        "--spec-tokens",
+        type=int,
+        default=0,
+        help="speculative decoding: drafts verified per decode step (with --acceptance-rate)",
+    )
+    p.add_argument(
+        "--acceptance-rate",
+        type=float,
+        default=None,
+        help="speculative decoding: the chance that each draft is accepted (given the ones before it)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
@@ -73,6 +85,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         rates=_float_list(args.rate, "--rate"),
         memory_utilization=args.memory_utilization,
         kv_cache_dtype=args.kv_cache_dtype,
+        spec_tokens=args.spec_tokens,
+        acceptance_rate=args.acceptance_rate,
     )
 
 
@@ -143,6 +157,15 @@ def render(result: dict[str, Any]) -> None:
             _fmt(d["ceiling_tok_s"], 1),
             f"{d['tok_s'] / d['ceiling_tok_s']:.0%}",
             d["bound"],
+        )
+    spec = result.get("speculative")
+    if spec:
+        s.add_row(
+            f"decode tok/s, {spec['spec_tokens']} drafts at {spec['acceptance_rate']:.0%}",
+            _fmt(spec["tok_s"], 1),
+            "",
+            f"x{spec['speedup']:.2f}" if spec["speedup"] else "",
+            f"{spec['bound']}, {spec['tokens_per_step']:.2f} tokens / step",
         )
     s.add_row("TTFT s", _fmt(result["ttft_s"], 3), "", "", "prefill + request overhead")
     console.print(s)

@@ -31,8 +31,19 @@ class PlanRequest:
     rates: tuple[float, ...] = field(default_factory=tuple)  # requests / second (Poisson)
     memory_utilization: float = 0.9
     kv_cache_dtype: str = "auto"
+    spec_tokens: int = 0  # speculative decoding: drafts verified per decode step (0: off)
+    acceptance_rate: float | None = None  # the chance that each draft is accepted, given the ones before
 
     def __post_init__(self) -> None:
+        if not 0 <= self.spec_tokens <= 32:
+            raise ValueError(f"--spec-tokens must be in [0, 32], got {self.spec_tokens}")
+        if self.spec_tokens and self.acceptance_rate is None:
+            raise ValueError("--spec-tokens needs --acceptance-rate (the chance that each draft is accepted)")
+        if self.acceptance_rate is not None:
+            if not self.spec_tokens:
+                raise ValueError("--acceptance-rate needs --spec-tokens >= 1")
+            if not 0.0 <= self.acceptance_rate <= 1.0:  # also rejects NaN
+                raise ValueError(f"--acceptance-rate must be in [0, 1], got {self.acceptance_rate}")
         if self.prompt_tokens < 1:
             raise ValueError(f"--prompt-tokens must be >= 1, got {self.prompt_tokens}")
         if self.output_tokens < 1:

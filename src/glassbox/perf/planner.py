@@ -1,7 +1,8 @@
 """``glassbox plan``: assemble memory fit, prefill, decode, TTFT, concurrency and rate rows into one dict.
 
 The concurrency and rate rows come from perf/load_rows.py: the engine's real Scheduler and BlockManager
-on a virtual clock, each step timed by ``cost_model.step_time``.
+on a virtual clock, each step timed by ``cost_model.step_time`` (with --spec-tokens, speculative steps
+whose drafts the simulator accepts at --acceptance-rate; perf/spec_plan.py the single-request figure).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from glassbox.perf.cost_model import decode_cost
 from glassbox.perf.load_rows import concurrency_rows, rate_rows
 from glassbox.perf.memory_plan import plan_memory
 from glassbox.perf.plan_request import PlanRequest, resolve
+from glassbox.perf.spec_plan import speculative_row
 
 
 def plan(req: PlanRequest) -> dict[str, Any]:
@@ -42,6 +44,7 @@ def plan(req: PlanRequest) -> dict[str, Any]:
         warnings.append(
             f"{req.seq_len:,} tokens per sequence exceed the model's {s.facts.max_context:,}-token limit"
         )
+    decode_tok_s = round(steps / dec.seconds, 2)
     if not memory.fits:
         warnings.append(f"needs {memory.total / 2**30:,.1f} GiB of a {memory.budget / 2**30:,.1f} GiB budget")
     return {
@@ -71,6 +74,8 @@ def plan(req: PlanRequest) -> dict[str, Any]:
             "context_tokens": req.context_tokens,
             "memory_utilization": req.memory_utilization,
             "kv_cache_dtype": req.kv_cache_dtype,
+            "spec_tokens": req.spec_tokens,
+            "acceptance_rate": req.acceptance_rate,
         },
         "memory": memory.to_dict(),
         "prefill": {
@@ -81,11 +86,12 @@ def plan(req: PlanRequest) -> dict[str, Any]:
             "steps": pre.steps,
         },
         "decode": {
-            "tok_s": round(steps / dec.seconds, 2),
+            "tok_s": decode_tok_s,
             "ceiling_tok_s": round(steps / dec_ceil.seconds, 2),
             "bound": dec.bound,
             "step_s": round(dec.seconds / steps, 5),
         },
+        "speculative": speculative_row(s, req, decode_tok_s),  # None without --spec-tokens
         "ttft_s": round(ttft, 4),
         "e2e_s": round(ttft + decode_s, 4),
         "concurrency": concurrency_rows(req, s, memory),

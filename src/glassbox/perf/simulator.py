@@ -43,26 +43,50 @@ class ReadyStep:
 
 
 class SimulatedExecutor:
-    """The Executor boundary on a virtual clock."""
+    """The Executor boundary on a virtual clock. A speculative row (drafts from a ``DraftProposer``)
+    accepts each draft in turn with probability ``acceptance_rate`` until one is rejected."""
 
-    def __init__(self, step_time: StepTimeFn, clock: VirtualClock) -> None:
+    def __init__(
+        self, step_time: StepTimeFn, clock: VirtualClock, acceptance_rate: float = 0.0, seed: int = 0
+    ) -> None:
         self.step_time = step_time
         self.clock = clock
         self.scripts: dict[int, list[int]] = {}  # seq_id -> the tokens it samples, in order
         self.steps = 0
         self.trace: list[tuple[int, int]] = []  # (prefill tokens, decode tokens) of each step
+        self.acceptance_rate = acceptance_rate
+        self.rng = random.Random(seed)
 
     def launch(self, batch: SchedulerOutput) -> ReadyStep:
         self.clock.now += self.step_time([(s.num_new_tokens, s.start) for s in batch.scheduled])
         self.steps += 1
         self.trace.append((batch.num_prefill_tokens, batch.num_decode_tokens))
-        return ReadyStep(
-            {s.seq.seq_id: SampleResult(self._next(s.seq), None) for s in batch.scheduled if s.samples}
-        )
+        results = {}
+        for s in batch.scheduled:
+            if s.samples:
+                accepted = 0
+                while accepted < len(s.draft_tokens) and self.rng.random() < self.acceptance_rate:
+                    accepted += 1
+                tokens = [self._next(s.seq, i) for i in range(accepted + 1)]
+                results[s.seq.seq_id] = SampleResult(
+                    tokens[-1], None, [SampleResult(t, None) for t in tokens[:-1]]
+                )
+        return ReadyStep(results)
 
-    def _next(self, seq: EngineSequence) -> int:
+    def _next(self, seq: EngineSequence, ahead: int = 0) -> int:
         script = self.scripts.get(seq.seq_id)
-        return script[seq.num_output_tokens] if script is not None else PLACEHOLDER_TOKEN
+        return script[seq.num_output_tokens + ahead] if script is not None else PLACEHOLDER_TOKEN
+
+
+@dataclass
+class DraftProposer:
+    """The simulator's proposer: ``k`` placeholder drafts for every decoding sequence (as many as fit)."""
+
+    k: int
+    max_model_len: int
+
+    def propose(self, seq: EngineSequence, max_drafts: int) -> list[int]:
+        return [PLACEHOLDER_TOKEN] * max(0, min(self.k, max_drafts, self.max_model_len - len(seq)))
 
 
 @dataclass
@@ -74,6 +98,8 @@ class SimSettings:
     enable_prefix_caching: bool = True
     request_overhead_s: float = 0.0  # added to each request's TTFT and E2E (HTTP, tokenize, admission)
     max_model_len: int = 1 << 40
+    spec_tokens: int = 0  # speculative decoding: drafts per decode step (0: off)
+    acceptance_rate: float = 0.0  # the chance that each draft is accepted (after the ones before it)
 
 
 @dataclass
@@ -140,7 +166,9 @@ def run_requests(
     clock = VirtualClock()
     bm = BlockManager(settings.num_kv_blocks, settings.block_size, settings.enable_prefix_caching)
     sched = Scheduler(bm, settings.max_num_seqs, settings.max_num_batched_tokens, clock=clock)
-    ex = SimulatedExecutor(step_time, clock)
+    if settings.spec_tokens > 0:
+        sched.proposer = DraftProposer(settings.spec_tokens, settings.max_model_len)
+    ex = SimulatedExecutor(step_time, clock, settings.acceptance_rate)
     core = EngineCore(sched, ex, settings.max_model_len, set(eos_token_ids), clock=clock)
     if record:
         core.trace = []

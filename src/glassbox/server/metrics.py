@@ -109,7 +109,18 @@ class ServerMetrics:
         self.step_duration = histogram(
             "step_duration_seconds", "Engine step time by phase.", STEP_BUCKETS, ("phase",)
         )
+        # speculative decoding, vLLM's names (spec_decode_*); zero without --speculative-config
+        self.spec_drafts = counter("spec_decode_num_drafts", "Speculative decoding drafts (rows verified).")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed.")
+        self.spec_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.spec_accepted_per_pos = counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens per draft position.",
+            ("position",),
+        )
         self._seen = {"prompt": 0, "cached": 0, "generation": 0, "preemptions": 0, "queries": 0, "hits": 0}
+        self._seen.update({"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted": 0})
+        self._seen_per_pos: list[int] = []
 
     # -- EngineObserver (engine thread) ---------------------------------------------
     def on_iteration(self, engine: LLMEngine, record: StepRecord | None) -> None:
@@ -119,7 +130,11 @@ class ServerMetrics:
         self.kv_cache_usage_perc.set(bm.usage)
         self.kv_cache_free_blocks.set(bm.num_free_blocks)
         self.kv_cache_total_blocks.set(bm.num_blocks)
+        c = engine.counters
         totals = {
+            "spec_drafts": c.spec_drafts,
+            "spec_draft_tokens": c.spec_draft_tokens,
+            "spec_accepted": c.spec_accepted_tokens,
             "prompt": engine.counters.prompt_tokens,
             "cached": engine.counters.cached_prompt_tokens,
             "generation": engine.counters.generation_tokens,
@@ -128,6 +143,9 @@ class ServerMetrics:
             "hits": bm.stats.hits,
         }
         counters = {
+            "spec_drafts": self.spec_drafts,
+            "spec_draft_tokens": self.spec_draft_tokens,
+            "spec_accepted": self.spec_accepted_tokens,
             "prompt": self.prompt_tokens,
             "cached": self.prompt_tokens_cached,
             "generation": self.generation_tokens,
@@ -140,6 +158,12 @@ class ServerMetrics:
             if delta > 0:
                 counters[key].inc(delta)
                 self._seen[key] = total
+        for pos, total in enumerate(c.spec_accepted_per_pos):
+            if pos == len(self._seen_per_pos):
+                self._seen_per_pos.append(0)
+            if total > self._seen_per_pos[pos]:
+                self.spec_accepted_per_pos.labels(position=str(pos)).inc(total - self._seen_per_pos[pos])
+                self._seen_per_pos[pos] = total
         if record is not None:
             self.iteration_tokens.observe(record.num_prefill_tokens + record.num_decode_tokens)
             self.step_duration.labels(phase=record.phase).observe(record.duration_s)

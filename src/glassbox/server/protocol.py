@@ -200,6 +200,11 @@ class RequestAnatomy(BaseModel):
     prefill_tok_s: float
     decode_tok_s: float
     preemptions: int
+    spec_drafts: int
+    spec_draft_tokens: int
+    spec_accepted_tokens: int
+    spec_acceptance_rate: float
+    spec_mean_acceptance_length: float
 
 
 class PromptTokensDetails(BaseModel):
