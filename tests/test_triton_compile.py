@@ -9,12 +9,15 @@ interpreter run could notice)."""
 
 from __future__ import annotations
 
+import multiprocessing
 from typing import Any
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
+# the module fixture compiles every case at once: a cold compile takes minutes (its first test waits for it)
+pytestmark = pytest.mark.timeout(1200)
 from triton_aot import CAPABILITY, SMEM_LIMIT, SMS, TARGETS, compile_like_jit, resources  # noqa: E402
 
 from glassbox.kernels import attention_tiles  # noqa: E402
@@ -104,33 +107,56 @@ def _launches(
     return rec.calls
 
 
-@pytest.mark.parametrize(
-    ("target", "dtype", "shape", "kv_dtype"),
-    PARAMS,
-    ids=[
-        f"{t}-{TYPES[d]}-hq{a}-hk{b}-d{c}" + (f"-kv{TYPES[kv]}" if kv != d else "")
-        for t, d, (a, b, c), kv in PARAMS
-    ],
-)
+IDS = [
+    f"{t}-{TYPES[d]}-hq{a}-hk{b}-d{c}" + (f"-kv{TYPES[kv]}" if kv != d else "")
+    for t, d, (a, b, c), kv in PARAMS
+]
+# Every case's launches, collected by the host code in this process; compiled by two forked workers (the
+# compiler is single-threaded: a cold compile of them all is the suite's longest wait, halved on 2 cores)
+_LAUNCHES: list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]] = []  # (case id, kernel, args, kwargs)
+
+
+def _compile_one(i: int) -> tuple[str, bool, str, bool, bool]:
+    """(case id, has a cubin, what, fits shared memory, spills) of launch ``i`` (in a forked worker)."""
+    case, fn, args, kwargs = _LAUNCHES[i]
+    target = PARAMS[IDS.index(case)][0]
+    compiled = compile_like_jit(fn, args, kwargs, TARGETS[target])
+    r = resources(compiled)
+    consts = {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}
+    types = [a.dtype for a in args if isinstance(a, torch.Tensor)][3:5]  # tables, lengths (decode)
+    what = f"{fn.fn.__name__} {consts} {types}: {r}"
+    return case, bool(compiled.asm["cubin"]), what, r.shared <= SMEM_LIMIT[target], bool(r.spills)
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, list[tuple[str, bool, str, bool, bool]]]:
+    """Each case's launches compiled: case id -> [(kernel name, cubin, what, fits, spills)]."""
+    names: dict[str, set[str]] = {}
+    for case, (target, dtype, shape, kv_dtype) in zip(IDS, PARAMS, strict=True):
+        with pytest.MonkeyPatch.context() as mp:
+            calls = _launches(mp, target, dtype, shape, kv_dtype)
+        names[case] = {fn.fn.__name__ for fn, _, _ in calls}
+        _LAUNCHES.extend((case, fn, args, kwargs) for fn, args, kwargs in calls)
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        results = pool.map(_compile_one, range(len(_LAUNCHES)), chunksize=1)
+    out: dict[str, list[tuple[str, bool, str, bool, bool]]] = {case: [] for case in IDS}
+    for (case, fn, _, _), (_, cubin, what, fits, spills) in zip(_LAUNCHES, results, strict=True):
+        out[case].append((fn.fn.__name__, cubin, what, fits, spills))
+    for case in IDS:
+        assert {n for n, *_ in out[case]} == names[case]
+    return out
+
+
+@pytest.mark.parametrize("case", IDS)
 def test_every_launch_compiles_without_spills(
-    monkeypatch: pytest.MonkeyPatch,
-    target: str,
-    dtype: torch.dtype,
-    shape: tuple[int, int, int],
-    kv_dtype: torch.dtype,
+    compiled: dict[str, list[tuple[str, bool, str, bool, bool]]], case: str
 ) -> None:
-    calls = _launches(monkeypatch, target, dtype, shape, kv_dtype)
-    kernels = {fn.fn.__name__ for fn, _, _ in calls}
+    kernels = {name for name, *_ in compiled[case]}
     assert kernels == {"_decode_kernel", "_reduce_kernel", "_prefill_kernel"}
-    for fn, args, kwargs in calls:
-        compiled = compile_like_jit(fn, args, kwargs, TARGETS[target])
-        assert compiled.asm["cubin"], fn
-        r = resources(compiled)
-        consts = {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}
-        types = [a.dtype for a in args if isinstance(a, torch.Tensor)][3:5]  # tables, lengths (decode)
-        what = f"{fn.fn.__name__} {consts} {types}: {r}"
-        assert r.shared <= SMEM_LIMIT[target], what
-        assert not r.spills, what
+    for name, cubin, what, fits, spills in compiled[case]:
+        assert cubin, name
+        assert fits, what
+        assert not spills, what
 
 
 def test_the_jit_specialization_reaches_the_compile() -> None:
