@@ -123,4 +123,23 @@ static inline __attribute__((always_inline)) void finish_heads(i64 hq, i64 d, fl
         store_row(at(out, sq * hq * d + j * d, dt), acc[j], d, dt);
     }
 }
+
+/* One 32-value block of activations (float32 dt=0 or bf16 dt=1) starting at element k0 of x, the values
+ * from `valid` on taken as 0, to int8 codes c as llama.cpp's q8 blocks: d = amax / 127 (0 for a block of
+ * zeros), codes round(v / d) half away from 0. Returns d. (cpu_quant.c, cpu_kquant.c) */
+static inline float q8_block(const void *x, i64 k0, i64 valid, int dt, int8_t c[32]) {
+    float v[32], amax = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        float f = 0.0f;
+        if (j < valid) f = dt ? bf2f(((const uint16_t *)x)[k0 + j]) : ((const float *)x)[k0 + j];
+        v[j] = f;
+        const float a = f < 0 ? -f : f;
+        amax = a > amax ? a : amax;
+    }
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; j++) c[j] = (int8_t)(int)roundf(v[j] * id);
+    return d;
+}
+
 #endif

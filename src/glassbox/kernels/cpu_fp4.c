@@ -32,19 +32,11 @@
 /* Block b of an activation row (x[at ..], n = the values left in the row, zeros past them) to codes in qx (the
  * row's), rounded half away from zero; returns d = max|x| / 127 and the two halves' code sums. */
 static float quantize_block(const void *x, i64 at, i64 n, int dt, int8_t *qx, i64 b, i64 nb, int32_t half[2]) {
-    float v[32], amax = 0.0f;
+    int8_t c[32];
+    const float d = q8_block(x, at, n, dt, c);
     for (int j = 0; j < 32; j++) {
-        float f = 0.0f;
-        if (j < n) f = dt ? bf2f(((const uint16_t *)x)[at + j]) : ((const float *)x)[at + j];
-        v[j] = f;
-        const float a = f < 0 ? -f : f;
-        amax = a > amax ? a : amax;
-    }
-    const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-    for (int j = 0; j < 32; j++) {
-        const int c = (int)roundf(v[j] * id);
-        qx[fp4_act_pos(b * 32 + j, nb)] = (int8_t)c;
-        half[j / 16] += c;
+        qx[fp4_act_pos(b * 32 + j, nb)] = c[j];
+        half[j / 16] += c[j];
     }
     return d;
 }

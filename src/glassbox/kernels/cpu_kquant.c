@@ -33,24 +33,14 @@ void gb_quantize_rows_kq(const void *x, i64 M, i64 K, int8_t *qx, float *dx, flo
     const i64 nb = K / 32;
 #pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= (1 << 16))
     for (i64 m = 0; m < M; m++) {
-        float v[32];
         for (i64 b = 0; b < nb; b++) {
-            float amax = 0.0f;
-            for (int t = 0; t < 32; t++) {
-                const i64 k = b * 32 + t;
-                const float f = dt ? bf2f(((const uint16_t *)x)[m * K + k]) : ((const float *)x)[m * K + k];
-                v[t] = f;
-                const float a = f < 0 ? -f : f;
-                amax = a > amax ? a : amax;
-            }
-            const float d = amax / 127.0f;
-            const float id = d > 0.0f ? 1.0f / d : 0.0f;
+            int8_t c[32];
+            const float d = q8_block(x, m * K + b * 32, 32, dt, c);
             int32_t s[2] = {0, 0};
             for (int t = 0; t < 32; t++) {
                 const i64 k = b * 32 + t;
-                const int c = (int)roundf(v[t] * id);
-                qx[m * K + (k / SB) * SB + lane_pos(k % SB)] = (int8_t)c;
-                s[t / 16] += c;
+                qx[m * K + (k / SB) * SB + lane_pos(k % SB)] = c[t];
+                s[t / 16] += c[t];
             }
             dx[m * nb + b] = d;
             cx[m * nb + b] = d * (float)(s[0] + s[1]);

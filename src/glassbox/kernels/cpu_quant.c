@@ -30,25 +30,14 @@ void gb_quantize_rows_q8(const void *x, i64 M, i64 K, i64 Kp, int8_t *qx, float 
     const i64 nb = Kp / 32;
 #pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= (1 << 16))
     for (i64 m = 0; m < M; m++) {
-        float v[32];
         for (i64 b = 0; b < nb; b++) {
-            float amax = 0.0f;
-            for (int j = 0; j < 32; j++) {
-                const i64 k = b * 32 + j;
-                float f = 0.0f;
-                if (k < K) f = dt ? bf2f(((const uint16_t *)x)[m * K + k]) : ((const float *)x)[m * K + k];
-                v[j] = f;
-                const float a = f < 0 ? -f : f;
-                amax = a > amax ? a : amax;
-            }
-            const float d = amax / 127.0f;
-            const float id = d > 0.0f ? 1.0f / d : 0.0f;
+            int8_t c[32];
+            const float d = q8_block(x, m * K + b * 32, K - b * 32, dt, c);
             int32_t s = 0;
             int8_t *q = qx + m * Kp;
             for (int j = 0; j < 32; j++) {
-                const int c = (int)roundf(v[j] * id);
-                q[code_index(b * 32 + j, Kp, 8)] = (int8_t)c;
-                s += c;
+                q[code_index(b * 32 + j, Kp, 8)] = c[j];
+                s += c[j];
             }
             dx[m * nb + b] = d;
             cx[m * nb + b] = d * (float)s;

@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 from glassbox.layers.fp8_weights import Fp8Weights
 from glassbox.models.fp8_config import ACTIVATION_PARTS, Fp8Layout, Fp8Spec
-from glassbox.models.loader import weight_files
+from glassbox.models.loader import safetensors_tensors, weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +105,4 @@ def read_fp8(model_dir: Path, spec: Fp8Spec) -> tuple[dict[str, Fp8Weights], Ten
         logger.info("weight-only FP8: not applied (activations stay in the model's dtype): %s",
                     "; ".join(spec.left_aside))  # fmt: skip
 
-    def floats() -> Tensors:
-        for path in files:
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():  # noqa: SIM118
-                    if key not in skip:
-                        yield key, f.get_tensor(key)
-
-    return packed, floats()
+    return packed, safetensors_tensors(model_dir, skip)

@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 
 from glassbox.layers.block_quant import BLOCK, BlockWeights, from_zero_codes
-from glassbox.models.loader import weight_files
+from glassbox.models.loader import safetensors_tensors, weight_files
 from glassbox.models.quant_config import GroupQuant
 
 PARTS = ("qweight", "qzeros", "scales", "g_idx")
@@ -127,14 +127,7 @@ def read_group_quant(model_dir: Path, spec: GroupQuant) -> tuple[dict[str, Block
     packed = {f"{p}.weight": layer_blocks(spec, parts, p) for p, parts in quantized.items()}
     skip = {f"{p}.{part}" for p, parts in quantized.items() for part in parts}
 
-    def floats() -> Tensors:
-        for path in files:
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():  # noqa: SIM118
-                    if key not in skip:
-                        yield key, f.get_tensor(key)
-
-    return packed, floats()
+    return packed, safetensors_tensors(model_dir, skip)
 
 
 def check_runs(spec: GroupQuant, device: torch.device, dtype: torch.dtype) -> None:

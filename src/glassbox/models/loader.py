@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import torch
@@ -82,12 +83,16 @@ def weight_files(model_dir: Path) -> list[Path]:
     raise FileNotFoundError(f"no *.safetensors weights found in model directory {model_dir}")
 
 
-def safetensors_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every tensor in a directory's safetensors files, one at a time."""
+def safetensors_tensors(
+    model_dir: Path, skip: AbstractSet[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor in a directory's safetensors files but those in ``skip`` (the ones
+    a quantized checkpoint's reader took), one at a time."""
     for path in weight_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, f.get_tensor(name)
+                if name not in skip:
+                    yield name, f.get_tensor(name)
 
 
 def build_model(
