@@ -7,18 +7,18 @@ are the real model's, the embedding and LM head are full size). Random bf16 weig
 std 0.02), written once as a Hugging Face checkpoint and as a bf16 GGUF (benchmarks/moe_gguf.py) that
 llama.cpp runs through llama-cpp-python.
 
-Each round, on a fresh random prompt (``--prompt-tokens``), in this order: the read and copy bandwidth
-(perf/hardware.py's probe functions: the roofline's denominator); glassbox batch-1 decode, then its
-aggregate decode at each of ``--batches`` sequences; llama.cpp batch-1 decode; transformers batch-1 and
-the same aggregates. glassbox and transformers each run in a fresh process loaded for the round (so one
-copy of the weights is in memory at a time, beside llama.cpp's mapped file); load and one short warm-up
-are outside the timings. Decode tok/s = tokens decoded after the first / their wall time (prefill and
-the first token excluded, every engine alike). Aggregate = the batch's decoded tokens / the time from its
-first first-token to its last finish. llama-cpp-python drives one sequence, so llama.cpp has no
-aggregate here; it reads the weights into its own memory (``use_mmap=False``), as glassbox and
-transformers hold theirs, so that a page cache squeezed by other jobs does not send its decode to the
-disk. Every engine runs ``--threads`` threads (GLASSBOX_NUM_THREADS, n_threads,
-torch.set_num_threads).
+Each round, for each thread count of ``--threads`` (every engine alike: GLASSBOX_NUM_THREADS, n_threads,
+torch.set_num_threads): the read and copy bandwidth (perf/hardware.py's probe functions: the roofline's
+denominator); then one process holding glassbox and llama.cpp (llama-cpp-python, the GGUF mapped) runs
+batch-1 decode in paired bursts: ``--bursts`` fresh random prompts of ``--prompt-tokens``, each followed
+by ``--burst-tokens`` greedy tokens in one engine and then in the other (the order alternating), so that
+the two engines of a pair saw the same machine (it is shared: its speed moves within seconds); then
+glassbox's aggregate decode at each of ``--batches`` sequences; then transformers, in a process of its
+own: batch-1 (``--decode-tokens``) and the same aggregates. Loads and warm-ups are outside the timings;
+each process's weights are gone when it exits. Decode tok/s = tokens decoded after the first / their wall
+time (prefill and the first token excluded, every engine alike). Aggregate = the batch's decoded tokens /
+the time from its first first-token to its last finish. llama-cpp-python drives one sequence, so
+llama.cpp has no aggregate here. The idle share of the machine's CPUs is sampled before each timed part.
 
 Bytes per token (batch 1) = the weights one token reads, counted from the checkpoint's tensor shapes:
 attention (+ biases, sinks), norms, router, k of E experts, the LM head and one embedding row; times 2
@@ -82,18 +82,6 @@ def cpu_idle(window_s: float = 1.0) -> float:
     return (d[3] + d[4]) / max(1, sum(d))
 
 
-def wait_for_quiet(gate: tuple[float, float]) -> dict[str, float]:
-    """Wait until the machine is idle at least ``gate[0]`` over a second (other jobs share its cores), or
-    ``gate[1]`` seconds passed; returns the idle share seen last and the seconds waited."""
-    min_idle, max_wait = gate
-    t0 = time.perf_counter()
-    while True:
-        idle = cpu_idle()
-        waited = time.perf_counter() - t0
-        if idle >= min_idle or waited >= max_wait:
-            return {"idle": round(idle, 3), "waited_s": round(waited, 1)}
-
-
 def bytes_per_token(model_dir: Path, prompt_tokens: int, decode_tokens: int) -> dict[str, Any]:
     """What one batch-1 decode token reads, from the checkpoint's tensor shapes (bf16 = 2 bytes)."""
     cfg = json.loads((model_dir / "config.json").read_text())
@@ -145,46 +133,74 @@ def bytes_per_token(model_dir: Path, prompt_tokens: int, decode_tokens: int) -> 
 # ------------------------------------------------------------------------------- the engines' workers
 
 
-def glassbox_worker(
-    model_dir: Path, batches: dict[str, list[list[int]]], decode_tokens: int, gate: tuple[float, float]
-) -> dict[str, Any]:
-    """In its own process (GLASSBOX_NUM_THREADS set): load, warm up, batch-1 and aggregate decode."""
+def _llamacpp_burst(lc: Any, prompt: list[int], n: int) -> float:
+    """llama.cpp batch-1 decode as benchmarks/llamacpp_peer.measure_llamacpp times it: after the prompt's
+    ``eval`` and its first token, each step an ``eval`` of one token + the argmax of its logits."""
+    from llamacpp_peer import greedy_next
+
+    lc.reset()
+    lc.eval(list(prompt))
+    tok = greedy_next(lc)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        lc.eval([tok])
+        tok = greedy_next(lc)
+    return n / (time.perf_counter() - t0)
+
+
+def glassbox_worker(model_dir: Path, work: dict[str, Any], threads: int) -> dict[str, Any]:
+    """In its own process (GLASSBOX_NUM_THREADS set): glassbox and llama.cpp batch-1 in paired bursts,
+    then glassbox's aggregates."""
+    from llamacpp_peer import _warm_up, load_llama
+
     from glassbox import LLM, SamplingParams
 
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    most = max(len(p) for p in batches.values())
-    longest = max(len(q) for p in batches.values() for q in p) + decode_tokens + 1
+    aggs: dict[str, list[list[int]]] = work["aggregates"]
+    most = max([1, *(len(p) for p in aggs.values())])
+    blocks = most * -(-(work["prompt_tokens"] + work["decode_tokens"] + 1) // 16) + 16
     t0 = time.perf_counter()
     llm = LLM(str(model_dir), dtype="bfloat16", max_num_seqs=most, enable_prefix_caching=False,
-              num_kv_blocks=most * -(-longest // 16) + 16, max_model_len=512)  # fmt: skip
+              num_kv_blocks=blocks, max_model_len=512)  # fmt: skip
     load_s = time.perf_counter() - t0
     llm.generate(_prompts(1, 16, 99, vocab), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    sp = SamplingParams(temperature=0, max_tokens=decode_tokens + 1, ignore_eos=True)
 
-    faults: dict[str, int] = {}
-    quiet: dict[str, dict[str, float]] = {}
-
-    def decode(prompts: list[list[int]]) -> float:
-        quiet[f"b{len(prompts)}"] = wait_for_quiet(gate)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    def glassbox(prompts: list[list[int]], n: int) -> float:
+        sp = SamplingParams(temperature=0, max_tokens=n + 1, ignore_eos=True)
         ms = [o.metrics for o in llm.generate(prompts, sp)]
-        faults[f"b{len(prompts)}"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - before
         if len(prompts) == 1:
             return float(ms[0].decode_tok_s)  # type: ignore[union-attr]
         decoded = sum(m.output_tokens - 1 for m in ms)  # type: ignore[union-attr]
         span = max(m.finished_time for m in ms) - min(m.first_token_time for m in ms)  # type: ignore[union-attr, type-var, arg-type]
         return float(decoded / span)
 
-    res: dict[str, Any] = {f"b{b}_tok_s": decode(p) for b, p in batches.items()}
+    lc = load_llama(Path(work["gguf"]), 512, threads, True)
+    _warm_up(lc, lc.n_vocab())
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    bursts = []
+    for i, prompt in enumerate(work["bursts"]):
+        row: dict[str, Any] = {"idle": round(cpu_idle(0.3), 2)}
+        for engine in ("glassbox", "llama_cpp") if i % 2 == 0 else ("llama_cpp", "glassbox"):
+            n = work["burst_tokens"]
+            row[engine] = glassbox([prompt], n) if engine == "glassbox" else _llamacpp_burst(lc, prompt, n)
+        row["ratio"] = row["glassbox"] / row["llama_cpp"]
+        bursts.append(row)
+    lc.close()
+    res: dict[str, Any] = {"b1_bursts": bursts}
+    res["b1_major_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults
+    for engine in ("glassbox", "llama_cpp"):  # all the bursts' tokens over their time
+        res[f"{engine}_b1_tok_s"] = len(bursts) / sum(1 / b[engine] for b in bursts)
+    res["glassbox_over_llama_cpp_b1"] = statistics.median(b["ratio"] for b in bursts)
+    for b, prompts in aggs.items():
+        res[f"glassbox_b{b}_idle"] = round(cpu_idle(0.3), 2)
+        res[f"glassbox_b{b}_tok_s"] = glassbox(prompts, work["decode_tokens"])
     ex = llm.engine.executor
-    return {**res, "quiet": quiet, "major_faults": faults, "load_s": load_s, "backend": ex.attn_backend, "weight_gib": ex.weight_bytes / GIB,
-            "packed_matrices": ex.packed, "planner_active_params": ex.facts.active_params,
-            "threads": torch.get_num_threads()}  # fmt: skip
+    return {**res, "glassbox_load_s": load_s, "glassbox_backend": ex.attn_backend,
+            "glassbox_weight_gib": ex.weight_bytes / GIB, "glassbox_packed_matrices": ex.packed,
+            "planner_active_params": ex.facts.active_params, "glassbox_threads": torch.get_num_threads()}  # fmt: skip
 
 
-def hf_worker(
-    model_dir: Path, batches: dict[str, list[list[int]]], decode_tokens: int, gate: tuple[float, float]
-) -> dict[str, Any]:
+def hf_worker(model_dir: Path, work: dict[str, Any], threads: int) -> dict[str, Any]:
     """In its own process: load, then batch-1 and batched greedy decode, timed step by step."""
     import transformers as tf
 
@@ -193,37 +209,33 @@ def hf_worker(
     model.eval()
     load_s = time.perf_counter() - t0
 
-    quiet: dict[str, dict[str, float]] = {}
-
-    def decode(prompts: list[list[int]], warm_up: bool = False) -> float:
-        if not warm_up:
-            quiet[f"b{len(prompts)}"] = wait_for_quiet(gate)
+    def decode(prompts: list[list[int]], n: int) -> float:
         ids = torch.tensor(prompts)
         with torch.inference_mode():
             out = model(input_ids=ids, use_cache=True)
             cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
             t1 = time.perf_counter()
-            for _ in range(decode_tokens):
+            for _ in range(n):
                 out = model(input_ids=tok, past_key_values=cache, use_cache=True)
                 cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-            return len(prompts) * decode_tokens / (time.perf_counter() - t1)
+            return len(prompts) * n / (time.perf_counter() - t1)
 
-    decode([batches["1"][0][:8]], warm_up=True)
-    res = {f"b{b}_tok_s": decode(p) for b, p in batches.items()}
+    decode([work["bursts"][0][:8]], 2)  # warm-up
+    res: dict[str, Any] = {"b1_idle": round(cpu_idle(0.3), 2)}
+    res["b1_tok_s"] = decode([work["bursts"][0]], work["decode_tokens"])
+    for b, prompts in work["aggregates"].items():
+        res[f"b{b}_idle"] = round(cpu_idle(0.3), 2)
+        res[f"b{b}_tok_s"] = decode(prompts, work["decode_tokens"])
     impl = getattr(model.config, "_experts_implementation", None)
-    return {**res, "quiet": quiet, "load_s": load_s, "experts_implementation": impl, "transformers": tf.__version__,
+    return {**res, "load_s": load_s, "experts_implementation": impl, "version": tf.__version__,
             "threads": torch.get_num_threads()}  # fmt: skip
 
 
-def run_worker(
-    engine: str, model_dir: Path, batches: dict[int, list[list[int]]], args: argparse.Namespace
-) -> dict[str, Any]:
+def run_worker(engine: str, model_dir: Path, work: dict[str, Any], threads: int) -> dict[str, Any]:
     """One engine's measurements in a fresh process (its weights are gone when it exits)."""
-    cmd = [sys.executable, __file__, "--worker", engine, str(model_dir), "--decode-tokens", str(args.decode_tokens),
-           "--threads", str(args.threads), "--quiet", args.quiet]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "GLASSBOX_NUM_THREADS": str(args.threads)}
-    p = subprocess.run(cmd, input=json.dumps({str(b): v for b, v in batches.items()}), capture_output=True,
-                       text=True, env=env)  # fmt: skip
+    cmd = [sys.executable, __file__, "--worker", engine, str(model_dir), "--threads", str(threads)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "GLASSBOX_NUM_THREADS": str(threads)}
+    p = subprocess.run(cmd, input=json.dumps(work), capture_output=True, text=True, env=env)
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0 or not lines:
         tail = p.stderr.strip().splitlines()[-3:] if p.stderr.strip() else [f"exit {p.returncode}"]
@@ -231,35 +243,18 @@ def run_worker(
     return dict(json.loads(lines[-1]))
 
 
-def llamacpp_decode(gguf: Path, prompt: list[int], args: argparse.Namespace) -> dict[str, Any]:
-    """llama.cpp batch-1 decode as benchmarks/llamacpp_peer.measure_llamacpp times it (load and a warm-up
-    outside; each step ``eval`` of one token + the argmax of its logits), with the quiet gate after load."""
-    from llamacpp_peer import _context_for, _warm_up, greedy_next, load_llama
-
-    t0 = time.perf_counter()
-    llm = load_llama(
-        gguf, _context_for(len(prompt) + args.decode_tokens), args.threads, True, args.llama_mmap
-    )
-    load_s = time.perf_counter() - t0
-    try:
-        _warm_up(llm, llm.n_vocab())
-        llm.reset()
-        llm.eval(list(prompt))
-        tok = greedy_next(llm)
-        quiet = wait_for_quiet(args.gate)
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-        t1 = time.perf_counter()
-        for _ in range(args.decode_tokens):
-            llm.eval([tok])
-            tok = greedy_next(llm)
-        decode_s = time.perf_counter() - t1
-    finally:
-        llm.close()
-    return {"b1_tok_s": args.decode_tokens / decode_s, "quiet": quiet, "load_s": load_s,
-            "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults}  # fmt: skip
-
-
 # ---------------------------------------------------------------------------------------- one shape
+
+
+def _ratios(row: dict[str, Any], batches: list[int], roof: float) -> None:
+    row["roofline_tok_s"] = roof
+    for engine in ("glassbox", "llama_cpp", "transformers"):
+        if isinstance(row.get(f"{engine}_b1_tok_s"), float):
+            row[f"{engine}_b1_fraction_of_roofline"] = row[f"{engine}_b1_tok_s"] / roof
+    for b in [1, *batches]:
+        g, t = row.get(f"glassbox_b{b}_tok_s"), row.get(f"transformers_b{b}_tok_s")
+        if isinstance(g, float) and isinstance(t, float):
+            row[f"glassbox_over_transformers_b{b}"] = g / t
 
 
 def measure_shape(shape: str, layers: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -276,44 +271,41 @@ def measure_shape(shape: str, layers: int, args: argparse.Namespace) -> dict[str
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     batches = [int(b) for b in args.batches.split(",") if b]
     bpt = bytes_per_token(model_dir, args.prompt_tokens, args.decode_tokens)
-    torch.set_num_threads(args.threads)
-    rounds = []
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    rounds: dict[int, list[dict[str, Any]]] = {t: [] for t in thread_counts}
     for r in range(args.rounds):
-        row: dict[str, Any] = {
-            "round": r,
-            "load_avg_1m": os.getloadavg()[0],
-            "mem_available_gib": _mem_available_gib(),
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            row: dict[str, Any] = {"round": r, "threads": threads, "load_avg_1m": os.getloadavg()[0],
+                                   "mem_available_gib": round(_mem_available_gib(), 1),
+                                   "idle": round(cpu_idle(0.5), 2)}  # fmt: skip
+            row["read_gbs"] = measure_read_bandwidth("cpu")
+            row["copy_gbs"] = measure_bandwidth("cpu")
+            work = {
+                "gguf": str(gguf),
+                "prompt_tokens": args.prompt_tokens,
+                "decode_tokens": args.decode_tokens,
+                "burst_tokens": args.burst_tokens,
+                "bursts": _prompts(args.bursts, args.prompt_tokens, 1000 + 10 * r, vocab),
+                "aggregates": {
+                    b: _prompts(b, args.prompt_tokens, 2000 + 100 * r + b, vocab) for b in batches
+                },
+            }
+            row.update(run_worker("glassbox", model_dir, work, threads))
+            if not args.skip_hf:
+                hf = run_worker("transformers", model_dir, work, threads)
+                row.update({f"transformers_{k}": v for k, v in hf.items()})
+            _ratios(row, batches, row["read_gbs"] * 1e9 / bpt["bytes_per_token"])
+            print(json.dumps({shape: row}), flush=True)
+            rounds[threads].append(row)
+    medians = {}
+    for threads, rows in rounds.items():
+        keys = sorted(
+            {k for x in rows for k, v in x.items() if isinstance(v, float) and not k.endswith("load_s")}
+        )
+        medians[f"threads={threads}"] = {
+            k: statistics.median(x[k] for x in rows if isinstance(x.get(k), float)) for k in keys
         }
-        row["quiet_bandwidth"] = wait_for_quiet(args.gate)
-        row["read_gbs"] = measure_read_bandwidth("cpu")
-        row["copy_gbs"] = measure_bandwidth("cpu")
-        prompt = _prompts(1, args.prompt_tokens, 1000 + r, vocab)[0]
-        work = {
-            1: [prompt],
-            **{b: _prompts(b, args.prompt_tokens, 2000 + 100 * r + b, vocab) for b in batches},
-        }
-        gb = run_worker("glassbox", model_dir, work, args)
-        row.update({f"glassbox_{k}": v for k, v in gb.items()})
-        row.update({f"llama_cpp_{k}": v for k, v in llamacpp_decode(gguf, prompt, args).items()})
-        if not args.skip_hf:
-            hf = run_worker("transformers", model_dir, work, args)
-            row.update({f"transformers_{k}": v for k, v in hf.items()})
-        roof = row["read_gbs"] * 1e9 / bpt["bytes_per_token"]
-        row["roofline_tok_s"] = roof
-        row["llama_cpp_b1_fraction_of_roofline"] = row["llama_cpp_b1_tok_s"] / roof
-        if "glassbox_b1_tok_s" in row:
-            row["glassbox_over_llama_cpp_b1"] = row["glassbox_b1_tok_s"] / row["llama_cpp_b1_tok_s"]
-            row["glassbox_b1_fraction_of_roofline"] = row["glassbox_b1_tok_s"] / roof
-        if "transformers_b1_tok_s" in row and "glassbox_b1_tok_s" in row:
-            for b in [1, *batches]:
-                row[f"glassbox_over_transformers_b{b}"] = (
-                    row[f"glassbox_b{b}_tok_s"] / row[f"transformers_b{b}_tok_s"]
-                )
-        print(json.dumps({shape: row}), flush=True)
-        rounds.append(row)
-    keys = sorted({k for x in rounds for k, v in x.items() if isinstance(v, float) and k != "load_s"
-                   and not k.endswith("load_s")})  # fmt: skip
-    medians = {k: statistics.median(x[k] for x in rounds if isinstance(x.get(k), float)) for k in keys}
     return {
         "shape": shape,
         "layers": layers,
@@ -323,7 +315,7 @@ def measure_shape(shape: str, layers: int, args: argparse.Namespace) -> dict[str
         "prepare_s": prep_s,
         "llama_cpp": llamacpp_version(),
         "bytes": bpt,
-        "rounds": rounds,
+        "rounds": {f"threads={t}": rows for t, rows in rounds.items()},
         "median": medians,
     }
 
@@ -336,25 +328,22 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(MOE_SHAPES))
     ap.add_argument("--layers", default="qwen3-30b-a3b=4,gpt-oss-20b=2", help="SHAPE=N,...")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", default="2,1", help="comma list: each round runs every engine at each")
     ap.add_argument("--prompt-tokens", type=int, default=32)
-    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--bursts", type=int, default=4, help="paired batch-1 bursts per round")
+    ap.add_argument("--burst-tokens", type=int, default=16)
+    ap.add_argument("--decode-tokens", type=int, default=64, help="transformers batch-1, the aggregates")
     ap.add_argument("--batches", default="8,32", help="aggregate decode at these numbers of sequences")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-hf", action="store_true", help="no transformers")
-    ap.add_argument("--quiet", default="0.85,120", help="MIN_IDLE,MAX_WAIT_S: before each timed run wait "
-                    "until the machine's idle share over a second reaches MIN_IDLE (at most MAX_WAIT_S)")  # fmt: skip
-    ap.add_argument("--llama-mmap", action="store_true",
-                    help="llama.cpp serves the weights from the mapped file (default: read into its memory)")  # fmt: skip
     ap.add_argument("--tiny", action="store_true", help="smoke test: small dims instead of the real ones")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--shape-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    gate = args.gate = (float(args.quiet.split(",")[0]), float(args.quiet.split(",")[1]))
-    if args.worker is not None:  # ENGINE MODEL_DIR, the prompts by batch size on stdin
-        torch.set_num_threads(args.threads)
+    if args.worker is not None:  # ENGINE MODEL_DIR; the work (prompts, sizes) on stdin
+        torch.set_num_threads(int(args.threads))
         fn = glassbox_worker if args.worker[0] == "glassbox" else hf_worker
-        print(json.dumps(fn(Path(args.worker[1]), json.loads(sys.stdin.read()), args.decode_tokens, gate)))
+        print(json.dumps(fn(Path(args.worker[1]), json.loads(sys.stdin.read()), int(args.threads))))
         return 0
     layers = {k: int(v) for k, v in (kv.split("=") for kv in args.layers.split(","))}
     if args.shape_worker is not None:  # one shape in its own process: its memory is gone after it
@@ -363,7 +352,6 @@ def main() -> int:
         return 0
     from glassbox.perf.hardware import cpu_name
 
-    shapes = [s for s in args.shapes.split(",") if s]
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
@@ -371,16 +359,18 @@ def main() -> int:
             "cpu": cpu_name(),
             "cores": os.cpu_count(),
             "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1),
-            "shared": "yes: other jobs ran on the same 2 cores and RAM during the run",
+            "shared": "yes: other jobs ran on the same 2 cores and RAM throughout",
             "python": platform.python_version(),
             "torch": torch.__version__,
-        },  # fmt: skip
+        },
         "threads": args.threads,
         "prompt_tokens": args.prompt_tokens,
+        "bursts": args.bursts,
+        "burst_tokens": args.burst_tokens,
         "decode_tokens": args.decode_tokens,
         "shapes": {},
     }
-    for shape in shapes:
+    for shape in [s for s in args.shapes.split(",") if s]:
         out = Path(f"/tmp/moe-compare-{os.getpid()}-{shape}.json")
         cmd = [sys.executable, __file__, *sys.argv[1:], "--shape-worker", shape]
         p = subprocess.run(cmd, env={**os.environ, "MOE_COMPARE_OUT": str(out)})

@@ -2,10 +2,11 @@
 
 Timers (``time.perf_counter``; every CPU op here is synchronous) wrap, for decode steps only: the whole
 forward, the linears by kind (attention q/k/v and o, the routed experts' gate_up and down, the LM head),
-the router (gate linear + softmax/top-k), the grouped experts' bookkeeping (sort, counts to the host,
+the router (gate linear + softmax/top-k), the logits (the LM head), the grouped experts' bookkeeping (sort, counts to the host,
 gather, weighting, scatter-add: the grouped path minus its experts), each expert's activation, and the
 C attention kernels. What the forward leaves over is the remaining Python and small ops (norm kernels,
-embedding); what the step leaves over the forward is the engine (scheduling, sampling, outputs). Each
+embedding); what the step leaves over the forward and the logits is the engine (scheduling, sampling,
+outputs). Each
 weight group's bytes over its time gives the bandwidth it ran at, against the read-bandwidth probe.
 
     PYTHONPATH=src GLASSBOX_NUM_THREADS=2 .venv/bin/python benchmarks/moe_profile.py qwen3-30b-a3b --layers 4
@@ -31,11 +32,13 @@ from glassbox import LLM, SamplingParams  # noqa: E402
 from glassbox.kernels import cpu_ops  # noqa: E402
 from glassbox.layers.linear import PackedLinear  # noqa: E402
 from glassbox.models import llama_native, moe  # noqa: E402
+from glassbox.models.llama import LlamaForCausalLM  # noqa: E402
 from glassbox.perf.hardware import measure_read_bandwidth  # noqa: E402
 
 SPENT: dict[str, float] = defaultdict(float)
 CALLS: dict[str, int] = defaultdict(int)
 ACTIVE = [False]  # timing only inside decode forwards
+DECODE = [False]  # the last forward was a batch-1 decode step (its logits are timed too)
 
 
 def _timed(label: Callable[[Any], str], fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -57,13 +60,23 @@ def install() -> None:
     fwd = llama_native.NativeForward.__call__
 
     def forward(self: Any, input_ids: torch.Tensor, *a: Any) -> Any:
-        ACTIVE[0] = input_ids.shape[0] == 1  # a batch-1 decode step
+        ACTIVE[0] = DECODE[0] = input_ids.shape[0] == 1  # a batch-1 decode step
         try:
             return _timed(lambda _: "forward", fwd)(self, input_ids, *a)
         finally:
             ACTIVE[0] = False
 
     llama_native.NativeForward.__call__ = forward  # type: ignore[method-assign]
+    logits = LlamaForCausalLM.compute_logits
+
+    def compute_logits(self: Any, hidden: torch.Tensor) -> torch.Tensor:
+        ACTIVE[0] = DECODE[0]
+        try:
+            return _timed(lambda _: "logits", logits)(self, hidden)  # type: ignore[no-any-return]
+        finally:
+            ACTIVE[0] = False
+
+    LlamaForCausalLM.compute_logits = compute_logits  # type: ignore[method-assign]
     PackedLinear.forward = _timed(lambda s: getattr(s, "kind", "linear other"), PackedLinear.forward)  # type: ignore[method-assign]
     moe.SparseMoeBlock.routing = _timed(lambda _: "router", moe.SparseMoeBlock.routing)  # type: ignore[method-assign]
     moe.MoEExperts.grouped = _timed(lambda _: "experts grouped", moe.MoEExperts.grouped)  # type: ignore[method-assign]
@@ -142,11 +155,12 @@ def main() -> int:
         - per.get("expert down", 0.0),
         "  grouped bookkeeping (sort, counts, gather, scatter)": per.get("experts grouped", 0.0)
         - per.get("experts one", 0.0),
-        "  lm_head GEMV": per.get("lm_head", 0.0),
     }
     named = sum(v for key, v in rows.items() if key.startswith("  "))
     rows["  the rest of the forward (norms, embedding, Python)"] = per["forward"] - named
-    rows["engine outside the forward (schedule, sample, outputs)"] = step_ms - per["forward"]
+    rows["logits (the LM head GEMV, to float32)"] = per.get("logits", 0.0)
+    rows["  of which the LM head GEMV"] = per.get("lm_head", 0.0)
+    rows["engine: the rest (schedule, sample, outputs)"] = step_ms - per["forward"] - per.get("logits", 0.0)
     bw = {
         kind: read[kind] / (per[kind] / 1e3) / 1e9
         for kind in ("expert gate_up", "expert down", "lm_head", "linear attention")
