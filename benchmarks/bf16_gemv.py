@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -83,8 +84,8 @@ def measure(n: int, k: int, lib: ctypes.CDLL | None, c_loop: bool) -> dict[str, 
     y = torch.empty(n)
     packs = [packed_matrix(w) for w in ws]
     rates = {
-        "oneDNN packed": _rate([lambda p=p: p(x) for p in packs], n * k * 2),
-        "F.linear": _rate([lambda w=w: torch.nn.functional.linear(x, w) for w in ws], n * k * 2),
+        "oneDNN packed": _rate([partial(p, x) for p in packs], n * k * 2),
+        "F.linear": _rate([partial(torch.nn.functional.linear, x, w) for w in ws], n * k * 2),
     }
     if lib is not None and c_loop:
         ptr = ctypes.c_void_p
@@ -95,7 +96,7 @@ def measure(n: int, k: int, lib: ctypes.CDLL | None, c_loop: bool) -> dict[str, 
         rows(ws[0])
         ref = torch.nn.functional.linear(x.float(), ws[0].float())[0]
         assert torch.allclose(y, ref, rtol=1e-3, atol=1e-3), float((y - ref).abs().max())
-        rates["C rows, vdpbf16ps"] = _rate([lambda w=w: rows(w) for w in ws], n * k * 2)
+        rates["C rows, vdpbf16ps"] = _rate([partial(rows, w) for w in ws], n * k * 2)
     return {key: round(v, 2) for key, v in rates.items()}
 
 

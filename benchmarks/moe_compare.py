@@ -167,11 +167,11 @@ def glassbox_worker(model_dir: Path, work: dict[str, Any], threads: int) -> dict
 
     def glassbox(prompts: list[list[int]], n: int) -> float:
         sp = SamplingParams(temperature=0, max_tokens=n + 1, ignore_eos=True)
-        ms = [o.metrics for o in llm.generate(prompts, sp)]
+        ms = [o.metrics for o in llm.generate(prompts, sp) if o.metrics is not None]
         if len(prompts) == 1:
-            return float(ms[0].decode_tok_s)  # type: ignore[union-attr]
-        decoded = sum(m.output_tokens - 1 for m in ms)  # type: ignore[union-attr]
-        span = max(m.finished_time for m in ms) - min(m.first_token_time for m in ms)  # type: ignore[union-attr, type-var, arg-type]
+            return float(ms[0].decode_tok_s)
+        decoded = sum(m.output_tokens - 1 for m in ms)
+        span = max(m.finished_time or 0.0 for m in ms) - min(m.first_token_time or 0.0 for m in ms)
         return float(decoded / span)
 
     lc = load_llama(Path(work["gguf"]), 512, threads, True)

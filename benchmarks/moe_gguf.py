@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -92,13 +93,26 @@ class Checkpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._file(name).get_slice(name).get_shape())
 
+    def stacked(self, pattern: str, n: int) -> torch.Tensor:
+        """Tensors ``pattern.format(0..n-1)`` stacked along a new first dim (per-expert -> (E, ...))."""
+        return torch.stack([self.get(pattern.format(e)) for e in range(n)])
+
+    def every_other(self, name: str, start: int, transpose: bool) -> torch.Tensor:
+        """``name``'s last dim from ``start`` in steps of 2 (de-interleaved), its last two dims swapped
+        where ``transpose``."""
+        t = self.get(name)[..., start::2]
+        return t.transpose(1, 2) if transpose else t
+
+    def transposed(self, name: str) -> torch.Tensor:
+        return self.get(name).transpose(1, 2)
+
 
 def _plan(ck: Checkpoint, cfg: dict[str, Any], arch: str) -> Iterator[Planned]:
     """Every tensor llama.cpp takes, in file order, with its shape (read from the checkpoint's header)."""
     names = set(ck.names())
 
     def same(hf: str, g: str) -> Planned:
-        return g, ck.shape(hf), (lambda: ck.get(hf))
+        return g, ck.shape(hf), partial(ck.get, hf)
 
     for hf, g in _GLOBAL.items():
         if hf in names:
@@ -117,25 +131,17 @@ def _plan(ck: Checkpoint, cfg: dict[str, Any], arch: str) -> Iterator[Planned]:
                 yield (
                     f"{blk}ffn_{g}_exps.weight",
                     (n_exp, *ck.shape(one.format(0))),
-                    (lambda one=one: torch.stack([ck.get(one.format(e)) for e in range(n_exp)])),
+                    partial(ck.stacked, one, n_exp),
                 )
             continue
         gu, dn = pre + "mlp.experts.gate_up_proj", pre + "mlp.experts.down_proj"
         e, h, i2 = ck.shape(gu)  # (E, H, 2I), gate and up interleaved along 2I
         # -> (E, I, H) each; down (E, I, H) -> (E, H, I); the biases de-interleaved the same way
-        yield (
-            blk + "ffn_gate_exps.weight",
-            (e, i2 // 2, h),
-            (lambda gu=gu: ck.get(gu)[..., ::2].transpose(1, 2)),
-        )
-        yield (
-            blk + "ffn_up_exps.weight",
-            (e, i2 // 2, h),
-            (lambda gu=gu: ck.get(gu)[..., 1::2].transpose(1, 2)),
-        )
-        yield blk + "ffn_down_exps.weight", (e, h, i2 // 2), (lambda dn=dn: ck.get(dn).transpose(1, 2))
-        yield blk + "ffn_gate_exps.bias", (e, i2 // 2), (lambda gu=gu: ck.get(gu + "_bias")[..., ::2])
-        yield blk + "ffn_up_exps.bias", (e, i2 // 2), (lambda gu=gu: ck.get(gu + "_bias")[..., 1::2])
+        yield blk + "ffn_gate_exps.weight", (e, i2 // 2, h), partial(ck.every_other, gu, 0, True)
+        yield blk + "ffn_up_exps.weight", (e, i2 // 2, h), partial(ck.every_other, gu, 1, True)
+        yield blk + "ffn_down_exps.weight", (e, h, i2 // 2), partial(ck.transposed, dn)
+        yield blk + "ffn_gate_exps.bias", (e, i2 // 2), partial(ck.every_other, gu + "_bias", 0, False)
+        yield blk + "ffn_up_exps.bias", (e, i2 // 2), partial(ck.every_other, gu + "_bias", 1, False)
         yield same(dn + "_bias", blk + "ffn_down_exps.bias")
 
 

@@ -38,6 +38,7 @@ from glassbox.perf.hardware import measure_read_bandwidth  # noqa: E402
 SPENT: dict[str, float] = defaultdict(float)
 CALLS: dict[str, int] = defaultdict(int)
 ACTIVE = [False]  # timing only inside decode forwards
+KINDS: dict[int, str] = {}  # id(PackedLinear) -> what it is (label_linears)
 DECODE = [False]  # the last forward was a batch-1 decode step (its logits are timed too)
 
 
@@ -66,7 +67,7 @@ def install() -> None:
         finally:
             ACTIVE[0] = False
 
-    llama_native.NativeForward.__call__ = forward  # type: ignore[method-assign]
+    llama_native.NativeForward.__call__ = forward  # type: ignore[method-assign, assignment]
     logits = LlamaForCausalLM.compute_logits
 
     def compute_logits(self: Any, hidden: torch.Tensor) -> torch.Tensor:
@@ -77,14 +78,13 @@ def install() -> None:
             ACTIVE[0] = False
 
     LlamaForCausalLM.compute_logits = compute_logits  # type: ignore[method-assign]
-    PackedLinear.forward = _timed(lambda s: getattr(s, "kind", "linear other"), PackedLinear.forward)  # type: ignore[method-assign]
+    PackedLinear.forward = _timed(lambda s: KINDS.get(id(s), "linear other"), PackedLinear.forward)  # type: ignore[method-assign]
     moe.SparseMoeBlock.routing = _timed(lambda _: "router", moe.SparseMoeBlock.routing)  # type: ignore[method-assign]
     moe.MoEExperts.grouped = _timed(lambda _: "experts grouped", moe.MoEExperts.grouped)  # type: ignore[method-assign]
     moe.MoEExperts._expert = _timed(lambda _: "experts one", moe.MoEExperts._expert)  # type: ignore[method-assign]
     cpu_ops.PagedAttention.decode = _timed(lambda _: "attention decode (C)", cpu_ops.PagedAttention.decode)  # type: ignore[method-assign]
-    cpu_ops.PagedAttention.rope_store = _timed(
-        lambda _: "rope + cache write (C)", cpu_ops.PagedAttention.rope_store
-    )  # type: ignore[method-assign]
+    store = _timed(lambda _: "rope + cache write (C)", cpu_ops.PagedAttention.rope_store)
+    cpu_ops.PagedAttention.rope_store = store  # type: ignore[method-assign]
 
 
 def label_linears(model: torch.nn.Module) -> dict[str, int]:
@@ -99,11 +99,11 @@ def label_linears(model: torch.nn.Module) -> dict[str, int]:
                 if "self_attn" in name
                 else "linear other"
             )
-            mod.kind = kind  # type: ignore[attr-defined]
+            KINDS[id(mod)] = kind
             held[kind] += mod.nbytes
         if isinstance(mod, moe.MoEExperts):
             for gu, dn in mod.packed:
-                gu.kind, dn.kind = "expert gate_up", "expert down"  # type: ignore[attr-defined]
+                KINDS[id(gu)], KINDS[id(dn)] = "expert gate_up", "expert down"
                 held["expert gate_up"] += gu.nbytes
                 held["expert down"] += dn.nbytes
     return held
