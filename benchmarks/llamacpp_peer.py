@@ -35,8 +35,13 @@ def llamacpp_version() -> str:
     return f"llama-cpp-python {llama_cpp.__version__}"
 
 
-def load_llama(gguf_path: Path, n_ctx: int, n_threads: int = 2, flash_attn: bool = True) -> Any:
-    """A llama_cpp.Llama on ``gguf_path`` for CPU use with ``n_threads`` threads for prefill and decode."""
+def load_llama(
+    gguf_path: Path, n_ctx: int, n_threads: int = 2, flash_attn: bool = True, use_mmap: bool = True
+) -> Any:
+    """A llama_cpp.Llama on ``gguf_path`` for CPU use with ``n_threads`` threads for prefill and decode.
+
+    ``use_mmap=False``: the weights are read into llama.cpp's own memory (as glassbox holds them), not
+    served from the page cache, which a machine short of memory evicts and re-reads from disk."""
     from llama_cpp import Llama
 
     return Llama(
@@ -49,6 +54,7 @@ def load_llama(gguf_path: Path, n_ctx: int, n_threads: int = 2, flash_attn: bool
         n_gpu_layers=0,
         logits_all=False,
         flash_attn=flash_attn,
+        use_mmap=use_mmap,
         verbose=False,
     )
 
