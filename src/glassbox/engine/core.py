@@ -87,6 +87,7 @@ class EngineCore:
         self.clock = clock
         self.num_steps = 0
         self.trace: list[StepTrace] | None = None  # set to [] to record every step
+        self.listeners: list[Callable[[CoreStep], None]] = []  # called with every step (the dashboard)
 
     def add(self, seq: Sequence) -> None:
         self.scheduler.add(seq)
@@ -129,6 +130,8 @@ class EngineCore:
         self.num_steps += 1
         if self.trace is not None:
             self.trace.append(_trace(step))
+        for listener in self.listeners:
+            listener(step)
         return step
 
     def _append(self, s: ScheduledSeq, res: SampleResult, now: float, out: list[Appended]) -> None:

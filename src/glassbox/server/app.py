@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from glassbox.engine.async_engine import AsyncEngine
 from glassbox.server.chat import chat_flags, create_chat_completion, render_chat
 from glassbox.server.completions import create_completion
+from glassbox.server.dashboard import DATA_PATHS, dashboard_key, install_dashboard
 from glassbox.server.errors import bad_request, error_response, install_error_handlers
 from glassbox.server.metrics import ServerMetrics
 from glassbox.server.protocol import (
@@ -70,10 +71,16 @@ class _Gate:
             await response(scope, receive, send)
             return
         key = self.state.settings.api_key
-        if key and path.startswith(_GUARDED) and not _authorized(scope, key):
+        data = path in DATA_PATHS  # the dashboard's data: the key may also come as its cookie or ?api_key=
+        if (
+            key
+            and (data or path.startswith(_GUARDED))
+            and not (_authorized(scope, key) or (data and dashboard_key(scope, key)))
+        ):
+            how = "'Authorization: Bearer <key>'" + (", the cookie glassbox_api_key or ?api_key=" if data else "")
             response = error_response(
                 401,
-                "missing or wrong API key (send 'Authorization: Bearer <key>')",
+                f"missing or wrong API key (send {how})",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
@@ -197,6 +204,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetr
             )
         return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
+    install_dashboard(app, state)  # /, /dashboard and its data endpoints
     return app
 
 
