@@ -4,10 +4,13 @@ the served model beside the measured medians), on the server test_server.py shar
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -117,3 +120,49 @@ def test_plan_beside_measured(server: ServerProcess) -> None:
     assert p["concurrency"][0]["concurrency"] == 1
     m = body["measured"]
     assert m["requests"] >= 1 and m["ttft_s"] > 0  # the requests the other tests sent
+
+
+# -- the Grafana dashboard (docs/grafana/glassbox.json) -----------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_grafana_dashboard_queries_the_served_metrics() -> None:
+    """Every PromQL query names metrics /metrics serves, every family is charted, the layout is Grafana's
+    (unique ids, 24-column grid, a Prometheus data-source variable), and the file is the generator's."""
+    from glassbox.server.metrics import ServerMetrics
+
+    served: dict[str, str] = {}  # sample name -> family
+    for fam in ServerMetrics().registry.collect():
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(fam.type, ("",))
+        served.update({fam.name + s: fam.name for s in suffixes})
+    board = json.loads((ROOT / "docs" / "grafana" / "glassbox.json").read_text())
+    spec = importlib.util.spec_from_file_location(
+        "grafana_dashboard", ROOT / "tools" / "grafana_dashboard.py"
+    )
+    assert spec is not None and spec.loader is not None
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    assert board == generator.dashboard()  # regenerate with python tools/grafana_dashboard.py
+    assert board["uid"] and board["title"] and board["schemaVersion"] >= 36
+    assert board["templating"]["list"][0] == {
+        **board["templating"]["list"][0],
+        "type": "datasource",
+        "query": "prometheus",
+    }
+    ids = [p["id"] for p in board["panels"]]
+    assert len(set(ids)) == len(ids)
+    charted: set[str] = set()
+    for p in board["panels"]:
+        pos = p["gridPos"]
+        assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24 and pos["h"] >= 1, p["title"]
+        if p["type"] == "row":
+            continue
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"} and p["targets"], p["title"]
+        assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
+        for t in p["targets"]:
+            assert t["expr"].count("(") == t["expr"].count(")"), t["expr"]
+            names = set(re.findall(r"glassbox:[A-Za-z0-9_:]+", t["expr"]))
+            assert names and names <= set(served), (p["title"], names - set(served))
+            charted |= {served[n] for n in names}
+    assert set(served.values()) - charted == {"glassbox:spec_decode_num_accepted_tokens_per_pos"}

@@ -332,6 +332,41 @@ def test_bad_input_is_4xx(http: httpx.Client, path: str, body: Any, status: int,
         assert str(MAX_MODEL_LEN) in err["message"]
 
 
+# the dashboard's data endpoints (GET, read-only): bad query parameters are 400s naming the parameter
+DASHBOARD_BAD = [
+    ("/dashboard/events?interval=abc", "interval"),
+    ("/dashboard/events?interval=0", "interval"),
+    ("/dashboard/events?interval=nan", "interval"),
+    ("/dashboard/events?interval=inf", "interval"),
+    ("/dashboard/events?history=-1", "history"),
+    ("/dashboard/events?history=1.5", "history"),
+    ("/dashboard/events?history=1&history=2", "history"),
+    ("/dashboard/events?since=3", "since"),
+    ("/dashboard/plan?prompt_tokens=0", "prompt_tokens"),
+    (f"/dashboard/plan?output_tokens={MAX_MODEL_LEN + 1}", "output_tokens"),
+    ("/dashboard/plan?concurrency=two", "concurrency"),
+    ("/dashboard/plan?interval=1", "interval"),
+]
+
+
+@pytest.mark.parametrize(("url", "param"), DASHBOARD_BAD, ids=[row[0] for row in DASHBOARD_BAD])
+def test_dashboard_bad_query_is_400(http: httpx.Client, url: str, param: str) -> None:
+    r = http.get(url)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param and err["type"] == "invalid_request_error", err
+    unknown = param == "since" or (param == "interval" and url.startswith("/dashboard/plan"))
+    assert err["code"] == ("unsupported_parameter" if unknown else "invalid_value"), err
+
+
+def test_dashboard_data_is_read_only(http: httpx.Client) -> None:
+    for path in ("/dashboard/events", "/dashboard/plan"):
+        r = http.post(path, json={})
+        assert r.status_code == 405, r.text
+        assert r.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_server_answers_after_bad_input(client: openai.OpenAI, http: httpx.Client) -> None:
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=0)

@@ -64,6 +64,25 @@ def test_api_key(guarded: ServerProcess) -> None:
     assert httpx.get(f"{guarded.url}/health").status_code == 200  # probes and scrapes need no key
     assert httpx.get(f"{guarded.url}/metrics").status_code == 200
     assert good.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=2).choices[0].text is not None
+    # the dashboard: the page holds no data and is open; its data needs the key, which a browser's
+    # EventSource can only send as the page's cookie or ?api_key= (a Bearer header works too)
+    assert httpx.get(f"{guarded.url}/dashboard").status_code == 200
+    for path in ("/dashboard/events", "/dashboard/plan"):
+        for wrong in ({}, {"params": {"api_key": "wrong"}}, {"headers": {"Cookie": "glassbox_api_key=wrong"}}):
+            r = httpx.get(guarded.url + path, **wrong)  # type: ignore[arg-type]
+            assert r.status_code == 401, (path, wrong, r.text)
+            assert r.json()["error"]["code"] == "invalid_api_key" and "api_key" in r.json()["error"]["message"]
+    keyed: list[dict[str, Any]] = [
+        {"headers": {"Authorization": f"Bearer {KEY}"}},
+        {"headers": {"Cookie": f"glassbox_api_key={KEY}"}},
+        {"params": {"api_key": KEY}},
+    ]
+    for given in keyed:
+        with httpx.stream("GET", f"{guarded.url}/dashboard/events", **given) as r:
+            assert r.status_code == 200, given
+            assert next(r.iter_lines()) == "event: hello"
+    r = httpx.get(f"{guarded.url}/v1/models", params={"api_key": KEY})  # only the dashboard takes it so
+    assert r.status_code == 401
 
 
 def test_queue_full_is_429_with_retry_after(guarded: ServerProcess) -> None:

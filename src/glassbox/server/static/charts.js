@@ -21,7 +21,7 @@ window.GB = window.GB || {};
     const a = Math.abs(v);
     const steps = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"], [1, ""], [1e-3, "m"], [1e-6, "µ"]];
     for (const [s, p] of steps) {
-      if (a >= s) return (v / s).toPrecision(3).replace(/\.?0+$/, "") + p + (unit || "");
+      if (a >= s) return (v / s).toPrecision(3).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "") + p + (unit || "");
     }
     return a === 0 ? "0" + (unit || "") : v.toExponential(2) + (unit || "");
   };
@@ -33,6 +33,8 @@ window.GB = window.GB || {};
     if (s < 1) return (s * 1e3).toPrecision(3) + " ms";
     return s.toPrecision(3) + " s";
   };
+
+  GB.span = (s) => (s < 10 ? s.toFixed(1) : String(Math.round(s))) + " s";
 
   GB.percentile = function (sorted, q) {
     if (!sorted.length) return NaN;
@@ -50,7 +52,7 @@ window.GB = window.GB || {};
       ctx.beginPath(); ctx.moveTo(pad.l, y); ctx.lineTo(w - pad.r, y); ctx.stroke();
       ctx.fillText(GB.si(ymax * i / 2, unit), 2, y + 3);
     }
-    ctx.fillText("-" + Math.round(x1 - x0) + " s", pad.l, h - 2);
+    ctx.fillText("-" + GB.span(x1 - x0), pad.l, h - 2);
     ctx.fillText("now", w - pad.r - 20, h - 2);
   }
 
@@ -96,10 +98,13 @@ window.GB = window.GB || {};
         if (base) for (let i = 0; i < pts.length; i++) base[i] += pts[i][1] || 0;
       } else {
         ctx.beginPath();
-        let started = false;
+        // a line breaks where the engine was idle (no step for longer than ``gap`` seconds)
+        const gap = opts.gap || Math.max(0.5, (x1 - x0) / 50);
+        let started = false, last = -Infinity;
         for (const [t, v] of pts) {
           if (t < x0 || !isFinite(v)) { started = false; continue; }
-          if (!started) { ctx.moveTo(px(t), py(v)); started = true; } else ctx.lineTo(px(t), py(v));
+          if (!started || t - last > gap) { ctx.moveTo(px(t), py(v)); started = true; } else ctx.lineTo(px(t), py(v));
+          last = t;
         }
         ctx.stroke();
       }

@@ -4,7 +4,7 @@
   const MAX_REQUESTS = 1500, MAX_STEPS = 6000, MAX_ITL = 8192;
   const S = {
     hello: null, offset: 0, requests: new Map(), steps: [], itl: [], stepsTotal: 0, selected: null,
-    roofline: null, windowS: 15, paused: false, finishedSeen: 0, planAt: -1e9, frozenNow: null,
+    roofline: null, windowS: 15, fit: true, paused: false, finishedSeen: 0, planAt: -1e9, frozenNow: null,
   };
   GB.state = S;
   const $ = (id) => document.getElementById(id);
@@ -81,6 +81,14 @@
     return Array.from(S.requests.values()).sort((a, b) => a.arrival - b.arrival);
   }
 
+  // "fit": from the arrival of the oldest request the timeline shows (the newest 60 of the last 5 minutes)
+  function fitWindow(reqs, now) {
+    const recent = reqs.filter((r) => r.end === null || r.end >= now - 300).slice(-60);
+    if (!recent.length) return 15;
+    const span = (now - recent[0].arrival) * 1.04;
+    return Math.min(300, Math.max(2, span));
+  }
+
   function select(id) {
     S.selected = id;
     render();
@@ -121,7 +129,7 @@
     sum.dataset.steps = S.stepsTotal;
     if (last) {
       sum.dataset.lastBatch = last.bs;
-      const fr = last.gbs !== undefined && roof ? `, ${GB.si(last.gbs)} GB/s (${(100 * last.gbs / roof.bandwidth_gbs).toFixed(0)}% of the probe)` : "";
+      const fr = last.gbs !== undefined && roof ? `, ${last.gbs.toPrecision(3)} GB/s (${(100 * last.gbs / roof.bandwidth_gbs).toFixed(0)}% of the probe)` : "";
       sum.textContent = `${S.stepsTotal} steps · last: batch ${last.bs}, ${last.pf} prefill + ${last.dc} decode tokens, ` +
         `${GB.secs(last.dur)}${fr}`;
     }
@@ -157,6 +165,7 @@
     if (!S.hello) return;
     const now = serverNow();
     const reqs = requestsSorted();
+    if (S.fit) S.windowS = fitWindow(reqs, now);
     GB.drawTimeline($("timeline"), reqs, now, S.windowS, S.selected, select);
     const sel = S.selected && S.requests.get(S.selected);
     if (sel) GB.drawAnatomy($("anatomy"), sel, S.hello.metric_keys, now);
@@ -164,7 +173,11 @@
     renderLatency();
   }
 
-  $("window").addEventListener("change", (e) => { S.windowS = Number(e.target.value); render(); });
+  $("window").addEventListener("change", (e) => {
+    S.fit = e.target.value === "fit";
+    if (!S.fit) S.windowS = Number(e.target.value);
+    render();
+  });
   $("pause").addEventListener("change", (e) => {
     S.paused = e.target.checked;
     S.frozenNow = S.paused ? performance.now() / 1000 + S.offset : null;

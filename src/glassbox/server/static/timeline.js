@@ -50,7 +50,7 @@ window.GB = window.GB || {};
       const t = t0 + windowS * i / 4;
       el("line", { class: "grid", x1: x(t), x2: x(t), y1: AXIS - 4, y2: height }, svg);
       const label = el("text", { class: "axis", x: x(t) - (i === 4 ? 20 : 0), y: 10 }, svg);
-      label.textContent = i === 4 ? "now" : "-" + Math.round(windowS * (1 - i / 4)) + " s";
+      label.textContent = i === 4 ? "now" : "-" + GB.span(windowS * (1 - i / 4));
     }
     shown.forEach((r, row) => {
       const y = AXIS + row * ROW;
