@@ -220,6 +220,12 @@ def test_dashboard_in_chromium(browser: Any, demo_server: ServerProcess, tmp_pat
     chat_id = answer.get_attribute("data-request-id")
     page.wait_for_selector(f'g.req[data-id="{chat_id}"][data-state=finished]', timeout=5_000)
 
+    # plan vs measured: the planner's figures beside the medians of the six requests that finished
+    page.click("#plan-refresh")
+    page.wait_for_selector('#plan-workload[data-requests="6"]', timeout=10_000)
+    assert page.locator("#plan-table tbody tr").count() == 6
+    assert page.locator('#plan-table tr[data-key="TTFT"] td').nth(1).inner_text().endswith("s")
+
     out = shots_dir(tmp_path)
     page.locator(f'g.req[data-id="{longest["id"]}"] rect.decode').click()
     page.wait_for_timeout(300)

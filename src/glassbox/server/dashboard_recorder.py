@@ -24,7 +24,7 @@ from glassbox.engine.llm_engine import LLMEngine, StepRecord
 from glassbox.engine.sequence import Sequence
 from glassbox.outputs import RequestOutput
 
-_SAMPLE_S = 0.1  # live requests' token counts and the prefix cache's free blocks: at most this often
+_SAMPLE_S = 0.2  # live requests' token counts and the prefix cache's free blocks: at most this often
 
 
 @dataclass
@@ -107,7 +107,7 @@ class DashboardRecorder:
         self._itl: deque[float] = deque(maxlen=max_itl)
         self._num_itl = 0
         self._version = 0
-        self.untracked = 0  # requests past max_live, not shown
+        self.untracked = 0  # requests in the engine past max_live, not shown (sampled)
         # engine thread only
         self._pending: CoreStep | None = None
         self._sampled_at = 0.0
@@ -171,9 +171,10 @@ class DashboardRecorder:
         with self._lock:
             self._add_new(engine)
             if sample:
+                self.untracked = max(0, len(engine.requests) - len(self._live))
                 for t in self._live.values():
-                    if t.seq is not None and t.seq.num_output_tokens != t.output:
-                        t.output = t.seq.num_output_tokens
+                    if t.seq is not None and len(t.seq.token_ids) - t.prompt != t.output:
+                        t.output = len(t.seq.token_ids) - t.prompt
                         self._touch(t)
             step, self._pending = self._pending, None
             if record is None or step is None:
@@ -198,15 +199,14 @@ class DashboardRecorder:
                     "waiting": engine.num_waiting,
                 }
             )
-            flat = array("i")
-            for s in step.batch.scheduled:
-                flat.append(s.num_new_tokens)
-                flat.append(s.start)
-            self._batches.append((step.index, flat))
+            rows = step.batch.scheduled
+            self._batches.append((step.index, array("i", [x for s in rows for x in (s.num_new_tokens, s.start)])))
 
     def _add_new(self, engine: LLMEngine) -> None:
         """Track the requests queued since the last call: the newest end of ``engine.requests`` (insertion
-        ordered) back to the first one already tracked."""
+        ordered) back to the first one already tracked; none while ``max_live`` are (they wait their turn)."""
+        if len(self._live) >= self._max_live:
+            return
         for rid in reversed(engine.requests):
             if rid in self._live:
                 break
@@ -216,7 +216,6 @@ class DashboardRecorder:
 
     def _track(self, seq: Sequence) -> _Track | None:
         if len(self._live) >= self._max_live:
-            self.untracked += 1
             return None
         m, sp = seq.metrics, seq.sampling_params
         t = _Track(

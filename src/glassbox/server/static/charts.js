@@ -21,7 +21,7 @@ window.GB = window.GB || {};
     const a = Math.abs(v);
     const steps = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"], [1, ""], [1e-3, "m"], [1e-6, "µ"]];
     for (const [s, p] of steps) {
-      if (a >= s) return (v / s).toPrecision(3).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "") + p + (unit || "");
+      if (a >= s) return (v / s).toPrecision(3).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "") + (unit ? " " + p + unit : p);
     }
     return a === 0 ? "0" + (unit || "") : v.toExponential(2) + (unit || "");
   };

@@ -39,8 +39,8 @@
     if (u.roofline) S.roofline = u.roofline;
     const roof = $("roofline");
     if (S.roofline) {
-      roof.textContent = `roofline: ${GB.si(S.roofline.bandwidth_gbs)} GB/s, ${GB.si(S.roofline.tflops)} ` +
-        `TFLOP/s ${S.roofline.dtype} (${S.roofline.source})`;
+      roof.textContent = `roofline: ${GB.si(S.roofline.bandwidth_gbs)} GB/s, ` +
+        `${GB.si(S.roofline.tflops * 1e12, "FLOP/s")} ${S.roofline.dtype} (${S.roofline.source})`;
       roof.dataset.state = "ready";
     } else if (u.probe === "failed") {
       roof.textContent = "roofline: the probe failed: " + (u.probe_error || "");
@@ -114,8 +114,8 @@
     const roof = S.roofline;
     GB.timeChart($("c-gbs"), [{ points: pts((s) => (s.gbs === undefined ? NaN : s.gbs)), color: "#7c3aed" }],
       { ...o, refs: roof ? [{ y: roof.bandwidth_gbs, color: "#dc2626", label: "probe: " + GB.si(roof.bandwidth_gbs) + " GB/s" }] : [] });
-    GB.timeChart($("c-flops"), [{ points: pts((s) => (s.tflops === undefined ? NaN : s.tflops)), color: "#c2410c" }],
-      { ...o, refs: roof ? [{ y: roof.tflops, color: "#dc2626", label: "probe: " + GB.si(roof.tflops) + " TFLOP/s" }] : [] });
+    GB.timeChart($("c-flops"), [{ points: pts((s) => (s.tflops === undefined ? NaN : s.tflops * 1e12)), color: "#c2410c" }],
+      { ...o, refs: roof ? [{ y: roof.tflops * 1e12, color: "#dc2626", label: "probe: " + GB.si(roof.tflops * 1e12, "FLOP/s") }] : [] });
     GB.timeChart($("c-kv"), [
       { points: pts((s) => s.used), color: "#3b82f6" },
       { points: pts((s) => s.cached), color: "#10b981" },

@@ -114,6 +114,7 @@ window.GB = window.GB || {};
     const w = document.getElementById("plan-workload"), src = document.getElementById("plan-source");
     if (!resp.ok) { w.textContent = body.error ? body.error.message : resp.statusText; return; }
     const m = body.measured, p = body.predicted, wl = body.workload;
+    w.dataset.requests = m.requests;
     w.textContent = `workload: ${wl.prompt_tokens} prompt + ${wl.output_tokens} output tokens ` +
       `(medians of ${m.requests} finished requests); mean running ${body.mean_running.toFixed(1)}`;
     tbody.replaceChildren();
