@@ -145,7 +145,7 @@ def main() -> int:
             decoders[f"glassbox {layout}"], infos[layout] = glassbox_decoder(source, layout, args.tokens)
         for label, path in files.items():
             decoders[label] = llamacpp_decoder(path, args.tokens, args.threads)
-        vocab = 49152 if name == "smollm2" else 151936 if name == "qwen3" else 2048
+        vocab = {"smollm2": 49152, "qwen3": 151936, "demo": 4096}[name]  # the ids a prompt may draw
         rounds = []
         for r in range(args.rounds):
             prompt = torch.randint(2, vocab, (128,), generator=torch.Generator().manual_seed(r)).tolist()
