@@ -1,6 +1,7 @@
-"""How fast a batch-1 bf16 GEMV streams its weight on this CPU: oneDNN's packed layout (what glassbox runs),
-``F.linear``, and a plain C loop (one row at a time, AVX-512 ``vdpbf16ps``: the way llama.cpp's bf16 dot
-products walk a matrix), against the read-bandwidth probe (perf/hardware.py).
+"""How fast a batch-1 bf16 GEMV streams its weight on this CPU: glassbox's tiles (layers/bf16_linear.py, what
+glassbox runs where AVX-512 BF16 is), oneDNN's packed layout (its reference path), ``F.linear``, and a plain
+C loop (one row at a time, AVX-512 ``vdpbf16ps``: the way llama.cpp's bf16 dot products walk a matrix),
+against the read-bandwidth probe (perf/hardware.py).
 
 The shapes are the MoE benchmark's (benchmarks/moe_compare.py): Qwen3-30B-A3B's expert gate_up (1536 x
 2048) and down (2048 x 768), gpt-oss-20b's (5760 x 2880, 2880 x 2880), and an eighth of Qwen3's LM head.
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from glassbox.layers.bf16_linear import TiledBf16Linear, tiled_available
 from glassbox.layers.linear import packed_matrix
 from glassbox.perf.hardware import measure_read_bandwidth
 
@@ -85,6 +87,11 @@ def measure(n: int, k: int, lib: ctypes.CDLL | None, c_loop: bool) -> dict[str, 
     packs = [packed_matrix(w) for w in ws]
     rates = {
         "oneDNN packed": _rate([partial(p, x) for p in packs], n * k * 2),
+        **(
+            {"glassbox tiles": _rate([partial(t, x) for t in (TiledBf16Linear(w) for w in ws)], n * k * 2)}
+            if tiled_available()
+            else {}
+        ),
         "F.linear": _rate([partial(torch.nn.functional.linear, x, w) for w in ws], n * k * 2),
     }
     if lib is not None and c_loop:

@@ -10,7 +10,10 @@ import pytest
 from tiny_models import build_tiny_model
 
 from glassbox import LLM, SamplingParams
+from glassbox.layers.bf16_linear import tiled_available
 from glassbox.models.llama_native import NativeForward
+
+TILES = pytest.mark.skipif(not tiled_available(), reason="bf16 tiles need AVX-512 BF16 and the C kernels")
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "你好，世界", "class Foo:\n    def", "x = [1, 2"]
 
@@ -30,6 +33,9 @@ def _runs(llm: LLM, copies: int) -> tuple[list[list[int]], list[list[float]]]:
         ("mistral", "bfloat16", "int8", "int8", 1),  # sliding window, 8-bit KV cache
         # 20 sequences at once: past KERNEL_ROWS decode rows the linears multiply dequantized weights
         ("llama", "bfloat16", "int4", "auto", 4),
+        # dense bf16 in tiles (layers/bf16_linear.py): q/k/v biases, then past KERNEL_ROWS rows
+        pytest.param("qwen2", "bfloat16", "none", "auto", 1, marks=TILES),
+        pytest.param("llama", "bfloat16", "none", "auto", 4, marks=TILES),
     ],
 )
 def test_native_step_equals_the_per_op_forward(
@@ -44,9 +50,18 @@ def test_native_step_equals_the_per_op_forward(
     assert native == _runs(llm, copies)
 
 
-@pytest.mark.parametrize(("dtype", "quantization"), [("bfloat16", "none"), ("float32", "int8")])
-def test_step_is_bound_only_for_bf16_block_weights(tmp_path: Path, dtype: str, quantization: str) -> None:
-    """Dense linears run on oneDNN (not callable from C); float32 block linears run dequantized."""
+@pytest.mark.parametrize(
+    ("dtype", "quantization", "bf16_linear", "bound"),
+    [
+        pytest.param("bfloat16", "none", "tiled", True, marks=TILES),
+        ("bfloat16", "none", "onednn", False),  # oneDNN's packed weights are not callable from C
+        ("float32", "int8", "tiled", False),  # float32 block linears run dequantized
+    ],
+)
+def test_step_is_bound_only_for_bf16_kernel_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, quantization: str, bf16_linear: str, bound: bool
+) -> None:
+    monkeypatch.setenv("GLASSBOX_BF16_LINEAR", bf16_linear)
     d = build_tiny_model("llama", tmp_path)
     forward = LLM(str(d), dtype=dtype, quantization=quantization).engine.executor.forward
-    assert isinstance(forward, NativeForward) and forward.step is None
+    assert isinstance(forward, NativeForward) and (forward.step is not None) == bound

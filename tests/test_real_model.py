@@ -111,12 +111,13 @@ def test_server_answers_the_openai_client(server: ServerProcess) -> None:
 
 def test_packed_weights_stay_close_to_the_dequantized_model(path: Path) -> None:
     """Served as stored (Q4_1 and Q8_0 blocks, int8 activations in the GEMVs) against the same file
-    dequantized to bf16: the first tokens agree (measured: leading agreement 3 to 16 of 16 tokens, median
-    16, first-token logprobs within 0.11)."""
+    dequantized to bf16: the first tokens agree but for near ties (measured: leading agreement 3 to 16 of
+    16 tokens, median 16, first-token logprobs within 0.11; one chat's first token is a tie in the packed
+    model (logit gap 0.0) and 0.09 apart in float32, so either answer is right)."""
     packed = LLM(str(path), max_model_len=512)
     assert packed.engine.executor.block_formats == ["Q4_1", "Q8_0"]
     ids = [packed.tokenizer.encode(p) for p in PROMPTS] + [packed.tokenizer.encode_chat(c) for c in CHATS]
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
     ours = packed.generate(ids, params)
     del packed
     dense = LLM(str(path), quantization="none", max_model_len=512)
@@ -124,9 +125,10 @@ def test_packed_weights_stay_close_to_the_dequantized_model(path: Path) -> None:
     ref = dense.generate(ids, params)
     agree = []
     for a, b in zip(ours, ref, strict=True):
-        assert a.token_ids[0] == b.token_ids[0]
         assert a.logprobs is not None and b.logprobs is not None
         t = b.token_ids[0]
+        if a.token_ids[0] != t:  # only a near tie in the reference may break the other way
+            assert b.logprobs[0][t] - b.logprobs[0].get(a.token_ids[0], -1e9) < 0.3
         assert abs(a.logprobs[0][t] - b.logprobs[0][t]) < 0.2
         agree.append(
             next(

@@ -1,5 +1,5 @@
 /* A whole decode step of a Llama-family layer stack in one call, for models whose linears are all block
- * weights (cpu_quant.c) or GGUF K-quants (cpu_kquant.c): the same kernels, in the same order, with the same
+ * weights (cpu_quant.c), GGUF K-quants (cpu_kquant.c) or bf16 tiles (cpu_bf16.c): the same kernels, in the same order, with the same
  * roundings as models/llama_native.py's per-op forward, without a Python call (and its checks) around each.
  *
  * A decode step of a small model runs ~10 kernels per layer; from Python each costs 5-20 us of ctypes,
@@ -25,9 +25,12 @@ void gb_linear_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint1
                       int threads);
 void gb_linear_kquant(const void *x, i64 M, i64 K, const uint8_t *codes, const uint8_t *meta, int kind,
                       const float *bias, i64 N, void *out, int dt, int threads);
+void gb_linear_bf16t(const uint16_t *x, i64 M, i64 K, i64 ldx, const uint16_t *wp, const float *bias, i64 N,
+                     void *out, i64 ldo, int dt, int threads);
 
 /* One linear's block weights (layers/block_quant.py BlockWeights.pointers()), or with ``kind`` 4, 5 or 6 a
- * GGUF K-quant's (layers/kquant.py: ``codes`` and its meta bytes in ``scales``). */
+ * GGUF K-quant's (layers/kquant.py: ``codes`` and its meta bytes in ``scales``), or with ``kind`` 16 bf16
+ * weights in tiles (layers/bf16_linear.py: the tiles in ``codes``). */
 typedef struct {
     const uint8_t *codes;
     const uint16_t *scales;
@@ -37,7 +40,7 @@ typedef struct {
     i64 n, k, kp;
     float offset_factor;
     int bits;
-    int kind; /* 0: block weights; 4, 5, 6: Q4_K, Q5_K, Q6_K (cpu_kquant.c) */
+    int kind; /* 0: block weights; 4, 5, 6: Q4_K, Q5_K, Q6_K (cpu_kquant.c); 16: bf16 tiles (cpu_bf16.c) */
 } gb_step_linear;
 
 typedef struct {
@@ -65,7 +68,10 @@ typedef struct {
 } gb_step_model;
 
 static void linear(const gb_step_linear *l, const void *x, i64 T, void *out, int dt, int threads) {
-    if (l->kind)
+    if (l->kind == 16)
+        gb_linear_bf16t((const uint16_t *)x, T, l->k, l->k, (const uint16_t *)l->codes, l->bias, l->n, out, l->n, dt,
+                        threads);
+    else if (l->kind)
         gb_linear_kquant(x, T, l->k, l->codes, (const uint8_t *)l->scales, l->kind, l->bias, l->n, out, dt, threads);
     else
         gb_linear_blocks(x, T, l->k, l->codes, l->scales, l->offsets, l->zeros, l->offset_factor, l->bias, l->n,

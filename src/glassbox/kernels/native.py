@@ -34,6 +34,7 @@ _C_FILES = (
     "cpu_fp4_dequant.c",
     "cpu_kquant.c",  # GGUF K-quants
     "cpu_kquant_dequant.c",
+    "cpu_bf16.c",  # bf16 weights in tiles of 16 rows (layers/bf16_linear.py)
 )
 SOURCES = [Path(__file__).with_name(name) for name in _C_FILES]
 HEADERS = [
@@ -80,6 +81,9 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_gemv_kquant": [_P, _P, _C, _P, _I, _I, _P, _P, _P, _P, _I, _P, _I, _C, _C, _C],
     "gb_linear_kquant": [_P, _I, _I, _P, _P, _C, _P, _I, _P, _C, _C],
     "gb_dequant_kquant": [_P, _P, _C, _I, _I, _P, _C, _C, _C],
+    # cpu_bf16.c: bf16 weights in tiles of 16 rows (x, M, K, x stride, tiles, bias, N, out, out stride, dt)
+    "gb_linear_bf16t": [_P, _I, _I, _I, _P, _P, _I, _P, _I, _C, _C],
+    "gb_linear_bf16t_generic": [_P, _I, _I, _I, _P, _P, _I, _P, _I, _C, _C],
 }
 
 
@@ -136,6 +140,8 @@ def library() -> ctypes.CDLL | None:
         fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = None
+    lib.gb_bf16_dot_native.argtypes = []
+    lib.gb_bf16_dot_native.restype = _C
     return lib
 
 

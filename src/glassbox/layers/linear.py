@@ -1,7 +1,8 @@
-"""CPU linear layers with oneDNN-packed weights: the same math as nn.Linear, laid out for fast GEMV/GEMM.
+"""CPU linear layers with packed weights: the same math as nn.Linear, laid out for fast GEMV/GEMM.
 
 On CPUs, torch's plain bf16 ``F.linear`` reads weights at a fraction of memory bandwidth when a decode
-step has one or a few rows; oneDNN's blocked weight layout runs the same product about twice as fast.
+step has one or a few rows; oneDNN's blocked weight layout runs the same product about twice as fast, and
+glassbox's own tiles (layers/bf16_linear.py) faster still where AVX-512 BF16 runs them (``cpu_matrix``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import logging
 
 import torch
 from torch import nn
+
+from glassbox.layers.bf16_linear import TiledBf16Linear, tiled_available
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +48,14 @@ def packing_available(dtype: torch.dtype) -> bool:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear of a CPU model with a PackedLinear, and let each module that holds its
-    matrices otherwise (a ``pack_weights()`` method: MoE experts) pack them; returns how many matrices."""
+    """Replace every nn.Linear of a CPU model with its weight in the fastest layout here (``cpu_matrix``),
+    and let each module that holds its matrices otherwise (a ``pack_weights()`` method: MoE experts) pack
+    them; returns how many matrices."""
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                setattr(module, name, PackedLinear(child))
+                setattr(module, name, cpu_matrix(child.weight, child.bias))
                 count += 1
         pack = getattr(module, "pack_weights", None)
         if callable(pack):
@@ -67,6 +71,17 @@ def packed_matrix(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLi
     if bias is not None:
         linear.bias = nn.Parameter(bias, requires_grad=False)
     return PackedLinear(linear)
+
+
+CpuMatrix = PackedLinear | TiledBf16Linear
+
+
+def cpu_matrix(w: torch.Tensor, bias: torch.Tensor | None = None) -> CpuMatrix:
+    """A CPU linear of the matrix ``w`` (out, in) in the fastest layout here: bf16 in glassbox's tiles
+    (layers/bf16_linear.py) where that kernel runs, else oneDNN's packed layout."""
+    if w.dtype == torch.bfloat16 and w.shape[1] % 2 == 0 and tiled_available():
+        return TiledBf16Linear(w, bias)
+    return packed_matrix(w.detach(), None if bias is None else bias.detach())
 
 
 class ConcatLinear(nn.Module):

@@ -1,6 +1,7 @@
 """A decode step of the whole Llama layer stack in one native call (kernels/cpu_step.c), for models whose
 linears are all block weights (GGUF Q4_0/Q4_1/Q8_0 and the K-quants Q4_K/Q5_K/Q6_K, ``--quantization
-int4|int8``, GPTQ/AWQ without act-order): the default model's case. A q/k/v whose parts cannot share one
+int4|int8``, GPTQ/AWQ without act-order: the default model's case) or bf16 weights in glassbox's tiles
+(layers/bf16_linear.py: dense bf16 models on a CPU with AVX-512 BF16). A q/k/v whose parts cannot share one
 weight (a Q4_K_M file's Q6_K attn_v beside Q4_K q and k: a ConcatLinear) runs as its parts.
 
 The per-op forward (models/llama_native.py) calls ~10 kernels per layer from Python, 5-20 us each of
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from glassbox.kernels import cpu_ops
+from glassbox.layers.bf16_linear import TiledBf16Linear
 from glassbox.layers.block_linear import BlockQuantLinear
 from glassbox.layers.kquant import KQuantWeights
 from glassbox.layers.linear import ConcatLinear
@@ -52,8 +54,11 @@ class _Model(ctypes.Structure):
 
 
 def _linear(module: object, k: int) -> _Linear | None:
-    """A block-weight or K-quant linear as cpu_step.c reads it; None for any other linear (or act-order
-    blocks)."""
+    """A block-weight, K-quant or bf16-tiles linear as cpu_step.c reads it; None for any other linear (or
+    act-order blocks)."""
+    if isinstance(module, TiledBf16Linear) and module.in_features == k:
+        tiles, bias_f32 = module.pointers()
+        return _Linear(tiles, None, None, None, bias_f32, module.out_features, k, k, 0.0, 0, 16)
     if not isinstance(module, BlockQuantLinear) or module.w.perm is not None or module.in_features != k:
         return None
     bias = None if module.bias is None else module.bias.data_ptr()
@@ -115,8 +120,8 @@ Bound = tuple[cpu_ops.PagedAttention, cpu_ops.AddRMSNorm, cpu_ops.AddRMSNorm]  #
 
 def bind_step(lm: LlamaForCausalLM, bound: list[Bound], final: cpu_ops.AddRMSNorm) -> DecodeStep | None:
     """The one-call decode step over the per-op forward's bound kernels (per layer: attention, input and
-    post-attention norms), or None when some layer is not a dense SiLU MLP over block-weight (or K-quant)
-    linears, or the model is not bf16 (a float32 model's block linears run dequantized, in float32:
+    post-attention norms), or None when some layer is not a dense SiLU MLP over block-weight, K-quant or
+    bf16-tiles linears, or the model is not bf16 (a float32 model's block linears run dequantized, in float32:
     layers/block_linear.py)."""
     model = lm.model
     a0 = bound[0][0]

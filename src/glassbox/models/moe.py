@@ -31,7 +31,7 @@ from glassbox.layers.activation import get_activation
 from glassbox.layers.fp4_linear import fp4_linear
 from glassbox.layers.fp4_quant import FP4Experts, FP4Weights
 from glassbox.layers.fp4_quantize import quantize
-from glassbox.layers.linear import PackedLinear, packed_matrix
+from glassbox.layers.linear import CpuMatrix, cpu_matrix
 
 
 class RouterLinear(nn.Linear):
@@ -98,9 +98,9 @@ class MoEExperts(nn.Module):
         self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * inter)) if bias else None
         self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden)) if bias else None
         self.glu = glu
-        # per expert (gate_up, down) in oneDNN's layout once pack_weights() ran (CPU bf16); then the 3-D
+        # per expert (gate_up, down) in a packed CPU layout once pack_weights() ran (CPU bf16); then the 3-D
         # tensors are dropped and only the grouped path runs
-        self.packed: list[tuple[PackedLinear, PackedLinear]] = []
+        self.packed: list[tuple[CpuMatrix, CpuMatrix]] = []
         # per expert (gate_up, down) in 4-bit floats (layers/fp4_quant.py), run by layers/fp4_linear.py
         self.fp4: FP4Experts = []
         self.experts_read = 0  # experts whose weights a forward ran, summed over forwards (trace.py reads it)
@@ -128,7 +128,7 @@ class MoEExperts(nn.Module):
         return [w for pair in self.fp4 for w in pair]
 
     def expert_bytes(self) -> int:
-        """The bytes of one expert's weights (and biases) as held: bf16/float32, oneDNN-packed or FP4."""
+        """The bytes of one expert's weights (and biases) as held: bf16/float32, packed (tiles or oneDNN) or FP4."""
         if self.fp4:
             w1, w2 = self.fp4[0]
             weights = w1.nbytes + w2.nbytes
@@ -147,15 +147,15 @@ class MoEExperts(nn.Module):
         self.down_proj = nn.Parameter(w2.new_empty(0, *w2.shape[1:]), requires_grad=False)
 
     def pack_weights(self) -> int:
-        """Each expert's two matrices in oneDNN's blocked layout (layers/linear.py: ~2x faster bf16 GEMVs
-        than plain ``F.linear``); the 3-D parameters are then freed. Returns the matrices packed (none
-        for FP4 experts)."""
+        """Each expert's two matrices in the CPU's fastest layout (layers/linear.py ``cpu_matrix``: glassbox's
+        tiles or oneDNN's, faster bf16 GEMVs than plain ``F.linear``); the 3-D parameters are then freed.
+        Returns the matrices packed (none for FP4 experts)."""
         if self.fp4:
             return 0
         w1, w2 = self.gate_up_proj.detach(), self.down_proj.detach()
         self.packed = [
-            (packed_matrix(w1[e], self._bias(self.gate_up_proj_bias, e)),
-             packed_matrix(w2[e], self._bias(self.down_proj_bias, e)))
+            (cpu_matrix(w1[e], self._bias(self.gate_up_proj_bias, e)),
+             cpu_matrix(w2[e], self._bias(self.down_proj_bias, e)))
             for e in range(self.num_experts)
         ]  # fmt: skip
         self._free()
