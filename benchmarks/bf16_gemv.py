@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from glassbox.layers.linear import packed_matrix
-from glassbox.perf.hardware import measure_read_bandwidth
+from glassbox.perf.probe import measure_read_bandwidth
 
 C_SOURCE = r"""
 #include <immintrin.h>
