@@ -291,6 +291,16 @@ def probe_local(
     return spec_from_record(rec, max_age_s)
 
 
+def cached_probe(device: str, dtype: str) -> HardwareSpec | None:
+    """The cached probe with a bandwidth and a ``dtype`` FLOP/s figure, measuring nothing (None if
+    absent); its spec's warnings name old or busy figures."""
+    rec = _read_cache(cache_path(device), device)
+    key = canonical(dtype)
+    if rec is None or "read_gbs" not in rec["figures"] or f"tflops_{key}" not in rec["figures"]:
+        return None
+    return spec_from_record(rec)
+
+
 def _memory_gib(device: str) -> float:
     import torch
 
