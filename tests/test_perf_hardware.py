@@ -77,11 +77,7 @@ def test_probe_keeps_each_figures_own_time(monkeypatch: pytest.MonkeyPatch, tmp_
     spec = probe_local("cpu", "bfloat16", **QUICK)
     assert spec.measured and spec.name == "local"
     rec = json.loads(path.read_text())
-    assert rec["version"] == probe.CACHE_VERSION and set(rec["figures"]) == {
-        "read_gbs",
-        "copy_gbs",
-        "tflops_bf16",
-    }
+    assert rec["version"] == probe.CACHE_VERSION and set(rec["figures"]) == {"read_gbs", "tflops_bf16"}
     read = rec["figures"]["read_gbs"]
     assert spec.bandwidth_gbs == read["value"] == pytest.approx(max(read["reps"]), abs=1e-3)
     assert read["value"] > 0 and len(read["reps"]) == probe.REPS
@@ -95,21 +91,24 @@ def test_probe_keeps_each_figures_own_time(monkeypatch: pytest.MonkeyPatch, tmp_
     both = probe_local("cpu", "float32", **QUICK)  # a dtype not in the cache is measured and added
     rec2 = json.loads(path.read_text())
     assert set(both.tflops) == {"bf16", "fp32"} and both.bandwidth_gbs == spec.bandwidth_gbs
-    for name in ("read_gbs", "copy_gbs", "tflops_bf16"):  # not re-stamped
+    for name in ("read_gbs", "tflops_bf16"):  # not re-stamped
         assert rec2["figures"][name]["unix_time"] == rec["figures"][name]["unix_time"]
     assert rec2["figures"]["tflops_fp32"]["unix_time"] > rec["figures"]["tflops_bf16"]["unix_time"]
 
     def age_read(r: dict[str, Any]) -> None:
         _quiet(r)
         r["figures"]["read_gbs"]["unix_time"] -= 2 * 86400
-        r["figures"]["copy_gbs"]["threads"] = 7
+        r["figures"]["tflops_fp32"]["threads"] = 7
 
     _rewrite(path, age_read)
     probe_local("cpu", "float32", **QUICK)
     rec3 = json.loads(path.read_text())
     assert rec3["figures"]["read_gbs"]["unix_time"] > rec2["figures"]["read_gbs"]["unix_time"]  # stale
-    assert rec3["figures"]["copy_gbs"]["threads"] == 1  # measured again on the engine's threads
-    assert rec3["figures"]["tflops_fp32"]["unix_time"] == rec2["figures"]["tflops_fp32"]["unix_time"]
+    assert rec3["figures"]["tflops_fp32"]["threads"] == 1  # measured again on the engine's threads
+    assert rec3["figures"]["tflops_fp32"]["unix_time"] > rec2["figures"]["tflops_fp32"]["unix_time"]
+    assert (
+        rec3["figures"]["tflops_bf16"]["unix_time"] == rec2["figures"]["tflops_bf16"]["unix_time"]
+    )  # untouched
     forced = probe_local("cpu", "bfloat16", force=True, **QUICK)
     assert set(forced.tflops) == {"bf16"}  # measured afresh: a new record
     assert (
@@ -121,7 +120,7 @@ def test_probe_keeps_each_figures_own_time(monkeypatch: pytest.MonkeyPatch, tmp_
 def test_an_old_cache_layout_is_measured_afresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A cache with one time stamp for every figure (the first layout) is not trusted."""
     monkeypatch.setenv("GLASSBOX_CACHE_DIR", str(tmp_path))
-    old = {"device": "cpu", "device_name": "x", "memory_gib": 1.0, "copy_gbs": 1e6, "read_gbs": 1e6}
+    old = {"device": "cpu", "device_name": "x", "memory_gib": 1.0, "read_gbs": 1e6}
     old |= {"bandwidth_gbs": 1e6, "tflops": {"bf16": 1e6}, "measured_at": "2020-01-01T00:00:00"}
     (tmp_path / "probe-cpu.json").write_text(json.dumps(old))
     spec = probe_local("cpu", "bfloat16", **QUICK)
@@ -145,14 +144,13 @@ def test_which_figures_are_measured_again() -> None:
 
 def test_reports_flag_busy_and_old_figures() -> None:
     """What trace, plan and hardware print about the probe: a busy or old bandwidth or FLOP/s figure is
-    named, a quiet fresh one is not (the copy figure is not used by any ceiling)."""
+    named, a quiet fresh one is not."""
     import time
 
     fresh = time.time()
     rec = {"device": "cpu", "device_name": "test CPU", "memory_gib": 8.0, "figures": {}}
     rec["figures"] = {
         "read_gbs": _figure(20.0, 1e9 - fresh, busy=True),
-        "copy_gbs": _figure(30.0, 1e9 - fresh, busy=True),
         "tflops_bf16": _figure(0.4, 1e9 - fresh + 3 * 86400, busy=False),
     }
     spec = probe.spec_from_record(rec)

@@ -19,7 +19,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "hardware",
         help="list hardware presets, or --probe this machine's bandwidth and matmul FLOP/s",
         description="List the hardware presets the planner knows (dense TFLOP/s), or measure this machine: "
-        "read bandwidth (sustained, a buffer far beyond the caches, the engine's threads), copy bandwidth "
+        "read bandwidth (sustained, a buffer far beyond the caches, the engine's threads) "
         "and matmul FLOP/s, each figure cached with its own time and the machine's load, for "
         "`plan --hardware local` and `trace`.",
     )

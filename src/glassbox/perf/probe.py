@@ -6,7 +6,8 @@ that is missing, older than a day, taken with other threads than the engine's, o
 when the machine is quiet now; a figure it keeps although it was taken under load is named in the spec's
 ``extra["warnings"]``, which every report that uses the probe prints (trace, plan, hardware).
 
-Bandwidth is measured the way decode reads weights: a reduction streaming a buffer far larger than the
+Bandwidth is measured the way decode reads weights (reads only; ``copy_bandwidth_reps`` stays for the
+benchmarks): a reduction streaming a buffer far larger than the
 last-level cache (16x, at least 512 MiB on a CPU, 1 GiB on a GPU) on the engine's threads, each of several
 repetitions sustained over a fifth of the budget (many passes), the best repetition kept and every one
 recorded. The cache is ``$GLASSBOX_CACHE_DIR/probe-<device>.json`` (default ``~/.cache/glassbox``).
@@ -178,7 +179,7 @@ def measure_matmul(device: str = "cpu", dtype: str = "bf16", budget_s: float = 1
 def measure_figure(
     name: str, device: str, threads: int, budget_s: float = 1.0, working_set: int | None = None
 ) -> dict[str, Any]:
-    """One figure (``read_gbs``, ``copy_gbs`` or ``tflops_<dtype>``) with its time, threads and load;
+    """One figure (``read_gbs`` or ``tflops_<dtype>``) with its time, threads and load;
     bandwidth streams ``working_set`` bytes (default working_set_bytes)."""
     loadavg, start = machine_load.loadavg_1m(), machine_load.sample()
     reps: list[float] = []
@@ -187,14 +188,13 @@ def measure_figure(
         if name == "read_gbs":
             reps = read_bandwidth_reps(device, budget_s, nbytes)
             value = max(reps)
-        elif name == "copy_gbs":
-            reps = copy_bandwidth_reps(device, budget_s, nbytes)
-            value = max(reps)
         elif name.startswith("tflops_"):
             value = measure_matmul(device, name.removeprefix("tflops_"), 1.5 * budget_s)
         else:
             raise ValueError(f"unknown probe figure {name!r}")
     load = machine_load.load_record(start, machine_load.sample(), loadavg)
+    if device.startswith("cuda"):  # the host's load is kept, but a GPU's own neighbours are not seen
+        load["busy"] = False
     figure: dict[str, Any] = {
         "value": value,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -264,7 +264,7 @@ def probe_local(
     figures: dict[str, Any] = rec["figures"]
     quiet: bool | None = None
     changed = False
-    for name in ("read_gbs", "copy_gbs", f"tflops_{key}"):
+    for name in ("read_gbs", f"tflops_{key}"):
         reason = remeasure_reason(figures.get(name), time.time(), threads, max_age_s)
         if reason == "busy":
             if quiet is None:
@@ -320,7 +320,7 @@ def _device_name(device: str) -> str:
 def figure_warnings(name: str, fig: dict[str, Any], now: float, max_age_s: float = MAX_AGE_S) -> list[str]:
     """What a report must say about a figure it uses: taken on a busy machine, or older than max_age_s."""
     out = []
-    label = {"read_gbs": "read bandwidth", "copy_gbs": "copy bandwidth"}.get(name, name.replace("_", " "))
+    label = "read bandwidth" if name == "read_gbs" else name.replace("_", " ")
     when = fig.get("measured_at", "?")
     if fig.get("load", {}).get("busy", True):
         out.append(
@@ -334,17 +334,13 @@ def figure_warnings(name: str, fig: dict[str, Any], now: float, max_age_s: float
 
 
 def spec_from_record(rec: dict[str, Any], max_age_s: float = MAX_AGE_S) -> HardwareSpec:
-    """The HardwareSpec of a probe record: bandwidth = the read figure (decode reads weights), every
+    """The HardwareSpec of a probe record: bandwidth = the read figure (decode reads weights, and a copy
+    figure would count writes and their allocation too), every
     cached dtype's FLOP/s; ``extra`` keeps each figure (time, threads, load, repetitions) and the
     warnings a report prints."""
     figures: dict[str, Any] = rec["figures"]
     now = time.time()
-    warnings = [
-        w
-        for name, fig in figures.items()
-        if name != "copy_gbs"
-        for w in figure_warnings(name, fig, now, max_age_s)
-    ]
+    warnings = [w for name, fig in figures.items() for w in figure_warnings(name, fig, now, max_age_s)]
     tflops = {
         n.removeprefix("tflops_"): float(f["value"]) for n, f in figures.items() if n.startswith("tflops_")
     }
@@ -352,7 +348,6 @@ def spec_from_record(rec: dict[str, Any], max_age_s: float = MAX_AGE_S) -> Hardw
     timing = ", ".join(
         f"{'bandwidth' if n == 'read_gbs' else n.removeprefix('tflops_')} at {f['measured_at']}"
         for n, f in figures.items()
-        if n != "copy_gbs"
     )
     return HardwareSpec(
         name="local",
@@ -366,7 +361,6 @@ def spec_from_record(rec: dict[str, Any], max_age_s: float = MAX_AGE_S) -> Hardw
             "device": rec["device"],
             "cache": str(cache_path(rec["device"])),
             "read_gbs": read["value"],
-            "copy_gbs": figures.get("copy_gbs", {}).get("value"),
             "figures": figures,
             "warnings": warnings,
         },
