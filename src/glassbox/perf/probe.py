@@ -338,7 +338,7 @@ def spec_from_record(rec: dict[str, Any], max_age_s: float = MAX_AGE_S) -> Hardw
     figure would count writes and their allocation too), every
     cached dtype's FLOP/s; ``extra`` keeps each figure (time, threads, load, repetitions) and the
     warnings a report prints."""
-    figures: dict[str, Any] = rec["figures"]
+    figures = {n: f for n, f in rec["figures"].items() if n == "read_gbs" or n.startswith("tflops_")}
     now = time.time()
     warnings = [w for name, fig in figures.items() for w in figure_warnings(name, fig, now, max_age_s)]
     tflops = {
