@@ -29,7 +29,7 @@ import torch
 
 from glassbox.layers.bf16_linear import TiledBf16Linear, tiled_available
 from glassbox.layers.linear import packed_matrix
-from glassbox.perf.hardware import measure_read_bandwidth
+from glassbox.perf.probe import measure_read_bandwidth
 
 C_SOURCE = r"""
 #include <immintrin.h>

@@ -169,7 +169,7 @@ def decode_in_turns(decoders: dict[str, Decoder], rounds: int = 5) -> dict[str, 
 
 def roofline(model_dir: Path) -> dict[str, Any]:
     from glassbox.models.config_reader import facts_from_dir
-    from glassbox.perf.hardware import probe_local
+    from glassbox.perf.probe import probe_local
 
     hw = probe_local("cpu", "bf16", force=True)  # measured now, beside the engines, not an old cache
     facts = facts_from_dir(model_dir)
@@ -237,7 +237,7 @@ def main() -> int:
             "ratio_per_round": [round(r, 3) for r in ratios],
             "median_ratio": statistics.median(ratios),
         }
-    from glassbox.perf.hardware import measure_read_bandwidth
+    from glassbox.perf.probe import measure_read_bandwidth
 
     # the machine drifts: the read probe again at the end shows by how much during this run
     result["roofline"]["read_gbs_at_end"] = measure_read_bandwidth("cpu")

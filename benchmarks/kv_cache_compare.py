@@ -34,7 +34,8 @@ from gguf_compare import CHATS, leading_agreement  # noqa: E402
 from glassbox import LLM, SamplingParams
 from glassbox.engine.llm_engine import LLMEngine
 from glassbox.models.sources import default_gguf
-from glassbox.perf.hardware import cpu_name, measure_read_bandwidth
+from glassbox.perf.hardware import cpu_name
+from glassbox.perf.probe import measure_read_bandwidth
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = ("bf16", "int8", "fp8")

@@ -260,7 +260,7 @@ def _ratios(row: dict[str, Any], batches: list[int], roof: float) -> None:
 def measure_shape(shape: str, layers: int, args: argparse.Namespace) -> dict[str, Any]:
     from llamacpp_peer import llamacpp_version
 
-    from glassbox.perf.hardware import measure_bandwidth, measure_read_bandwidth
+    from glassbox.perf.probe import measure_bandwidth, measure_read_bandwidth
 
     t0 = time.perf_counter()
     model_dir = moe_random(shape, layers, **(TINY[shape] if args.tiny else {}))

@@ -33,7 +33,7 @@ from glassbox.kernels import cpu_ops  # noqa: E402
 from glassbox.layers.linear import PackedLinear  # noqa: E402
 from glassbox.models import llama_native, moe  # noqa: E402
 from glassbox.models.llama import LlamaForCausalLM  # noqa: E402
-from glassbox.perf.hardware import measure_read_bandwidth  # noqa: E402
+from glassbox.perf.probe import measure_read_bandwidth  # noqa: E402
 
 SPENT: dict[str, float] = defaultdict(float)
 CALLS: dict[str, int] = defaultdict(int)

@@ -43,6 +43,13 @@ def shape_tables(name: str, res: dict[str, Any]) -> list[str]:
             f"{_f(med.get('llama_cpp_b1_fraction_of_roofline'))} | "
             f"{_f(med.get('transformers_b1_fraction_of_roofline'))} | 1 |",
         ]
+        over = [
+            e
+            for e in ("glassbox", "llama_cpp", "transformers")
+            if (med.get(f"{e}_b1_fraction_of_roofline") or 0) > 1
+        ]
+        if over:  # a rate above its ceiling: the read probe under-measured the machine, not a faster engine
+            out.append(f"| (above 1: the read probe was wrong, too low, for {', '.join(over)}) | | | | |")
         for n in (8, 32):
             if f"glassbox_b{n}_tok_s" in med:
                 out.append(

@@ -30,8 +30,9 @@ from glassbox.engine.llm_engine import DEMO_MODEL_DIR  # noqa: E402
 from glassbox.models.facts import ModelFacts
 from glassbox.perf.cost_model import step_cost  # noqa: E402
 from glassbox.perf.engine_profiles import EngineProfile, get_engine  # noqa: E402
-from glassbox.perf.hardware import HardwareSpec, probe_local  # noqa: E402
+from glassbox.perf.hardware import HardwareSpec  # noqa: E402
 from glassbox.perf.model_presets import load_model_facts  # noqa: E402
+from glassbox.perf.probe import probe_local  # noqa: E402
 from glassbox.perf.quant import QuantScheme, resolve_scheme  # noqa: E402
 
 PROMPT, DECODE = 128, 48

@@ -32,7 +32,8 @@ from gguf_export import export_gguf  # noqa: E402
 from llamacpp_peer import llamacpp_version, measure_llamacpp  # noqa: E402
 
 from glassbox import LLM, SamplingParams  # noqa: E402
-from glassbox.perf.hardware import cpu_name, measure_read_bandwidth  # noqa: E402
+from glassbox.perf.hardware import cpu_name  # noqa: E402
+from glassbox.perf.probe import measure_read_bandwidth  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 Decoder = Callable[[list[int]], float]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -116,3 +117,71 @@ def test_trace_cli_json(tmp_path: Path) -> None:
     assert set(out["phases"]) == {"tokenize", "queue", "prefill", "first_token", "decode", "detokenize"}
     assert out["roofline"]["bandwidth_gbs"] > 0
     assert list(tmp_path.glob("probe-*.json")), "the probe result was not cached"
+
+
+def _finite(obj: object) -> bool:
+    """Every number in a JSON-ready structure is finite (no NaN, no inf)."""
+    if isinstance(obj, dict):
+        return all(_finite(v) for v in obj.values())
+    if isinstance(obj, list):
+        return all(_finite(v) for v in obj)
+    return not isinstance(obj, float) or math.isfinite(obj)
+
+
+def test_trace_of_an_immediate_eos(
+    demo: LLM, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request whose first token is EOS (logit_bias forces it): a report with no decode, nothing divided
+    by zero, no NaN/inf, and the renderer says so."""
+    from glassbox.perf.hardware import get_hardware
+    from glassbox.trace_cli import render
+
+    monkeypatch.setenv("COLUMNS", "240")  # rich's table: no wrapped cells
+    eos = min(demo.engine.tokenizer.eos_token_ids)
+    params = SamplingParams(temperature=0.0, max_tokens=8, logit_bias={eos: 100.0})
+    r = run_trace(demo.engine, "def fibonacci(n):", 8, get_hardware("strix-halo"), params=params)
+    assert r["finish_reason"] == "stop" and r["output_tokens"] == 1 and r["text"] == ""
+    dec = r["phases"]["decode"]
+    assert dec["tokens"] == 0 and dec["tok_s"] == 0.0 and "fraction" not in dec and dec["ceiling_tok_s"] > 0
+    assert r["phases"]["prefill"]["fraction"] > 0
+    prompt_tokens, bs = r["phases"]["tokenize"]["tokens"], r["kv_cache"]["block_size"]
+    assert r["kv_cache"]["blocks"] == -(-prompt_tokens // bs) > 0  # the prefill's blocks, freed at the end
+    assert _finite(r)
+    json.dumps(r, allow_nan=False)
+    render(r)
+    out = capsys.readouterr().out
+    assert "none: the first token ended the request" in out and "answer:" in out and "finish_reason=stop" in out
+
+
+def test_trace_applies_the_chat_template(demo: LLM) -> None:
+    """chat=True tokenizes the prompt as one user message through the model's template (the same ids as
+    the tokenizer's own encode_chat); raw text gets the plain encoding."""
+    tok = demo.engine.tokenizer
+    assert tok.chat_template is not None
+    prompt = "What is 2 + 2?"
+    chat = run_trace(demo.engine, prompt, 3, None, chat=True)
+    raw = run_trace(demo.engine, prompt, 3, None)
+    want = tok.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    assert chat["phases"]["tokenize"]["tokens"] == len(want) > len(tok.encode(prompt))
+    assert raw["phases"]["tokenize"]["tokens"] == len(tok.encode(prompt))
+    assert chat["chat_template"] and not raw["chat_template"] and chat["prompt"] == prompt
+
+
+def test_trace_flags_a_fraction_above_100_percent(
+    demo: LLM, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held against a machine far slower than this one, the measured rates exceed their ceilings: the
+    report marks the fractions and says the hardware figure was wrong."""
+    import dataclasses
+
+    from glassbox.perf.hardware import get_hardware
+    from glassbox.trace_cli import render
+
+    monkeypatch.setenv("COLUMNS", "240")
+    slow = dataclasses.replace(get_hardware("strix-halo"), bandwidth_gbs=1e-4, tflops={"fp32": 1e-9})
+    r = run_trace(demo.engine, "def fibonacci(n):", 6, slow)
+    assert r["phases"]["decode"]["fraction"] > 1 and r["phases"]["decode"]["probe_wrong"]
+    assert any("probe was wrong" in w for w in r["roofline"]["warnings"])
+    render(r)
+    out = capsys.readouterr().out
+    assert "(above 100%: the probe was wrong)" in out

@@ -2,31 +2,45 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
 from glassbox.dtypes import kv_element_bytes
 from glassbox.engine.llm_engine import LLMEngine
+from glassbox.engine.sequence import RequestMetrics
 from glassbox.models.model_config import dtype_name
 from glassbox.models.moe import MoEExperts
-from glassbox.perf.cost_model import expected_distinct_experts, step_cost
-from glassbox.perf.engine_profiles import get_engine
+from glassbox.perf.cost_model import expected_distinct_experts
 from glassbox.perf.hardware import HardwareSpec
 from glassbox.perf.quant import resolve_scheme
+from glassbox.perf.request_roofline import PROBE_WRONG, RequestRoofline
 from glassbox.perf.simulator import percentile
 from glassbox.sampling_params import SamplingParams
 
 
 def run_trace(
-    engine: LLMEngine, prompt: str, max_tokens: int, roofline: HardwareSpec | None
+    engine: LLMEngine,
+    prompt: str,
+    max_tokens: int,
+    roofline: HardwareSpec | None,
+    chat: bool = False,
+    params: SamplingParams | None = None,
 ) -> dict[str, Any]:
     """Run one request alone through ``engine`` and return its anatomy (stable JSON-ready dict).
 
-    ``roofline`` is a perf.hardware.HardwareSpec (probed) or None to skip the ceilings.
+    ``roofline`` is a perf.hardware.HardwareSpec (probed) or None to skip the ceilings; ``chat`` sends
+    the prompt as one user message through the model's chat template (timed as tokenization);
+    ``params`` replaces the greedy ``max_tokens`` sampling.
     """
     rid = f"trace-{uuid.uuid4().hex[:8]}"
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    engine.add_request(rid, prompt, params)
+    params = params or SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    t0 = time.perf_counter()
+    if chat:
+        ids = engine.tokenizer.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    else:
+        ids = engine.tokenizer.encode(prompt)
+    engine.add_request(rid, ids, params, tokenize_s=time.perf_counter() - t0)
     seq = engine.get_sequences(rid)[0]
     bs = engine.block_manager.block_size
     per_block = engine.executor.kv_plan.bytes_per_block
@@ -58,6 +72,10 @@ def run_trace(
                 final = o
     m = final.metrics
     assert m is not None
+    if not growth:  # ended in its first step (an immediate EOS), whose blocks were freed with it
+        cached = m.prompt_tokens + m.output_tokens - 1  # the last token's K/V is never written
+        blocks = -(-cached // bs)
+        growth.append({"step": 1, "tokens": cached, "blocks": blocks, "bytes": blocks * per_block})
     times = m.token_times
     itl = [b - a for a, b in zip(times, times[1:], strict=False)]
     decode_tokens = max(0, m.output_tokens - 1)
@@ -68,7 +86,9 @@ def run_trace(
         "dtype": dtype_name(engine.executor.dtype),
         "weight_blocks": engine.executor.block_formats,  # formats kept in blocks ("Q4_1", "GPTQ int4 g128")
         "prompt": prompt,
+        "chat_template": chat,
         "text": final.text,
+        "output_tokens": m.output_tokens,
         "finish_reason": final.finish_reason,
         "phases": {
             "tokenize": {"tokens": m.prompt_tokens, "ms": m.tokenize_s * 1e3},
@@ -111,7 +131,7 @@ def run_trace(
             "mean_acceptance_length": m.spec_mean_acceptance_length,
         }
     if roofline is not None:
-        _add_roofline(result, engine, roofline, m.prompt_tokens, m.cached_prompt_tokens, m.output_tokens)
+        _add_roofline(result, engine, roofline, m)
     return result
 
 
@@ -159,40 +179,36 @@ def weight_quant(engine: LLMEngine) -> str:
     return dtype_name(engine.executor.dtype)
 
 
-def _add_roofline(
-    result: dict[str, Any],
-    engine: LLMEngine,
-    hw: HardwareSpec,
-    prompt_tokens: int,
-    cached_tokens: int,
-    output_tokens: int,
-) -> None:
+def engine_roofline(engine: LLMEngine, hw: HardwareSpec) -> RequestRoofline:
+    """The ceilings of the engine's model, weights and KV cache on ``hw`` (perf/request_roofline.py)."""
+    key = dtype_name(engine.executor.dtype)
+    facts = engine.facts
+    return RequestRoofline(
+        facts,
+        resolve_scheme(weight_quant(engine), facts.native_quant, key, False, None),
+        hw,
+        key,
+        kv_element_bytes(dtype_name(engine.executor.kv_dtype), facts.head_dim),
+    )
+
+
+def _add_roofline(result: dict[str, Any], engine: LLMEngine, hw: HardwareSpec, m: RequestMetrics) -> None:
     """Ceilings from the planner's own cost model under the ``ideal`` profile, so that `trace` and
     `plan --hardware local` hold a run against one and the same roofline."""
-    key = result["dtype"]
-    facts = engine.facts
-    scheme = resolve_scheme(weight_quant(engine), facts.native_quant, key, False, None)
-    ideal = get_engine("ideal")
-    kv_bytes = kv_element_bytes(dtype_name(engine.executor.kv_dtype), facts.head_dim)
-    computed = prompt_tokens - cached_tokens  # a prefix-cache hit is not prefilled
-    pre_cost = step_cost(facts, scheme, hw, ideal, [(computed, cached_tokens)], kv_bytes)
-    dec_cost = step_cost(facts, scheme, hw, ideal, [(1, prompt_tokens + output_tokens // 2)], kv_bytes)
-    pre, dec = result["phases"]["prefill"], result["phases"]["decode"]
-    pre["ceiling_tok_s"] = computed / pre_cost.seconds
-    pre["bound"] = pre_cost.bound
-    pre["flops_per_token"] = pre_cost.flops / computed
-    dec["ceiling_tok_s"] = 1.0 / dec_cost.seconds
-    dec["bound"] = dec_cost.bound
-    dec["bytes_per_token"] = dec_cost.bytes_moved
-    for ph in (pre, dec):
-        ph["fraction"] = ph["tok_s"] / ph["ceiling_tok_s"]
-        # far under its ceiling a phase is paying for something the roofline does not count: on a small
-        # model that is the host (Python, kernel dispatch), not bandwidth or FLOP/s
-        ph["limited_by"] = ph["bound"] if ph["fraction"] >= 0.5 else "overhead"
+    rl = engine_roofline(engine, hw)
+    phases = rl.phases(
+        m.prompt_tokens, m.cached_prompt_tokens, m.output_tokens, m.prefill_tok_s, m.decode_tok_s
+    )
+    for name, figures in phases.items():
+        result["phases"][name].update(figures)
+    warnings = list(hw.extra.get("warnings", []))
+    if any(ph.get("probe_wrong") for ph in phases.values()):
+        warnings.append(PROBE_WRONG)
     result["roofline"] = {
         "bandwidth_gbs": hw.bandwidth_gbs,
-        "tflops": hw.peak_flops(key) / 1e12,
-        "dtype": key,
-        "weights": scheme.label,
+        "tflops": hw.peak_flops(rl.dtype) / 1e12,
+        "dtype": rl.dtype,
+        "weights": rl.scheme.label,
         "source": hw.source,
+        "warnings": warnings,
     }

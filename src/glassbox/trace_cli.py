@@ -7,12 +7,18 @@ import json
 from typing import Any
 
 from glassbox.engine_args import add_engine_args, config_from_args
+from glassbox.perf.request_roofline import percent
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace", help="the anatomy of one request, phase by phase, vs this machine's roofline")
     add_engine_args(p)
-    p.add_argument("prompt", help="the prompt text")
+    p.add_argument(
+        "prompt", help="the prompt: one user message through the model's chat template, if it has one"
+    )
+    p.add_argument(
+        "--raw", action="store_true", help="send the prompt as raw text, without the model's chat template"
+    )
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (greedy)")
     p.add_argument("--no-roofline", action="store_true", help="skip the hardware probe and the ceilings")
     p.add_argument("--json", action="store_true", help="print the anatomy as JSON")
@@ -29,13 +35,14 @@ def run(args: argparse.Namespace) -> int:
     hw = None
     if not args.no_roofline:
         from glassbox.models.model_config import dtype_name
-        from glassbox.perf.hardware import probe_local
+        from glassbox.perf.probe import probe_local
 
         hw = probe_local(engine.executor.device.type, dtype_name(engine.executor.dtype))
+    chat = not args.raw and engine.tokenizer.chat_template is not None
     # a warm-up request keeps one-time costs (allocator, kernels) out of the figures
-    run_trace(engine, args.prompt, 2, None)
+    run_trace(engine, args.prompt, 2, None, chat)
     engine.block_manager.reset_prefix_cache()  # so that the measured request prefills its whole prompt
-    result = run_trace(engine, args.prompt, args.max_tokens, hw)
+    result = run_trace(engine, args.prompt, args.max_tokens, hw, chat)
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
@@ -46,14 +53,17 @@ def run(args: argparse.Namespace) -> int:
 def _ceiling(ph: dict[str, Any]) -> str:
     if "ceiling_tok_s" not in ph:
         return ""
+    if "fraction" not in ph:  # the phase ran no token
+        return f"{ph['bound']} ceiling {ph['ceiling_tok_s']:,.0f} tok/s"
     verdict = (
         f"{ph['bound']}-bound" if ph["limited_by"] == ph["bound"] else "overhead-bound (host, not hardware)"
     )
-    return f"{ph['fraction'] * 100:.0f}% of the {ph['ceiling_tok_s']:,.0f} tok/s {ph['bound']} ceiling: {verdict}"
+    return f"{percent(ph)} of the {ph['ceiling_tok_s']:,.0f} tok/s {ph['bound']} ceiling: {verdict}"
 
 
 def render(r: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     ph = r["phases"]
@@ -71,12 +81,13 @@ def render(r: dict[str, Any]) -> None:
         _ceiling(pre),
     )
     t.add_row("  first token", f"TTFT {ph['first_token']['ttft_ms']:.1f} ms", "")
-    t.add_row(
-        "4 decode",
+    decoded = (
         f"{dec['tokens']} tokens in {dec['ms']:.1f} ms = {dec['tok_s']:,.1f} tok/s; "
-        f"ITL p50 {dec['itl_ms_p50']:.1f} ms, p99 {dec['itl_ms_p99']:.1f} ms",
-        _ceiling(dec),
+        f"ITL p50 {dec['itl_ms_p50']:.1f} ms, p99 {dec['itl_ms_p99']:.1f} ms"
+        if dec["tokens"]
+        else "none: the first token ended the request"
     )
+    t.add_row("4 decode", decoded, _ceiling(dec))
     sd = r.get("speculative")
     if sd is not None:
         t.add_row(
@@ -111,6 +122,16 @@ def render(r: dict[str, Any]) -> None:
         console.print(
             f"roofline: {rf['bandwidth_gbs']:.1f} GB/s, {rf['tflops']:.2f} TFLOP/s {rf['dtype']} "
             f"({rf['source']}); weights {rf['weights']}; decode reads {dec['bytes_per_token'] / 1e6:,.1f} MB "
-            "per token"
+            "per token",
+            markup=False,
         )
-    console.print(f"[bold]output:[/bold] {r['prompt']}{r['text']}")
+        for w in rf["warnings"]:
+            console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+    how = "through the chat template" if r.get("chat_template") else "as raw text"
+    console.print(f"[bold]prompt[/bold] ({how}): {escape(r['prompt'])}")
+    answer = (
+        r["text"]
+        if r["text"]
+        else f"(empty; {r['output_tokens']} token(s), finish_reason={r['finish_reason']})"
+    )
+    console.print(f"[bold]answer:[/bold] {escape(answer)}")

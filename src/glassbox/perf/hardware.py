@@ -1,20 +1,13 @@
-"""Hardware: datasheet presets and a probe that measures this machine (bandwidth, matmul FLOP/s).
+"""Hardware: datasheet presets, and ``local``: this machine as the probe measured it (perf/probe.py).
 
 All FLOP/s figures are *dense* (sparse datasheet peaks are 2x); bandwidth is decimal GB/s (1e9 B/s).
-The probe caches its result in ``$GLASSBOX_CACHE_DIR`` (default ``~/.cache/glassbox``) as
-``probe-<device>.json``; ``glassbox plan --hardware local`` and ``glassbox trace`` reuse it.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-from glassbox.dtypes import canonical, long_name, parse_dtype
 
 GIB = 1024**3
 
@@ -173,114 +166,14 @@ def get_hardware(name: str) -> HardwareSpec:
     """A preset by name, or ``local`` (the cached probe of this machine, measured if missing)."""
     key = name.lower()
     if key == "local":
-        return probe_local(_default_device())
+        import torch
+
+        from glassbox.perf.probe import probe_local
+
+        return probe_local("cuda" if torch.cuda.is_available() else "cpu")
     if key not in PRESETS:
         raise ValueError(f"--hardware must be one of {', '.join(HARDWARE_CHOICES)}, got {name!r}")
     return PRESETS[key]
-
-
-# ---------------------------------------------------------------------------------------------- probe
-
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("GLASSBOX_CACHE_DIR") or Path.home() / ".cache" / "glassbox")
-
-
-def cache_path(device: str) -> Path:
-    return cache_dir() / f"probe-{device.replace(':', '-')}.json"
-
-
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def measure_bandwidth(device: str = "cpu", budget_s: float = 1.0) -> float:
-    """Copy bandwidth in GB/s: best of repeated ``dst.copy_(src)``, counting bytes read + written."""
-    import torch
-
-    nbytes = (1 << 30) if device.startswith("cuda") else (256 << 20)
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    _sync(device)
-    best, deadline = float("inf"), time.perf_counter() + budget_s
-    for i in range(50):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        best = min(best, time.perf_counter() - t0)
-        if i >= 2 and time.perf_counter() > deadline:
-            break
-    return 2 * nbytes / best / 1e9
-
-
-def measure_read_bandwidth(device: str = "cpu", budget_s: float = 1.0) -> float:
-    """Read bandwidth in GB/s: best of repeated reductions over a buffer larger than any cache.
-
-    Decode streams weights without writing them back, so this is its ceiling; on CPUs it runs well
-    above the copy figure (a copy also writes, and allocates the lines it writes)."""
-    import torch
-
-    nbytes = (1 << 30) if device.startswith("cuda") else (256 << 20)
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    src.sum()
-    _sync(device)
-    best, deadline = float("inf"), time.perf_counter() + budget_s
-    for i in range(50):
-        t0 = time.perf_counter()
-        src.sum()
-        _sync(device)
-        best = min(best, time.perf_counter() - t0)
-        if i >= 2 and time.perf_counter() > deadline:
-            break
-    return nbytes / best / 1e9
-
-
-def measure_matmul(device: str = "cpu", dtype: str = "bf16", budget_s: float = 1.5) -> float:
-    """Dense matmul TFLOP/s (2 n^3 per n x n product); n grows until one product takes >= 20 ms."""
-    import torch
-
-    tdtype = getattr(torch, long_name(canonical(dtype)))
-    n_max = 8192 if device.startswith("cuda") else 2048
-    n, elapsed = 256, 0.0
-    while True:
-        a = torch.randn(n, n, device=device).to(tdtype)
-        b = torch.randn(n, n, device=device).to(tdtype)
-        torch.matmul(a, b)
-        _sync(device)
-        t0 = time.perf_counter()
-        torch.matmul(a, b)
-        _sync(device)
-        elapsed = time.perf_counter() - t0
-        if elapsed >= 0.02 or n >= n_max:
-            break
-        n *= 2
-    best, deadline = elapsed, time.perf_counter() + budget_s
-    for _ in range(20):
-        if time.perf_counter() > deadline:
-            break
-        t0 = time.perf_counter()
-        torch.matmul(a, b)
-        _sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / best / 1e12
-
-
-def _memory_gib(device: str) -> float:
-    import torch
-
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_properties(device).total_memory / GIB
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
 
 
 def cpu_name() -> str:
@@ -294,69 +187,6 @@ def cpu_name() -> str:
     import platform
 
     return platform.processor() or platform.machine()
-
-
-def _device_name(device: str) -> str:
-    import torch
-
-    if device.startswith("cuda"):
-        return str(torch.cuda.get_device_name(device))
-    return f"{cpu_name()} CPU ({os.cpu_count()} threads)"
-
-
-def _spec_from_record(rec: dict[str, Any]) -> HardwareSpec:
-    return HardwareSpec(
-        name="local",
-        memory_gib=float(rec["memory_gib"]),
-        bandwidth_gbs=float(rec["bandwidth_gbs"]),
-        tflops={k: float(v) for k, v in rec["tflops"].items()},
-        unified_memory=not str(rec["device"]).startswith("cuda"),
-        source=f"measured on {rec['device_name']} ({rec['device']}) at {rec['measured_at']}",
-        measured=True,
-        extra={
-            "device": rec["device"],
-            "cache": str(cache_path(rec["device"])),
-            "copy_gbs": rec.get("copy_gbs"),
-            "read_gbs": rec.get("read_gbs"),
-        },
-    )
-
-
-def probe_local(device: str = "cpu", dtype: str = "bfloat16", force: bool = False) -> HardwareSpec:
-    """Measure (or load from cache) this machine's bandwidth and ``dtype`` matmul rate on ``device``.
-
-    A cached probe is reused unless ``force``; a dtype missing from the cache is measured and added.
-    """
-    key = parse_dtype(dtype, "--dtype", ("bf16", "fp16", "fp32"))
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"--device must be cpu or cuda[:N], got {device!r}")
-    path = cache_path(device)
-    rec: dict[str, Any] | None = None
-    if path.is_file() and not force:
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            rec = None
-    if rec is None:
-        rec = {
-            "device": device,
-            "device_name": _device_name(device),
-            "memory_gib": _memory_gib(device),
-            "copy_gbs": measure_bandwidth(device),
-            "read_gbs": measure_read_bandwidth(device),
-            "tflops": {},
-        }
-        # the ceiling for streaming weights: the better of the read and copy figures
-        rec["bandwidth_gbs"] = max(rec["copy_gbs"], rec["read_gbs"])
-    if key not in rec["tflops"]:
-        rec["tflops"][key] = measure_matmul(device, key)
-        rec["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        import torch
-
-        rec["torch"] = torch.__version__
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(rec, indent=2))
-    return _spec_from_record(rec)
 
 
 def spec_to_dict(spec: HardwareSpec) -> dict[str, Any]:

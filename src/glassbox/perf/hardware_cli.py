@@ -7,7 +7,8 @@ import json
 import sys
 from typing import Any
 
-from glassbox.perf.hardware import PRESETS, HardwareSpec, cache_path, probe_local, spec_to_dict
+from glassbox.perf.hardware import PRESETS, HardwareSpec, spec_to_dict
+from glassbox.perf.probe import cache_path, probe_local
 
 _DTYPE_COLUMNS = ("bf16", "fp8", "fp4", "int8", "fp32")
 
@@ -18,7 +19,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "hardware",
         help="list hardware presets, or --probe this machine's bandwidth and matmul FLOP/s",
         description="List the hardware presets the planner knows (dense TFLOP/s), or measure this machine: "
-        "copy bandwidth (bytes read + written) and matmul FLOP/s, cached for `plan --hardware local`.",
+        "read bandwidth (sustained, a buffer far beyond the caches, the engine's threads) "
+        "and matmul FLOP/s, each figure cached with its own time and the machine's load, for "
+        "`plan --hardware local` and `trace`.",
     )
     p.add_argument("--probe", action="store_true", help="measure this machine (cached; see --force)")
     p.add_argument(
@@ -87,4 +90,32 @@ def render(specs: list[HardwareSpec], probed: bool) -> None:
     for s in specs:
         console.print(f"[dim]{s.name}: {s.source}[/]")
     if probed and specs:
+        _render_figures(console, specs[0])
         console.print(f"[dim]cached at {cache_path(str(specs[0].extra.get('device', 'cpu')))}[/]")
+
+
+def _render_figures(console: Any, spec: HardwareSpec) -> None:
+    """Each probe figure with its own time, threads and the machine's load while it was taken."""
+    from rich.table import Table
+
+    from glassbox.perf.machine_load import describe
+
+    t = Table(title="probe figures, each with its own time and load (bandwidth = read)")
+    for col in ("figure", "value (reps)", "measured at", "thr", "load while measured"):
+        t.add_column(col, no_wrap=col != "load while measured")
+    for name, fig in spec.extra.get("figures", {}).items():
+        reps = fig.get("reps")
+        value = f"{_num(fig['value'])} " + ("GB/s" if name.endswith("_gbs") else "TFLOP/s")
+        if reps:
+            value += f" ({min(reps):.3g}-{max(reps):.3g})"
+        busy = " [red]busy[/]" if fig["load"].get("busy") else ""
+        t.add_row(
+            name.replace("tflops_", ""),
+            value,
+            fig["measured_at"][:19].replace("T", " "),
+            str(fig["threads"] or ""),
+            describe(fig["load"]).replace("load avg", "avg").replace("others", "oth") + busy,
+        )
+    console.print(t)
+    for w in spec.extra.get("warnings", []):
+        console.print(f"[yellow]warning: {w}[/]")

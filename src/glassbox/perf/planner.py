@@ -47,6 +47,7 @@ def plan(req: PlanRequest) -> dict[str, Any]:
     decode_tok_s = round(steps / dec.seconds, 2)
     if not memory.fits:
         warnings.append(f"needs {memory.total / 2**30:,.1f} GiB of a {memory.budget / 2**30:,.1f} GiB budget")
+    warnings += [f"hardware probe: {w}" for w in s.hw.extra.get("warnings", [])]  # stale or busy figures
     return {
         "warnings": warnings,
         "model": _model_dict(s.facts),

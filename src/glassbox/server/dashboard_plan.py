@@ -1,7 +1,7 @@
 """The dashboard's ceilings: this machine's roofline per engine step, and ``glassbox plan --hardware local``
 for the served model beside what the server measured.
 
-The hardware figures are ``perf.hardware.probe_local``'s (the cached probe that ``plan --hardware local`` and
+The hardware figures are ``perf.probe.probe_local``'s (the cached probe that ``plan --hardware local`` and
 ``glassbox trace`` use; measured once, in a worker thread, when none is cached). A step's bytes and FLOPs
 are the planner's cost model (``perf.cost_model.step_cost``) over the step's rows, as ``glassbox trace``
 holds a request against the roofline; achieved = those / the step's execute time.
@@ -21,9 +21,10 @@ from glassbox.engine.llm_engine import LLMEngine
 from glassbox.models.model_config import dtype_name
 from glassbox.perf.cost_model import step_cost
 from glassbox.perf.engine_profiles import get_engine
-from glassbox.perf.hardware import HardwareSpec, probe_local
+from glassbox.perf.hardware import HardwareSpec
 from glassbox.perf.memory_plan import KV_DTYPES
 from glassbox.perf.planner import PlanRequest, plan
+from glassbox.perf.probe import probe_local
 from glassbox.perf.quant import resolve_scheme
 from glassbox.perf.simulator import percentile
 from glassbox.trace import weight_quant

@@ -19,7 +19,7 @@ from starlette.requests import Request
 
 from glassbox.engine.async_engine import RequestError, RequestStream
 from glassbox.engine.request_check import RequestCheckError, check_request
-from glassbox.engine.sequence import merge_metrics
+from glassbox.engine.sequence import RequestMetrics, merge_metrics
 from glassbox.outputs import CompletionOutput, RequestOutput
 from glassbox.sampling_params import SamplingParams
 from glassbox.server.errors import ApiError, bad_request, error_body, param_of_value_error
@@ -228,6 +228,7 @@ async def collect(job: Job, request: Request) -> list[RequestOutput]:
         watcher.cancel()
         job.abort_unfinished()
     results = [finals[i] for i in range(len(job.streams))]
+    trace_spans(request, job, results)
     if any(o.finish_reason == "abort" for r in results for o in r.outputs):
         raise ApiError(503, "the request was aborted (the server is shutting down)")
     return results
@@ -287,6 +288,7 @@ async def stream_events(
                     if not chunks:
                         chunks.append({**base, "choices": []})
                     chunks[-1]["metrics"] = anatomy(ordered)
+                    trace_spans(request, job, ordered)
                 for chunk in chunks:
                     yield sse(_with_usage(chunk, include_usage))
                 if failed is not None:
@@ -320,10 +322,22 @@ def usage(job: Job, finals: list[RequestOutput]) -> dict[str, Any]:
     }
 
 
-def anatomy(finals: list[RequestOutput]) -> dict[str, Any]:
-    """The ``metrics`` object: one request's anatomy, as the engine finalized it; for a batch of prompts,
-    the engine's merge of theirs."""
+def request_metrics(finals: list[RequestOutput]) -> RequestMetrics | None:
+    """One request's anatomy, as the engine finalized it; for a batch of prompts, the engine's merge."""
     parts = [r.metrics for r in finals if r.metrics is not None]
     if not parts:
-        return {}
-    return (parts[0] if len(parts) == 1 else merge_metrics(parts, shared_prompt=False)).as_dict()
+        return None
+    return parts[0] if len(parts) == 1 else merge_metrics(parts, shared_prompt=False)
+
+
+def anatomy(finals: list[RequestOutput]) -> dict[str, Any]:
+    """The ``metrics`` object (request_metrics as a dict)."""
+    m = request_metrics(finals)
+    return {} if m is None else m.as_dict()
+
+
+def trace_spans(request: Request, job: Job, finals: list[RequestOutput]) -> None:
+    """Hand a finished request to the OpenTelemetry tracer (server/tracing.py), when the server has one."""
+    tracer = getattr(request.app.state.glassbox, "tracer", None)
+    if tracer is not None:
+        tracer.record(request.headers, job, finals, request.url.path)

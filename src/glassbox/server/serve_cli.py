@@ -90,6 +90,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=["critical", "error", "warning", "info", "debug", "trace"],
     )
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per request")
+    g.add_argument(
+        "--otlp-traces-endpoint",
+        default=None,
+        metavar="URL",
+        help="export an OpenTelemetry span per request (children: tokenize, queue, prefill, decode) over "
+        "OTLP/HTTP to URL, e.g. http://localhost:4318/v1/traces; a client's W3C traceparent is its parent "
+        "(needs the glassbox[otel] extra)",
+    )
     t = p.add_argument_group("tool calling and reasoning (vLLM's flags)")
     t.add_argument(
         "--enable-auto-tool-choice",
@@ -130,6 +138,11 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json, mistral)")
+    if args.otlp_traces_endpoint is not None:
+        from glassbox.server.tracing import check_endpoint, require_otel
+
+        args.otlp_traces_endpoint = check_endpoint(args.otlp_traces_endpoint)
+        require_otel()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
         reasoning_parser=args.reasoning_parser,
     )
     app = build_app(AsyncEngine(engine, metrics), settings, metrics)
+    if args.otlp_traces_endpoint is not None:
+        from glassbox.server.tracing import tracer_for
+
+        app.state.glassbox.tracer = tracer_for(engine, args.otlp_traces_endpoint)
     uv_config = uvicorn.Config(
         app,
         host=args.host,
@@ -175,7 +192,11 @@ def run(args: argparse.Namespace) -> int:
         args.port,
         engine.max_model_len,
     )
-    asyncio.run(_serve(uvicorn.Server(uv_config), app.state.glassbox))
+    try:
+        asyncio.run(_serve(uvicorn.Server(uv_config), app.state.glassbox))
+    finally:
+        if app.state.glassbox.tracer is not None:
+            app.state.glassbox.tracer.shutdown()  # the spans still queued
     return 0
 
 

@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from glassbox import __version__
 from glassbox.config import EngineConfig
@@ -65,6 +66,9 @@ class ServerState:
         self.fingerprint = system_fingerprint(llm.source.describe(), str(llm.executor.device), llm.config)
         self.created = int(time.time())
         self.draining = False
+        self.tracer: Any = (
+            None  # server/tracing.RequestTracer with --otlp-traces-endpoint (no import: a cycle)
+        )
 
     def check_model(self, model: str | None) -> None:
         """404 (OpenAI's ``invalid_request_error``, code ``model_not_found``) unless ``model`` is None or the
