@@ -85,8 +85,11 @@ class DraftProposer:
     k: int
     max_model_len: int
 
-    def propose(self, seq: EngineSequence, max_drafts: int) -> list[int]:
-        return [PLACEHOLDER_TOKEN] * max(0, min(self.k, max_drafts, self.max_model_len - len(seq)))
+    def propose_batch(self, asks: list[tuple[EngineSequence, int]]) -> list[list[int]]:
+        return [[PLACEHOLDER_TOKEN] * max(0, min(self.k, n, self.max_model_len - len(s))) for s, n in asks]
+
+    def release(self, seq: EngineSequence) -> None:
+        pass
 
 
 @dataclass
