@@ -251,3 +251,29 @@ def test_vocabulary_mismatch_and_config_errors(setup: dict[str, Any], tmp_path: 
             parse_speculative_config(value)
     with pytest.raises(FileNotFoundError):
         LLM(str(target), dtype="float32", speculative_config=_spec(tmp_path / "missing"))
+
+
+def test_plan_with_a_draft_model() -> None:
+    """The planner's --draft-model: each speculative step also pays k one-row passes of the draft (about k
+    of the draft's own plain decode steps), so the speed-up is below n-gram's at the same acceptance; the
+    simulator's steps (concurrency row) agree with the closed form."""
+    from glassbox.perf.plan_request import PlanRequest
+    from glassbox.perf.planner import plan
+
+    base: dict[str, Any] = dict(
+        model="llama-3.1-8b", hardware="dgx-spark", output_tokens=128, concurrency=(1,)
+    )
+    spec: dict[str, Any] = dict(spec_tokens=K, acceptance_rate=0.7)
+    plain = plan(PlanRequest(**base))
+    ngram = plan(PlanRequest(**base, **spec))["speculative"]
+    drafted = plan(PlanRequest(**base, **spec, draft_model="qwen3-0.6b"))
+    draft_alone = plan(PlanRequest(**{**base, "model": "qwen3-0.6b"}))
+    row = drafted["speculative"]
+    assert ngram["draft_s"] == 0.0
+    assert row["draft_s"] == pytest.approx(K * draft_alone["decode"]["step_s"], rel=0.05)
+    assert row["step_s"] == pytest.approx(ngram["step_s"] + row["draft_s"], rel=1e-3)
+    assert 1.0 < row["speedup"] < ngram["speedup"]
+    ratio = drafted["concurrency"][0]["per_request_tok_s"] / plain["concurrency"][0]["per_request_tok_s"]
+    assert ratio == pytest.approx(row["speedup"], rel=0.15)
+    with pytest.raises(ValueError, match="--draft-model needs --spec-tokens"):
+        PlanRequest(**base, draft_model="qwen3-0.6b")

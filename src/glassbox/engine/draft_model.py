@@ -99,7 +99,7 @@ def open_draft(
     assert sc.model is not None
     checkpoint = open_checkpoint(resolve_model(sc.model))
     check_vocabulary(tokenizer, facts, checkpoint.tokenizer, checkpoint.facts)
-    # the target's device and dtype; the draft's weights as stored (a GGUF file's blocks kept), eager
+    # the target's --device and --dtype settings; the draft's weights as stored (a GGUF keeps its blocks), eager
     dcfg = replace(
         config,
         model=sc.model,
