@@ -1,8 +1,10 @@
 """Speculative decoding with a draft model: greedy output token-identical to transformers' whatever the draft
-(the target's own checkpoint: every draft accepted; a perturbed copy: some; another family: none), under
-batching past max_num_seqs with prefix hits, forced preemption and chunked prefill, the target's and the
-draft's block managers checked after every step; a draft pool too small for everyone (drafts skipped, no
-preemption); sampled tokens that follow transformers' exact distribution; vocabulary mismatches refused."""
+(the target's own checkpoint: every draft accepted; a perturbed copy: some, each proposal its greedy
+continuation by transformers; another family: none), under batching past max_num_seqs with prefix hits,
+forced preemption, chunked prefill with async output, the target's and the draft's block managers checked
+after every step; the proposer alone through rejections and a step it missed; a draft pool too small for
+everyone (drafts skipped, no preemption); sampled tokens that follow transformers' exact distribution;
+vocabulary mismatches refused; the trace and the planner's draft cost."""
 
 from __future__ import annotations
 
@@ -80,7 +82,8 @@ REGIMES: dict[str, dict[str, Any]] = {
         "max_num_seqs": 4,
         "num_kv_blocks": 12,
     },  # the longest request fits alone, not beside others
-    "chunked": {"max_num_seqs": 6, "max_num_batched_tokens": 21},  # the draft's prompt catch-up chunked too
+    # the draft's prompt catch-up chunked too; async output (the text work overlaps the next step)
+    "chunked": {"max_num_seqs": 6, "max_num_batched_tokens": 21, "async_output": True},
 }
 
 
@@ -132,6 +135,13 @@ def test_greedy_identical_with_a_draft_model(setup: dict[str, Any], regime: str,
         assert any(r.phase == "mixed" for r in llm.engine.step_records)
     if regime == "batched":
         assert llm.engine.block_manager.stats.hits > 0
+    if regime == "batched" and draft == "self":  # glassbox trace shows what the draft did
+        from glassbox.trace import run_trace
+
+        sd = run_trace(llm.engine, "abc abc abc abc", 9, None)["speculative"]
+        assert sd["method"] == "draft_model" and sd["model"] == str(setup["target"])
+        assert sd["accepted_tokens"] == sd["draft_tokens"] > 0
+        assert sd["verify_steps"] <= sd["draft_passes"] <= K * sd["verify_steps"] and sd["draft_ms"] > 0
 
 
 def test_a_full_draft_pool_skips_drafts_and_preempts_nobody(setup: dict[str, Any]) -> None:
