@@ -113,9 +113,8 @@ class LLMEngine:
             )
         self.max_model_len = config.max_model_len or limit
         default_batch = 8192 if resolve_device(config.device).type == "cuda" else 2048
-        self.max_num_batched_tokens = config.max_num_batched_tokens or default_batch
-        batch = self.max_num_batched_tokens  # a draft model (speculative decoding): before the target's KV
-        draft = open_draft(config, self.tokenizer, self.facts, self.max_model_len, batch)
+        self.max_num_batched_tokens = batch = config.max_num_batched_tokens or default_batch
+        draft = open_draft(config, self.tokenizer, self.facts, self.max_model_len, batch)  # before the KV
         self.executor = TorchExecutor(
             config,
             None if config.load_format == "dummy" else checkpoint,
