@@ -325,8 +325,7 @@ def test_ngram_rule_and_config_errors() -> None:
     assert spec is not None and (spec.prompt_lookup_min, spec.prompt_lookup_max) == (5, 5)
     assert parse_speculative_config({"model": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_max": 4})
     bad = [
-        ({"method": "draft_model", "num_speculative_tokens": 3}, "method 'draft_model' is not supported yet"),
-        ({"model": "some/draft", "num_speculative_tokens": 3}, "method 'draft_model' is not supported yet"),
+        ({"method": "eagle", "num_speculative_tokens": 3}, "method 'eagle' is not supported yet"),
         ({"method": "ngram"}, "num_speculative_tokens is required"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be an integer"),
         (

@@ -46,8 +46,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     served_model_name: str | None = None
     # speculative decoding, vLLM's JSON or dict (spec_config.py): {"method": "ngram",
-    # "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}; parsed to
-    # SpeculativeConfig (or None) here
+    # "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b} or a draft model,
+    # {"model": DIR, "num_speculative_tokens": k}; parsed to SpeculativeConfig (or None) here
     speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
 
     @property

@@ -78,8 +78,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         "--speculative-config",
         default=None,
         help='speculative decoding as JSON (vLLM\'s keys): \'{"method": "ngram", "num_speculative_tokens": 4, '
-        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\' (n-gram / prompt lookup; a draft model is not '
-        "supported yet)",
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\' (n-gram / prompt lookup) or \'{"model": DRAFT, '
+        '"num_speculative_tokens": 4}\' (a draft model sharing the tokenizer, a directory or .gguf file)',
     )
     g.add_argument("--tensor-parallel-size", type=int, default=1, help="only 1 is supported")
     g.add_argument("--seed", type=int, default=0)

@@ -1,7 +1,9 @@
 """``--speculative-config``: vLLM's JSON spelling, validated once (torch-free: the planner reads it too).
 
-Only the n-gram (prompt lookup) proposer is built: ``{"method": "ngram", "num_speculative_tokens": k,
-"prompt_lookup_min": a, "prompt_lookup_max": b}``. A draft model is not supported yet and says so.
+Two proposers: n-gram (prompt lookup), ``{"method": "ngram", "num_speculative_tokens": k,
+"prompt_lookup_min": a, "prompt_lookup_max": b}``, and a draft model sharing the target's tokenizer,
+``{"model": DIR, "num_speculative_tokens": k}`` ("method": "draft_model" optional; engine/draft_model.py).
+EAGLE, Medusa and MTP heads are refused with that reason.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-METHODS = ("ngram",)
-NOT_YET = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "deepseek_mtp", "mtp")
+METHODS = ("ngram", "draft_model")
+NOT_YET = ("eagle", "eagle3", "medusa", "mlp_speculator", "deepseek_mtp", "mtp")
 DEFAULT_LOOKUP = 5  # vLLM's default for both bounds when neither is given
 MAX_SPECULATIVE_TOKENS = 32
 _KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
@@ -19,14 +21,22 @@ _KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prom
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """A validated speculative decoding setup (n-gram proposals of up to ``num_speculative_tokens``)."""
+    """A validated speculative decoding setup: up to ``num_speculative_tokens`` drafts per step, from
+    n-gram lookup (``prompt_lookup_*``) or from a draft model (``model``: a directory or .gguf file)."""
 
     method: str
     num_speculative_tokens: int
-    prompt_lookup_min: int
-    prompt_lookup_max: int
+    prompt_lookup_min: int = 0
+    prompt_lookup_max: int = 0
+    model: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        if self.method == "draft_model":
+            return {
+                "method": self.method,
+                "model": self.model,
+                "num_speculative_tokens": self.num_speculative_tokens,
+            }
         return {
             "method": self.method,
             "num_speculative_tokens": self.num_speculative_tokens,
@@ -75,10 +85,12 @@ def parse_speculative_config(
     if method is None and model is not None:
         method = "draft_model"
     if method in NOT_YET:
-        raise ValueError(f"--speculative-config: method {method!r} is not supported yet (supported: ngram)")
+        raise ValueError(
+            f"--speculative-config: method {method!r} is not supported yet (supported: ngram, draft_model)"
+        )
     if method not in METHODS:
         raise ValueError(f"--speculative-config: method must be one of {METHODS}, got {method!r}")
-    if model is not None and model not in ("ngram", "[ngram]"):
+    if method == "ngram" and model is not None and model not in ("ngram", "[ngram]"):
         raise ValueError("--speculative-config: the ngram method takes no model")
     k = _positive_int(raw, "num_speculative_tokens")
     if k is None:
@@ -87,6 +99,17 @@ def parse_speculative_config(
         raise ValueError(
             f"--speculative-config: num_speculative_tokens must be <= {MAX_SPECULATIVE_TOKENS}, got {k}"
         )
+    if method == "draft_model":
+        if not isinstance(model, str) or not model:
+            raise ValueError(
+                "--speculative-config: the draft_model method needs a model (a directory or .gguf file)"
+            )
+        lookup = sorted(set(raw) & {"prompt_lookup_min", "prompt_lookup_max"})
+        if lookup:
+            raise ValueError(
+                f"--speculative-config: {', '.join(lookup)} belong to the ngram method, not draft_model"
+            )
+        return SpeculativeConfig("draft_model", k, model=model)
     lo, hi = _positive_int(raw, "prompt_lookup_min"), _positive_int(raw, "prompt_lookup_max")
     if lo is None and hi is None:
         lo = hi = DEFAULT_LOOKUP

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from glassbox.dtypes import kv_element_bytes
+from glassbox.engine.draft_model import DraftModelProposer
 from glassbox.engine.llm_engine import LLMEngine
 from glassbox.engine.sequence import RequestMetrics
 from glassbox.models.model_config import dtype_name
@@ -48,6 +50,9 @@ def run_trace(
     final = None
     step = 0
     experts = [m for m in engine.executor.model.modules() if isinstance(m, MoEExperts)]
+    proposer = engine.scheduler.proposer
+    draft = proposer if isinstance(proposer, DraftModelProposer) else None  # what the draft model did
+    draft_before = replace(draft.stats) if draft is not None else None
     reads = {
         "prefill": 0,
         "decode": 0,
@@ -130,6 +135,11 @@ def run_trace(
             "acceptance_rate": m.spec_acceptance_rate,
             "mean_acceptance_length": m.spec_mean_acceptance_length,
         }
+        if draft is not None and draft_before is not None:
+            ds = draft.stats
+            result["speculative"]["draft_passes"] = ds.passes - draft_before.passes
+            result["speculative"]["draft_rows"] = ds.rows - draft_before.rows
+            result["speculative"]["draft_ms"] = (ds.seconds - draft_before.seconds) * 1e3
     if roofline is not None:
         _add_roofline(result, engine, roofline, m)
     return result

@@ -94,7 +94,12 @@ def render(r: dict[str, Any]) -> None:
             "  speculative",
             f"{sd['accepted_tokens']} of {sd['draft_tokens']} drafts accepted ({sd['acceptance_rate']:.0%}) in "
             f"{sd['verify_steps']} steps: {sd['mean_acceptance_length']:.2f} tokens / step",
-            f"{sd['method']}, k = {sd['num_speculative_tokens']}",
+            f"{sd['method']}, k = {sd['num_speculative_tokens']}"
+            + (
+                f"; the draft: {sd['draft_passes']} passes, {sd['draft_ms']:.1f} ms"
+                if "draft_ms" in sd
+                else ""
+            ),
         )
     kv = r["kv_cache"]
     grew = " -> ".join(str(g["blocks"]) for g in kv["growth"])

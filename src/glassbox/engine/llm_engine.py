@@ -18,7 +18,7 @@ from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.checkpoint import open_checkpoint
 from glassbox.engine.core import Appended, CoreStep, EngineCore
 from glassbox.engine.device import resolve_device
-from glassbox.engine.ngram import NgramProposer
+from glassbox.engine.draft_model import DraftModelProposer, make_proposer, open_draft
 from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence, merge_metrics
@@ -113,13 +113,15 @@ class LLMEngine:
             )
         self.max_model_len = config.max_model_len or limit
         default_batch = 8192 if resolve_device(config.device).type == "cuda" else 2048
-        self.max_num_batched_tokens = config.max_num_batched_tokens or default_batch
+        self.max_num_batched_tokens = batch = config.max_num_batched_tokens or default_batch
+        draft = open_draft(config, self.tokenizer, self.facts, self.max_model_len, batch)  # before the KV
         self.executor = TorchExecutor(
             config,
             None if config.load_format == "dummy" else checkpoint,
             self.facts,
             self.max_model_len,
-            self.max_num_batched_tokens,
+            batch,
+            draft_kv_bytes_per_token=draft.kv_bytes_per_token if draft is not None else 0.0,
         )
         self.model_config = self.executor.model_config
         self.executor.eos_ids = self.tokenizer.eos_token_ids
@@ -136,12 +138,8 @@ class LLMEngine:
             self.executor.kv_dtype,
         )
         self.block_manager = BlockManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
-        sc = config.speculative
-        if sc is not None:
-            k, lo, hi = sc.num_speculative_tokens, sc.prompt_lookup_min, sc.prompt_lookup_max
-            self.scheduler.proposer = NgramProposer(k, lo, hi, self.max_model_len)
-            logger.info("speculative decoding: %s", sc.to_dict())
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, batch)
+        self.scheduler.proposer = make_proposer(config, self.executor, draft, self.max_model_len, batch)
         self.core = EngineCore(
             self.scheduler, self.executor, self.max_model_len, self.tokenizer.eos_token_ids
         )
@@ -386,6 +384,8 @@ class LLMEngine:
     def check_integrity(self) -> None:
         live = list(self.scheduler.running) + list(self.scheduler.waiting)
         self.block_manager.check_integrity(live)
+        if isinstance(self.scheduler.proposer, DraftModelProposer):  # the draft model's pool too
+            self.scheduler.proposer.check_integrity(self.scheduler.running)
 
 
 def _drop_after(seq: Sequence, num_output_tokens: int) -> None:

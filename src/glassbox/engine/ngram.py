@@ -115,3 +115,9 @@ class NgramProposer:
             index = self._index[seq] = _PairIndex()
         index.extend(seq.token_ids)
         return index.drafts(seq.token_ids, self.lookup_min, self.lookup_max, limit)
+
+    def propose_batch(self, asks: list[tuple[Sequence, int]]) -> list[list[int]]:
+        return [self.propose(seq, max_drafts) for seq, max_drafts in asks]
+
+    def release(self, seq: Sequence) -> None:
+        self._index.pop(seq, None)

@@ -41,10 +41,16 @@ class ScheduledSeq:
 
 
 class Proposer(Protocol):
-    """Speculative decoding's draft source (engine/ngram.py; the simulator's scripted one)."""
+    """Speculative decoding's draft source (engine/ngram.py, engine/draft_model.py; the simulator's)."""
 
-    def propose(self, seq: Sequence, max_drafts: int) -> list[int]:
-        """At most ``max_drafts`` tokens guessed to follow ``seq``'s last one ([] for none)."""
+    def propose_batch(self, asks: list[tuple[Sequence, int]]) -> list[list[int]]:
+        """For each (sequence, max_drafts): at most max_drafts tokens guessed to follow the sequence's last
+        one ([] for none), each list a prefix of what a larger max_drafts would give (the scheduler may
+        cut it further). One call per step, so that a draft model runs all its sequences together."""
+        ...
+
+    def release(self, seq: Sequence) -> None:
+        """Forget ``seq`` (finished, aborted or preempted): a draft model frees its blocks."""
         ...
 
 
@@ -112,11 +118,12 @@ class Scheduler:
         bm = self.block_manager
         budget = self.max_num_batched_tokens
         reserve = self._later_needs() if self.proposer is not None else []
+        proposed = self._propose()
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(len(seq) - seq.num_computed_tokens, budget)
-            drafts = self._drafts(seq, budget)
+            drafts = proposed.get(seq.seq_id, [])[: max(0, budget - 1)]
             if drafts:  # only into slots it holds or blocks no later running sequence may need this step
                 spare = max(0, bm.num_free_blocks - reserve[i + 1])
                 room = (len(seq.block_table) + spare) * bm.block_size - seq.num_computed_tokens - 1
@@ -166,23 +173,35 @@ class Scheduler:
             suffix[j] = suffix[j + 1] + max(0, bm.blocks_needed(end) - len(s.block_table))
         return suffix
 
-    def _drafts(self, seq: Sequence, budget: int) -> list[int]:
-        """The proposer's drafts for a decoding sequence (one token after its computed ones), within the
-        budget and the tokens its max_tokens leaves; none for a sequence under a grammar (structured
+    def _propose(self) -> dict[int, list[int]]:
+        """The proposer's drafts for every decoding sequence (one token after its computed ones), asked in
+        one call, each within the tokens its max_tokens leaves and a full budget (the loop in ``schedule``
+        cuts them to the budget left and the blocks); none for a sequence under a grammar (structured
         outputs: its matcher would have to accept each draft in turn; not built)."""
-        if self.proposer is None or seq.grammar is not None or seq.num_output_tokens == 0:
-            return []
-        if seq.num_computed_tokens != len(seq) - 1:
-            return []
-        max_tokens = seq.sampling_params.max_tokens
-        left = (max_tokens if max_tokens is not None else 1 << 30) - seq.num_output_tokens - 1
-        limit = min(budget - 1, left)
-        return self.proposer.propose(seq, limit) if limit > 0 else []
+        if self.proposer is None:
+            return {}
+        asks: list[tuple[Sequence, int]] = []
+        for seq in self.running:
+            if seq.grammar is not None or seq.num_output_tokens == 0:
+                continue
+            if seq.num_computed_tokens != len(seq) - 1:
+                continue
+            max_tokens = seq.sampling_params.max_tokens
+            left = (max_tokens if max_tokens is not None else 1 << 30) - seq.num_output_tokens - 1
+            limit = min(self.max_num_batched_tokens - 1, left)
+            if limit > 0:
+                asks.append((seq, limit))
+        if not asks:
+            return {}
+        drafts = self.proposer.propose_batch(asks)
+        return {seq.seq_id: d for (seq, _), d in zip(asks, drafts, strict=True)}
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Recompute-style preemption: drop the KV, requeue at the front of the waiting queue."""
         self.running.remove(seq)
         self.block_manager.free_seq(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.metrics.preemptions += 1
@@ -212,4 +231,6 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free_seq(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)
         seq.status = SequenceStatus.FINISHED

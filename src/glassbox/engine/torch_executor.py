@@ -9,6 +9,7 @@ CUDA: attention runs the triton kernels over the block tables, decode-only steps
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -64,8 +65,11 @@ class TorchExecutor:
         facts: ModelFacts,
         max_model_len: int,
         max_num_batched_tokens: int,
+        draft_kv_bytes_per_token: float = 0.0,  # a draft model's cache shares the KV budget (draft_model.py)
+        defer_kv: bool = False,  # the draft's own executor: allocate_kv() later
     ) -> None:
         self.config = config
+        self.draft_kv_bytes_per_token = draft_kv_bytes_per_token
         self.facts = facts
         self.model_config = model_config = ModelConfig.from_facts(facts)
         self.device = resolve_device(config.device)
@@ -144,8 +148,22 @@ class TorchExecutor:
                 self.compiled,
                 time.perf_counter() - t0,
             )
-        self.kv_plan = self._plan_kv_cache(max_model_len, max_num_batched_tokens)
-        self.num_kv_blocks = self.kv_plan.num_blocks
+        self.eos_ids: set[int] = set()
+        # the draws of every request without a seed of its own, in one batched call per step
+        self.sample_generator = torch.Generator(device=self.device)
+        self.sample_generator.manual_seed(config.seed)
+        self.graphs: DecodeGraphs | None = None
+        self.kv_bytes_per_token = self.facts.kv_bytes_per_token(
+            kv_element_bytes(dtype_name(self.kv_dtype), self.model_config.head_dim)
+        )
+        if not defer_kv:
+            self.allocate_kv(self._plan_kv_cache(max_model_len, max_num_batched_tokens), max_model_len)
+
+    def allocate_kv(self, plan: KVCachePlan, max_model_len: int) -> None:
+        """Allocate the paged KV cache, bind the CPU kernels to it, capture the CUDA graphs."""
+        self.kv_plan = plan
+        self.num_kv_blocks = plan.num_blocks
+        model_config = self.model_config
         # CUDA: one block more than the BlockManager gets, the scratch block that padded graph rows write
         blocks = self.num_kv_blocks + (1 if self.device.type == "cuda" else 0)
         shape = (2, blocks, self.block_size, model_config.num_kv_heads, self.kv_width)
@@ -161,11 +179,6 @@ class TorchExecutor:
             except ValueError as e:
                 logger.warning("glassbox's CPU kernels cannot run this model (%s): using PyTorch ops", e)
                 self.attn_backend = "torch"
-        self.eos_ids: set[int] = set()
-        # the draws of every request without a seed of its own, in one batched call per step
-        self.sample_generator = torch.Generator(device=self.device)
-        self.sample_generator.manual_seed(config.seed)
-        self.graphs: DecodeGraphs | None = None
         if self.use_graphs:
             self._capture_graphs(max_model_len)
 
@@ -193,9 +206,7 @@ class TorchExecutor:
 
     def _plan_kv_cache(self, max_model_len: int, max_num_batched_tokens: int) -> KVCachePlan:
         cfg = self.config
-        per_token = self.facts.kv_bytes_per_token(
-            kv_element_bytes(dtype_name(self.kv_dtype), self.model_config.head_dim)
-        )
+        per_token = self.kv_bytes_per_token
         per_block = round(per_token * self.block_size)
         if cfg.num_kv_blocks is not None:
             return KVCachePlan(cfg.num_kv_blocks, self.block_size, per_block)
@@ -208,7 +219,9 @@ class TorchExecutor:
             # CPU: a share of the RAM left after the weights, no more than the configured load can use
             useful = per_token * max_model_len * cfg.max_num_seqs
             budget = min(int(available_ram_bytes() * 0.25), 4 * GiB, max(useful, per_block * 64))
-        return plan_kv_cache(budget, per_token, self.block_size)
+        # with a draft model: its cache takes its share, so that both hold as many tokens
+        share = per_token / (per_token + self.draft_kv_bytes_per_token)
+        return plan_kv_cache(budget * share, per_token, self.block_size)
 
     def _cuda_kv_budget(self, max_num_batched_tokens: int) -> int:
         """Device memory x utilization, less the weights and a measured activation peak (on unified
@@ -298,6 +311,20 @@ class TorchExecutor:
         with torch.inference_mode(), block_kernel_rows(not prefills and rows <= KERNEL_ROWS):
             hidden = self.forward(ids, pos, self.kv_caches, meta)
             return plan.sample(self.model.compute_logits, hidden, self.eos_ids, self.sample_generator)
+
+    def last_logits(self, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq]) -> torch.Tensor:
+        """Compute ``decodes`` as decode rows and ``prefills`` as prompt chunks (their K/V written to the
+        cache) and return the logits of each one's last row, in that order (a draft model's passes)."""
+        ordered = decodes + prefills
+        ids, pos, slots = self._flatten(ordered)
+        meta = self._metadata(decodes, prefills, slots)
+        last = list(itertools.accumulate(s.num_new_tokens for s in ordered))
+        rows = last[len(decodes) - 1] if decodes else 0
+        with torch.inference_mode(), block_kernel_rows(not prefills and rows <= KERNEL_ROWS):
+            hidden = self.forward(ids, pos, self.kv_caches, meta)
+            if len(last) < hidden.shape[0]:
+                hidden = hidden.index_select(0, to_device([i - 1 for i in last], torch.long, self.device))
+            return self.model.compute_logits(hidden)
 
     def _execute_graph(self, decodes: list[ScheduledSeq]) -> DevicePendingStep:
         """A decode-only step on the captured graphs (CUDA)."""

@@ -89,7 +89,13 @@ def concurrency_rows(req: PlanRequest, s: Setup, memory: MemoryPlan) -> list[dic
             continue
         settings, slots = prepared
         sim = simulate(
-            _step_fn(req, s), settings, req.prompt_tokens, req.output_tokens, max(3 * c, 8), concurrency=c
+            _step_fn(req, s),
+            settings,
+            req.prompt_tokens,
+            req.output_tokens,
+            max(3 * c, 8),
+            concurrency=c,
+            draft_time=s.draft_time_fn(req.spec_tokens),
         )
         row = {
             "concurrency": c,
@@ -111,7 +117,13 @@ def rate_rows(req: PlanRequest, s: Setup, memory: MemoryPlan) -> list[dict[str, 
             continue
         settings, _ = prepared
         sim = simulate(
-            _step_fn(req, s), settings, req.prompt_tokens, req.output_tokens, RATE_REQUESTS, rate=rate
+            _step_fn(req, s),
+            settings,
+            req.prompt_tokens,
+            req.output_tokens,
+            RATE_REQUESTS,
+            rate=rate,
+            draft_time=s.draft_time_fn(req.spec_tokens),
         )
         served = len(sim.requests) / sim.duration_s if sim.duration_s > 0 else 0.0
         arrivals = [r.arrival for r in sim.requests]

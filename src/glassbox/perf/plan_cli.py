@@ -54,6 +54,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="speculative decoding: the chance that each draft is accepted (given the ones before it)",
     )
+    p.add_argument(
+        "--draft-model",
+        default=None,
+        help="speculative decoding: the drafts come from this model (preset or path), whose passes each "
+        "step also pays (default: n-gram drafts, free)",
+    )
+    p.add_argument("--draft-quant", default="native", help="the draft model's weight format (as --quant)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
@@ -87,6 +94,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         kv_cache_dtype=args.kv_cache_dtype,
         spec_tokens=args.spec_tokens,
         acceptance_rate=args.acceptance_rate,
+        draft_model=args.draft_model,
+        draft_quant=args.draft_quant,
     )
 
 
@@ -165,7 +174,8 @@ def render(result: dict[str, Any]) -> None:
             _fmt(spec["tok_s"], 1),
             "",
             f"x{spec['speedup']:.2f}" if spec["speedup"] else "",
-            f"{spec['bound']}, {spec['tokens_per_step']:.2f} tokens / step",
+            f"{spec['bound']}, {spec['tokens_per_step']:.2f} tokens / step"
+            + (f", draft {spec['draft_s'] / spec['step_s']:.0%} of it" if spec["draft_s"] else ""),
         )
     s.add_row("TTFT s", _fmt(result["ttft_s"], 3), "", "", "prefill + request overhead")
     console.print(s)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from glassbox.models.facts import ModelFacts
@@ -33,6 +33,8 @@ class PlanRequest:
     kv_cache_dtype: str = "auto"
     spec_tokens: int = 0  # speculative decoding: drafts verified per decode step (0: off)
     acceptance_rate: float | None = None  # the chance that each draft is accepted, given the ones before
+    draft_model: str | None = None  # drafts from this model (k passes a step), not n-gram lookup
+    draft_quant: str = "native"
 
     def __post_init__(self) -> None:
         if not 0 <= self.spec_tokens <= 32:
@@ -44,6 +46,8 @@ class PlanRequest:
                 raise ValueError("--acceptance-rate needs --spec-tokens >= 1")
             if not 0.0 <= self.acceptance_rate <= 1.0:  # also rejects NaN
                 raise ValueError(f"--acceptance-rate must be in [0, 1], got {self.acceptance_rate}")
+        if self.draft_model is not None and not self.spec_tokens:
+            raise ValueError("--draft-model needs --spec-tokens and --acceptance-rate")
         if self.prompt_tokens < 1:
             raise ValueError(f"--prompt-tokens must be >= 1, got {self.prompt_tokens}")
         if self.output_tokens < 1:
@@ -71,6 +75,7 @@ class Setup:
     hw: HardwareSpec
     engine: EngineProfile
     kv_bytes: float  # per K/V element
+    draft: Setup | None = None  # speculative decoding's draft model (--draft-model), on the same hardware
 
     def prefill(self, req: PlanRequest, engine: EngineProfile | None = None) -> PhaseCost:
         eng = engine or self.engine
@@ -84,6 +89,14 @@ class Setup:
             step_time, self.facts, self.scheme, self.hw, self.engine, kv_bytes_per_element=self.kv_bytes
         )
 
+    def draft_time_fn(self, k: int) -> Callable[[Sequence[tuple[int, int]]], float] | None:
+        """What a step's proposals cost with a draft model: ``k`` of its decode passes over the proposing
+        sequences, [(1, context), ...] (None without a draft model)."""
+        if self.draft is None:
+            return None
+        one = self.draft.step_time_fn()
+        return lambda batch: k * one(batch)
+
 
 def resolve(req: PlanRequest) -> Setup:
     facts = load_model_facts(req.model)
@@ -91,4 +104,9 @@ def resolve(req: PlanRequest) -> Setup:
     engine = get_engine(req.engine)
     scheme = resolve_scheme(req.quant, facts.native_quant, facts.dtype, engine.gguf, engine.mixed_rest_format)
     row_scales = facts.head_dim if engine.kv_row_scales else None
-    return Setup(facts, scheme, hw, engine, kv_bytes_per_element(req.kv_cache_dtype, facts.dtype, row_scales))
+    draft = None
+    if req.draft_model is not None:
+        plain = replace(req, spec_tokens=0, acceptance_rate=None, draft_model=None)
+        draft = resolve(replace(plain, model=req.draft_model, quant=req.draft_quant))
+    kv_bytes = kv_bytes_per_element(req.kv_cache_dtype, facts.dtype, row_scales)
+    return Setup(facts, scheme, hw, engine, kv_bytes, draft)

@@ -80,13 +80,21 @@ class SimulatedExecutor:
 
 @dataclass
 class DraftProposer:
-    """The simulator's proposer: ``k`` placeholder drafts for every decoding sequence (as many as fit)."""
+    """The simulator's proposer: ``k`` placeholder drafts for every decoding sequence (as many as fit). With
+    ``draft_time`` (a draft model's passes over [(1, context)] rows) proposing takes that long on ``clock``."""
 
     k: int
     max_model_len: int
+    draft_time: StepTimeFn | None = None
+    clock: VirtualClock | None = None
 
-    def propose(self, seq: EngineSequence, max_drafts: int) -> list[int]:
-        return [PLACEHOLDER_TOKEN] * max(0, min(self.k, max_drafts, self.max_model_len - len(seq)))
+    def propose_batch(self, asks: list[tuple[EngineSequence, int]]) -> list[list[int]]:
+        if self.draft_time is not None and self.clock is not None:
+            self.clock.now += self.draft_time([(1, len(s) - 1) for s, _ in asks])
+        return [[PLACEHOLDER_TOKEN] * max(0, min(self.k, n, self.max_model_len - len(s))) for s, n in asks]
+
+    def release(self, seq: EngineSequence) -> None:
+        pass
 
 
 @dataclass
@@ -160,6 +168,7 @@ def run_requests(
     eos_token_ids: frozenset[int] = frozenset(),
     record: bool = False,
     max_steps: int = 2_000_000,
+    draft_time: StepTimeFn | None = None,
 ) -> SimResult:
     """Simulate ``specs`` through the engine's core: closed loop (``concurrency`` users, each sending the
     next spec when its request ends) or open loop (each spec arrives at its ``arrival``)."""
@@ -167,7 +176,7 @@ def run_requests(
     bm = BlockManager(settings.num_kv_blocks, settings.block_size, settings.enable_prefix_caching)
     sched = Scheduler(bm, settings.max_num_seqs, settings.max_num_batched_tokens, clock=clock)
     if settings.spec_tokens > 0:
-        sched.proposer = DraftProposer(settings.spec_tokens, settings.max_model_len)
+        sched.proposer = DraftProposer(settings.spec_tokens, settings.max_model_len, draft_time, clock)
     ex = SimulatedExecutor(step_time, clock, settings.acceptance_rate)
     core = EngineCore(sched, ex, settings.max_model_len, set(eos_token_ids), clock=clock)
     if record:
@@ -245,8 +254,10 @@ def simulate(
     shared_prefix_tokens: int = 0,
     seed: int = 0,
     max_steps: int = 2_000_000,
+    draft_time: StepTimeFn | None = None,
 ) -> SimResult:
-    """Run ``num_requests`` identical-shape requests closed-loop at ``concurrency`` or Poisson at ``rate``/s."""
+    """Run ``num_requests`` identical-shape requests closed-loop at ``concurrency`` or Poisson at ``rate``/s
+    (``draft_time``: a draft model's cost per step of proposals, perf/plan_request.Setup.draft_time_fn)."""
     if (concurrency is None) == (rate is None):
         raise ValueError("simulate() needs exactly one of concurrency or rate")
     if concurrency is not None and concurrency < 1:
@@ -268,7 +279,7 @@ def simulate(
             arrivals[i] = t
     params = SamplingParams(max_tokens=output_tokens, ignore_eos=True)
     specs = [SimRequestSpec(_prompt(rng, prompt_tokens, prefix), params, at) for at in arrivals]
-    return run_requests(specs, step_time, settings, concurrency, max_steps=max_steps)
+    return run_requests(specs, step_time, settings, concurrency, max_steps=max_steps, draft_time=draft_time)
 
 
 def percentile(values: list[float], q: float) -> float:

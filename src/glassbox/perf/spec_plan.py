@@ -4,7 +4,9 @@ probability a (given the ones before it), does to one request's decode speed.
 A verification step reads the weights once and runs k + 1 query rows (the last token and the drafts, LM
 head included); it yields the accepted drafts plus the token drawn after them, on average
 sum_{i=0..k} a^i = (1 - a^(k+1)) / (1 - a) tokens (k + 1 at a = 1). The concurrency and rate rows get the
-same steps from the simulator (perf/simulator.py ``DraftProposer``), which draws each acceptance.
+same steps from the simulator (perf/simulator.py ``DraftProposer``), which draws each acceptance. With a
+draft model (``--draft-model``) a step also pays k of the draft's own decode passes, one row each (its
+catch-up of one or two tokens, then k - 1 proposals), as engine/draft_model.py runs them.
 """
 
 from __future__ import annotations
@@ -39,12 +41,16 @@ def speculative_row(s: Setup, req: PlanRequest, plain_tok_s: float) -> dict[str,
     step_s = sum(c.seconds for c in costs) / len(costs)
     memory_s = sum(c.memory_s for c in costs)
     compute_s = sum(c.compute_s for c in costs)
+    draft = s.draft_time_fn(k)
+    draft_s = sum(draft([(1, round(c))]) for c in samples) / len(samples) if draft is not None else 0.0
+    step_s += draft_s
     tok_s = per_step / step_s
     return {
         "spec_tokens": k,
         "acceptance_rate": a,
         "tokens_per_step": round(per_step, 4),
         "step_s": round(step_s, 6),
+        "draft_s": round(draft_s, 6),  # of step_s: the draft model's passes (0 for n-gram drafts)
         "tok_s": round(tok_s, 2),
         "speedup": round(tok_s / plain_tok_s, 3) if plain_tok_s > 0 else None,
         "bound": "memory" if memory_s >= compute_s else "compute",
