@@ -1,6 +1,7 @@
 """`glassbox bench` against two real servers on the same weights: glassbox and llama.cpp's server.
 
-It exports the bundled demo model (or --model DIR) to GGUF, starts `glassbox serve` and
+It exports the bundled demo model (or --model DIR) to GGUF (a --model FILE.gguf is served as it is by
+both), starts `glassbox serve` and
 `python -m llama_cpp.server` (from `pip install 'llama-cpp-python[server]'`) on this machine, runs the
 same closed-loop workload against each with `glassbox bench --json`, and writes
 benchmarks/results/bench-peers-<date>.json with both runs side by side.
@@ -108,7 +109,7 @@ def main() -> int:
     args = ap.parse_args()
     work = RESULTS.parent / ".peer-work"
     work.mkdir(exist_ok=True)
-    gguf = work / f"{args.model.name}.gguf"
+    gguf = args.model if args.model.suffix == ".gguf" else work / f"{args.model.name}.gguf"
     if not gguf.is_file():
         export_gguf(args.model, gguf)
     c_max = max(int(c) for c in args.concurrency.split(","))

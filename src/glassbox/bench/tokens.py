@@ -93,14 +93,19 @@ class ServerTokenCounter:
 
 
 class LocalTokenCounter:
-    """Counts with a local Hugging Face tokenizer directory (--tokenizer DIR)."""
+    """Counts with a local Hugging Face tokenizer directory or a GGUF file's vocabulary (--tokenizer)."""
 
     source = "local"
 
     def __init__(self, path: str | Path) -> None:
         from glassbox.tokenizer import Tokenizer
 
-        self.tokenizer = Tokenizer.from_dir(path)
+        if str(path).endswith(".gguf"):
+            from glassbox.tokenizer.gguf_tokenizer import tokenizer_from_gguf_path
+
+            self.tokenizer = tokenizer_from_gguf_path(path)
+        else:
+            self.tokenizer = Tokenizer.from_dir(path)
 
     def count(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
