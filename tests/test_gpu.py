@@ -480,3 +480,37 @@ def test_speculative_decoding_on_the_triton_path(tiny_root: Path, graphs: bool) 
     assert got == ref
     assert accepted > 0
     assert (max(drafts_on_graphs, default=0) > 0) == graphs
+
+
+@needs_triton
+def test_prompt_logprobs_on_the_triton_path(tiny_root: Path) -> None:
+    """Prompt logprobs on the triton kernels (chunked prefill beside decode steps on the graph runner, and a
+    second identical request the prefix cache would serve): transformers' log_softmax of the prompt's logits."""
+    from transformers import AutoModelForCausalLM
+
+    d = build_tiny_model("llama", tiny_root)
+    rnd = random.Random(7)
+    prompts = [[rnd.randrange(3, 400) for _ in range(n)] for n in (41, 23)]
+    ref_model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    with torch.no_grad():
+        refs = [ref_model(torch.tensor([p])).logits[0].log_softmax(dim=-1) for p in prompts]
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=2)
+
+    def use(llm: LLM) -> list[Any]:
+        if INTERPRET:
+            _use_triton(llm, graphs=True)
+        outs = [llm.generate(prompts, sp) for _ in range(2)]
+        llm.engine.check_integrity()
+        return [o for round_ in outs for o in round_]
+
+    kw: dict[str, Any] = dict(
+        dtype="float32", device=DEV, max_num_seqs=4, max_num_batched_tokens=16, block_size=8
+    )
+    outs = with_engine(d, use, **kw)
+    for out, prompt, ref in zip(outs, prompts * 2, refs * 2, strict=True):
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+        for i in range(1, len(prompt)):
+            row, entry = ref[i - 1], out.prompt_logprobs[i]
+            assert set(row.topk(2).indices.tolist()) <= set(entry)
+            for t, v in entry.items():
+                assert v == pytest.approx(row[t].item(), abs=2e-4), (i, t)

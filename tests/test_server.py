@@ -292,7 +292,7 @@ BAD: list[tuple[str, Any, int, str | None]] = [
     ("/v1/completions", {"prompt": "hi", "stop_token_ids": [-1]}, 400, "stop_token_ids[0]"),
     ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": -101}}, 400, "logit_bias"),
-    ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 0}, 400, "echo"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),  # 0 only with echo
     ("/v1/completions", {"prompt": "hi", "model": "no-such-model"}, 404, "model"),
     ("/v1/completions", "{not json", 400, None),
     ("/v1/completions", '{"prompt": "hi", "temperature": NaN}', 400, "temperature"),

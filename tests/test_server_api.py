@@ -233,7 +233,7 @@ RAW_BAD: list[tuple[str, str, int, str | None, str | None]] = [
     ("/v1/completions", '{"prompt": "hi", "logit_bias": {"five": 1}}', 400, "logit_bias", "invalid_value"),
     ("/v1/completions", '{"prompt": "hi", "logit_bias": {"5": 100.5}}', 400, "logit_bias", "invalid_value"),
     ("/v1/completions", '{"prompt": "hi", "logit_bias": {"512": 1}}', 400, "logit_bias", "invalid_value"),
-    ("/v1/completions", '{"prompt": "hi", "echo": true, "logprobs": 1}', 400, "echo", "unsupported_value"),
+    ("/v1/completions", '{"prompt": "hi", "max_tokens": 0}', 400, "max_tokens", "invalid_value"),
     ("/v1/completions", '{"prompt": "hi", "model": "gpt-4"}', 404, "model", "model_not_found"),
     (
         "/v1/chat/completions",

@@ -193,11 +193,12 @@ REGEX = r"[A-Z]{2,4}-[0-9]{1,3}(-(red|green|blue))?"
 CHOICES = ["yes", "no", "maybe later"]
 GBNF = 'root ::= greeting " " name\ngreeting ::= "hello" | "hi"\nname ::= [a-z] [a-z]? [a-z]?'
 LARK = 'start: "(" num ("," num)? ")"\nnum: /[0-9]{1,2}/'
+RUNS = 8  # regex and choice requests each (seeds 0..7), and one more of each below
 
 
 def test_regex_choice_and_grammars_always_match(http: httpx.Client) -> None:
     calls: list[tuple[str, dict[str, Any]]] = []
-    for i in range(4):
+    for i in range(RUNS):
         common = {"prompt": "value = ", "temperature": 1.0, "max_tokens": 40, "seed": i}
         calls.append(("/v1/completions", {**common, "guided_regex": REGEX}))
         calls.append(("/v1/completions", {**common, "structured_outputs": {"choice": CHOICES}}))
@@ -211,17 +212,17 @@ def test_regex_choice_and_grammars_always_match(http: httpx.Client) -> None:
     stopped = {"prompt": "v", "guided_regex": REGEX, "stop": ["-"], "temperature": 1.0, "max_tokens": 40}
     calls.append(("/v1/completions", stopped))  # a stop string inside the match cuts it as usual
     answers = _post_all(http, calls)
-    text, finish = _texts(answers[11])[0]
+    text, finish = _texts(answers[2 * RUNS + 3])[0]
     assert re.fullmatch("[A-Z]{2,4}", text) and finish == "stop", text
-    for r, (_, body) in zip(answers[:8], calls[:8], strict=True):
+    for r, (_, body) in zip(answers[: 2 * RUNS], calls[: 2 * RUNS], strict=True):
         ((text, finish),) = _texts(r)
         assert finish == "stop"
         if "guided_regex" in body:
             assert re.fullmatch(REGEX, text), text
         else:
             assert text in CHOICES
-    assert _texts(answers[8])[0] in [(c, "stop") for c in CHOICES]
-    gbnf, lark = _texts(answers[9])[0], _texts(answers[10])[0]
+    assert _texts(answers[2 * RUNS])[0] in [(c, "stop") for c in CHOICES]
+    gbnf, lark = _texts(answers[2 * RUNS + 1])[0], _texts(answers[2 * RUNS + 2])[0]
     assert re.fullmatch(r"(hello|hi) [a-z]{1,3}", gbnf[0]) and gbnf[1] == "stop", gbnf
     assert re.fullmatch(r"\([0-9]{1,2}(,[0-9]{1,2})?\)", lark[0]) and lark[1] == "stop", lark
 

@@ -130,6 +130,11 @@ class RequestOutput:
     finished: bool = False
     metrics: RequestMetrics | None = None
     error: str | None = None
+    # SamplingParams.prompt_logprobs: per prompt token {token_id: logprob} (the top N and the prompt's own
+    # token), None for the first; ``prompt_ranks`` each prompt token's rank (1 = the most likely). Set
+    # once complete (when the first token is sampled), else None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_ranks: list[int | None] | None = None
 
     # Shortcuts to the first continuation (the common n=1 case).
     @property

@@ -35,6 +35,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs besides the chosen token
+    # vLLM's: each prompt token's logprob given the tokens before it, with this many top logprobs besides
+    # (RequestOutput.prompt_logprobs; the first token has None); such a request skips the prefix cache
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputs | None = None  # a JSON schema, regex, choice or grammar to follow
     # added to the token's logit before temperature, top-k/top-p/min-p and greedy's argmax (after penalties)
@@ -71,6 +74,8 @@ class SamplingParams:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ValueError("stop must be a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):

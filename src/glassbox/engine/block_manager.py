@@ -65,9 +65,10 @@ class BlockManager:
         """Cached block ids and hashes for the leading full blocks of ``seq``.
 
         Only blocks that end before the last token are eligible: at least one token must be computed
-        so that the model produces logits for it.
+        so that the model produces logits for it. A sequence still owed prompt logprobs gets none: their
+        positions must be computed (as vLLM skips the lookup for such requests).
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or seq.needs_prompt_logprobs:
             return [], []
         ids: list[int] = []
         hashes: list[int] = []

@@ -322,7 +322,7 @@ class LLMEngine:
         emit, matched = st.stops.feed(delta)
         st.text += emit
         if matched is not None and e.num_output_tokens >= seq.sampling_params.min_tokens:
-            _drop_after(seq, e.num_output_tokens)  # a speculative step may have appended tokens past it
+            seq.drop_after(e.num_output_tokens)  # a speculative step may have appended tokens past it
             self._finish(seq, "stop", matched)
         elif e.ended is not None:
             emit, matched = st.stops.feed(st.detok.flush())
@@ -370,7 +370,12 @@ class LLMEngine:
         metrics = req.states[0].seq.metrics if finished else None
         if finished and len(req.states) > 1:
             metrics = merge_metrics([st.seq.metrics for st in req.states], shared_prompt=True)
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished, metrics)
+        out = RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished, metrics)
+        for st in req.states:  # complete lists are no longer written to: shared, not copied
+            if st.seq.prompt_logprobs is not None and not st.seq.needs_prompt_logprobs:
+                out.prompt_logprobs, out.prompt_ranks = st.seq.prompt_logprobs, st.seq.prompt_ranks
+                break
+        return out
 
     # -- introspection -------------------------------------------------------
     @property
@@ -386,14 +391,3 @@ class LLMEngine:
         self.block_manager.check_integrity(live)
         if isinstance(self.scheduler.proposer, DraftModelProposer):  # the draft model's pool too
             self.scheduler.proposer.check_integrity(self.scheduler.running)
-
-
-def _drop_after(seq: Sequence, num_output_tokens: int) -> None:
-    """Cut a finished sequence's tokens (and their logprobs and times) after its first
-    ``num_output_tokens`` outputs."""
-    end = len(seq.prompt_token_ids) + num_output_tokens
-    if len(seq.token_ids) > end:
-        del seq.token_ids[end:]
-        if seq.logprobs is not None:
-            del seq.logprobs[num_output_tokens:]
-        del seq.metrics.token_times[num_output_tokens:]

@@ -146,6 +146,11 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if sampling_params.logprobs is not None else None
+        # prompt logprobs (vLLM's): an entry per prompt token, None for the first; filled as the prefill
+        # computes them (engine/prompt_logprobs.py), with each prompt token's rank in the vocabulary
+        want = sampling_params.prompt_logprobs is not None
+        self.prompt_logprobs: list[dict[int, float] | None] | None = [None] if want else None
+        self.prompt_ranks: list[int | None] | None = [None] if want else None
         self.generator: torch.Generator | None = None
         self.grammar: GrammarState | None = None  # structured outputs: this sequence's matcher
         now = time.perf_counter() if arrival_time is None else arrival_time
@@ -166,11 +171,25 @@ class Sequence:
         return self.token_ids[len(self.prompt_token_ids) :]
 
     @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Whether prompt positions still owe their logprobs: they must be computed (no prefix cache)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
+
+    @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def drop_after(self, num_output_tokens: int) -> None:
+        """Cut the tokens (and their logprobs and times) after the first ``num_output_tokens`` outputs."""
+        end = len(self.prompt_token_ids) + num_output_tokens
+        if len(self.token_ids) > end:
+            del self.token_ids[end:]
+            if self.logprobs is not None:
+                del self.logprobs[num_output_tokens:]
+            del self.metrics.token_times[num_output_tokens:]
 
     def finish(
         self, reason: str, stop_reason: int | str | None, now: float, detokenize_s: float = 0.0

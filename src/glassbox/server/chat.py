@@ -84,7 +84,8 @@ async def create_chat_completion(
         raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
     k = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    plan = plan_chat(state, req, with_structured_outputs(state, req, sampling_params(req, max_tokens, k)))
+    params = sampling_params(req, max_tokens, k, req.prompt_logprobs)
+    plan = plan_chat(state, req, with_structured_outputs(state, req, params))
     base = plan.params
     t0 = time.perf_counter()
     text = render_chat(state.tokenizer, req.messages, *chat_flags(req), **plan.template_kwargs)
@@ -166,4 +167,6 @@ async def create_chat_completion(
         "usage": usage(job, [final]),
         "metrics": anatomy([final]),
     }
+    if req.prompt_logprobs is not None:  # vLLM's field
+        body["prompt_logprobs"] = state.logprobs.prompt_vllm(final, req.prompt_logprobs)
     return JSONResponse(body)

@@ -11,7 +11,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
-from glassbox.outputs import RequestOutput
+from glassbox.outputs import CompletionOutput, RequestOutput
 from glassbox.server.errors import bad_request, unsupported
 from glassbox.server.generation import (
     anatomy,
@@ -35,7 +35,13 @@ class _Cursor:
     text_len: int = 0
     tokens: int = 0
     text_offset: int = 0
+    echoed: bool = False
     done: bool = False
+
+
+def _joined(first: dict[str, list[Any]], then: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Two completions logprobs objects as one (the prompt's, then the generated tokens')."""
+    return {key: first[key] + then[key] for key in first}
 
 
 def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -58,18 +64,20 @@ def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
     state.check_model(req.model)
-    if req.echo and req.logprobs is not None:
-        raise unsupported(
-            "echo with logprobs is not supported: it needs the prompt's logprobs, which the engine does not "
-            "compute; use echo or logprobs alone",
-            "echo",
-            "unsupported_value",
-        )
     if req.suffix:
         raise unsupported("suffix is not supported", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of ({req.best_of}) must equal n ({req.n}) or be omitted", "best_of")
-    base = with_structured_outputs(state, req, sampling_params(req, req.max_tokens, req.logprobs))
+    if req.max_tokens == 0 and not req.echo:
+        raise bad_request("max_tokens must be at least 1 (0 only with echo: the prompt alone)", "max_tokens")
+    echo_only = req.max_tokens == 0  # OpenAI's scoring call: the prompt and its logprobs, nothing generated
+    max_tokens = 1 if echo_only else req.max_tokens
+    k = req.logprobs
+    # echo with logprobs: the prompt tokens' logprobs lead each choice's (OpenAI's legacy completions)
+    echo_k = k if req.echo else None
+    prompt_k = req.prompt_logprobs if echo_k is None else max(echo_k, req.prompt_logprobs or 0)
+    params = sampling_params(req, max_tokens, None if echo_only else k, prompt_k)
+    base = with_structured_outputs(state, req, params)
     prompts: list[list[int]] = []
     tokenize_s: list[float] = []
     items = _prompt_list(req.prompt)
@@ -77,7 +85,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         t0 = time.perf_counter()
         prompts.append(state.tokenizer.encode(item) if isinstance(item, str) else list(item))
         tokenize_s.append(time.perf_counter() - t0)
-    job = prepare(state, state.new_id("cmpl"), prompts, tokenize_s, base, req.max_tokens, "prompt")
+    job = prepare(state, state.new_id("cmpl"), prompts, tokenize_s, base, max_tokens, "prompt")
+    job.discard_outputs = echo_only
     # echo: each choice's text starts with its prompt's (token ids decoded verbatim)
     echo = [
         (item if isinstance(item, str) else state.tokenizer.decode(item, skip_special_tokens=False))
@@ -86,7 +95,6 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         for item in items
     ]
     submit(state, job)
-    k = req.logprobs
     head = {
         "id": job.id,
         "object": "text_completion",
@@ -94,6 +102,15 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         "model": job.model,
         "system_fingerprint": state.fingerprint,
     }
+
+    def prompt_part(out: RequestOutput) -> dict[str, list[Any]] | None:
+        if echo_k is None or out.prompt_logprobs is None:
+            return None
+        return state.logprobs.completion(out.prompt_token_ids, out.prompt_logprobs, echo_k)
+
+    def reason(o: CompletionOutput) -> str | None:
+        return "length" if echo_only and o.finish_reason is not None else o.finish_reason
+
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         cursors = [_Cursor() for _ in range(len(prompts) * job.n)]
@@ -105,34 +122,31 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
                 c = cursors[index]
                 if c.done:
                     continue
-                text = o.text[c.text_len :]
-                logprobs = None
-                if k is not None and o.logprobs is not None:
-                    logprobs = state.logprobs.completion(
-                        o.token_ids[c.tokens :], o.logprobs[c.tokens :], k, c.text_offset
-                    )
+                text, logprobs = "", None
+                if not c.echoed:  # the prompt leads the choice's first chunk
+                    c.echoed = True
+                    text, logprobs = echo[i], prompt_part(out)
+                    if logprobs is not None:
+                        c.text_offset = sum(len(t) for t in logprobs["tokens"])
+                if not echo_only:
+                    text += o.text[c.text_len :]
+                    if k is not None and o.logprobs is not None:
+                        new = state.logprobs.completion(
+                            o.token_ids[c.tokens :], o.logprobs[c.tokens :], k, c.text_offset
+                        )
+                        c.text_offset += sum(len(t) for t in new["tokens"])
+                        logprobs = new if logprobs is None else _joined(logprobs, new)
                 if text or (logprobs and logprobs["tokens"]):
                     choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
                     chunks.append({**head, "choices": [choice]})
-                if logprobs is not None:
-                    c.text_offset += sum(len(t) for t in logprobs["tokens"])
                 c.text_len, c.tokens, c.done = len(o.text), o.num_tokens, o.finish_reason is not None
                 if c.done and o.finish_reason != "abort":
-                    chunks.append(finish_chunk(head, index, {"text": ""}, o))
+                    chunk = finish_chunk(head, index, {"text": ""}, o)
+                    chunk["choices"][0]["finish_reason"] = reason(o)
+                    chunks.append(chunk)
             return chunks
 
-        first = [
-            {
-                **head,
-                "choices": [
-                    {"index": i * job.n + j, "text": echo[i], "logprobs": None, "finish_reason": None}
-                ],
-            }
-            for i in range(len(prompts))
-            for j in range(job.n)
-            if echo[i]
-        ]
-        events = stream_events(job, request, first, chunks_for, head, include_usage)
+        events = stream_events(job, request, [], chunks_for, head, include_usage)
         # the background task also runs when the client left before the stream began
         return StreamingResponse(
             events, media_type="text/event-stream", background=BackgroundTask(job.abort_unfinished)
@@ -141,18 +155,22 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     finals = await collect(job, request)
     choices: list[dict[str, Any]] = []
     for i, final in enumerate(finals):
+        lead = prompt_part(final)
+        offset = 0 if lead is None else sum(len(t) for t in lead["tokens"])
         for o in final.outputs:
-            logprobs = None
-            if k is not None and o.logprobs is not None:
-                logprobs = state.logprobs.completion(o.token_ids, o.logprobs, k)
-            choices.append(
-                {
-                    "index": i * job.n + o.index,
-                    "text": echo[i] + o.text,
-                    "logprobs": logprobs,
-                    "finish_reason": o.finish_reason,
-                    "stop_reason": o.stop_reason,
-                }
-            )
+            logprobs = lead
+            if not echo_only and k is not None and o.logprobs is not None:
+                new = state.logprobs.completion(o.token_ids, o.logprobs, k, offset)
+                logprobs = new if lead is None else _joined(lead, new)
+            choice = {
+                "index": i * job.n + o.index,
+                "text": echo[i] + ("" if echo_only else o.text),
+                "logprobs": logprobs,
+                "finish_reason": reason(o),
+                "stop_reason": None if echo_only else o.stop_reason,
+            }
+            if req.prompt_logprobs is not None:  # vLLM's field
+                choice["prompt_logprobs"] = state.logprobs.prompt_vllm(final, req.prompt_logprobs)
+            choices.append(choice)
     choices.sort(key=lambda c: c["index"])
     return JSONResponse({**head, "choices": choices, "usage": usage(job, finals), "metrics": anatomy(finals)})

@@ -35,10 +35,15 @@ _PARAM_NAMES = set(SamplingFields.model_fields) | {
 }
 
 
-def sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    """SamplingParams from the request's fields; 400 naming the parameter when a value is invalid."""
+def sampling_params(
+    req: SamplingFields, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+) -> SamplingParams:
+    """SamplingParams from the request's fields; 400 naming the parameter when a value is invalid.
+    ``prompt_logprobs``: the engine's (the request's own, or completions' echo with logprobs)."""
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    if req.prompt_logprobs is not None and req.stream:  # vLLM's rule: the field has no place in a chunk
+        raise bad_request("prompt_logprobs is not available with stream: true", "prompt_logprobs")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     kwargs: dict[str, Any] = dict(
         n=req.n,
@@ -48,6 +53,7 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int |
         stop_token_ids=list(req.stop_token_ids or []),
         seed=req.seed,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         ignore_eos=req.ignore_eos,
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
@@ -100,6 +106,7 @@ class Job:
     tokenize_s: list[float]
     created: int = field(default_factory=lambda: int(time.time()))
     streams: list[RequestStream] = field(default_factory=list)
+    discard_outputs: bool = False  # completions' echo with max_tokens 0: the one token drawn is not sent
 
     @property
     def n(self) -> int:
@@ -312,7 +319,7 @@ def _with_usage(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any]:
 
 def usage(job: Job, finals: list[RequestOutput]) -> dict[str, Any]:
     prompt = sum(len(p) for p in job.prompts)
-    completion = sum(len(o.token_ids) for r in finals for o in r.outputs)
+    completion = 0 if job.discard_outputs else sum(len(o.token_ids) for r in finals for o in r.outputs)
     cached = sum(r.metrics.cached_prompt_tokens for r in finals if r.metrics is not None)
     return {
         "prompt_tokens": prompt,

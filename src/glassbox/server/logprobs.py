@@ -5,6 +5,9 @@ N most likely tokens and the sampled one (up to N + 1 entries; N = 0 gives the s
 OpenAI's legacy API and vLLM answer.
 Chat: ``{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}``; ``top_logprobs``
 holds exactly the N most likely tokens, as OpenAI's chat API defines it (the sampled one only if among them).
+Prompt logprobs (completions ``echo`` with ``logprobs``) take the completions format, the first prompt token
+with null ``token_logprobs`` and ``top_logprobs`` (nothing precedes it), as OpenAI's legacy API; vLLM's
+``prompt_logprobs`` field is a list of ``{"token id": {logprob, rank, decoded_token}}`` (null first).
 The engine's dict for a token holds the top-N plus the chosen token (N + 1 entries when the chosen one is
 not among the top N), so the top N are the N largest values.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from glassbox.outputs import RequestOutput
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 
@@ -76,31 +80,61 @@ class LogprobFormatter:
         return sorted(entry.items(), key=lambda kv: -kv[1])[:k] if k > 0 else []
 
     def completion(
-        self, token_ids: list[int], logprobs: list[dict[int, float]], k: int, text_offset: int = 0
+        self,
+        token_ids: list[int],
+        logprobs: list[dict[int, float]] | list[dict[int, float] | None],
+        k: int,
+        text_offset: int = 0,
     ) -> dict[str, Any]:
-        """Completions format for ``token_ids`` (offsets start at ``text_offset``)."""
+        """Completions format for ``token_ids`` (offsets start at ``text_offset``; a None entry, the first
+        prompt token's, gives null logprobs)."""
         tokens: list[str] = []
         token_logprobs: list[float | None] = []
         top: list[dict[str, float] | None] = []
         offsets: list[int] = []
         for tid, entry in zip(token_ids, logprobs, strict=False):
             text = self.text(tid)
-            chosen = _finite(entry.get(tid))
             tokens.append(text)
+            offsets.append(text_offset)
+            text_offset += len(text)
+            if entry is None:
+                token_logprobs.append(None)
+                top.append(None)
+                continue
+            chosen = _finite(entry.get(tid))
             token_logprobs.append(chosen)
             best: dict[str, float] = {}
             for t, lp in self._top(entry, k):  # tokens with the same text (e.g. U+FFFD) keep the best value
                 best.setdefault(self.text(t), _finite(lp))
             best.setdefault(text, chosen)  # the sampled token, when not among the top k
             top.append(best)
-            offsets.append(text_offset)
-            text_offset += len(text)
         return {
             "tokens": tokens,
             "token_logprobs": token_logprobs,
             "top_logprobs": top,
             "text_offset": offsets,
         }
+
+    def prompt_vllm(self, out: RequestOutput, k: int) -> list[dict[str, dict[str, Any]] | None] | None:
+        """vLLM's ``prompt_logprobs``: per prompt token the top ``k`` and the token itself, by token id."""
+        if out.prompt_logprobs is None or out.prompt_ranks is None:
+            return None
+        entries: list[dict[str, dict[str, Any]] | None] = []
+        for tid, entry, rank in zip(out.prompt_token_ids, out.prompt_logprobs, out.prompt_ranks, strict=True):
+            if entry is None:
+                entries.append(None)
+                continue
+            best: dict[int, tuple[float, int | None]] = {
+                t: (lp, r) for r, (t, lp) in enumerate(self._top(entry, k), start=1)
+            }
+            best.setdefault(tid, (entry[tid], rank))
+            entries.append(
+                {
+                    str(t): {"logprob": _finite(lp), "rank": r, "decoded_token": self.text(t)}
+                    for t, (lp, r) in best.items()
+                }
+            )
+        return entries
 
     def chat(self, token_ids: list[int], logprobs: list[dict[int, float]], k: int) -> list[dict[str, Any]]:
         """Chat format (the ``content`` list) for ``token_ids``."""

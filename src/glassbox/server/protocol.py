@@ -99,6 +99,9 @@ class SamplingFields(_Body):
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="each prompt token's logprob and the top N (not with stream)"
+    )
     # structured outputs (server/response_format.py): OpenAI's, vLLM's, vLLM's older names; one at most
     response_format: dict[str, Any] | None = Field(
         None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema"}}'
@@ -118,9 +121,11 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions. ``prompt``: a string, strings, token ids, or lists of token ids."""
 
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
-    max_tokens: int | None = Field(16, ge=1, description="null: up to the max model length")
+    max_tokens: int | None = Field(
+        16, ge=0, description="null: up to the max model length; 0 (with echo only): the prompt alone"
+    )
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = Field(False, description="the prompt's text before each choice's (not with logprobs)")
+    echo: bool = Field(False, description="the prompt (with logprobs: and its logprobs) before each choice's")
     suffix: str | None = Field(None, description="not supported: must be null")
     best_of: int | None = Field(None, ge=1, le=MAX_N, description="must equal n when given")
 
@@ -225,12 +230,22 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]  # vLLM's: by token id, null for the first token
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = Field(None, description="when prompt_logprobs was asked")
 
 
 class CompletionResponse(BaseModel):
@@ -291,6 +306,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     system_fingerprint: str | None = None
+    prompt_logprobs: PromptLogprobs | None = Field(None, description="when prompt_logprobs was asked")
     usage: Usage | None = None
     metrics: RequestAnatomy | None = None
 
