@@ -68,6 +68,17 @@ def test_kernel_against_float64(n: int, k: int, bias: bool) -> None:
         assert torch.equal(y16, linear_tiled(x, tile_weight(w), n, b, torch.float32).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_a_row_gets_the_same_bits_whatever_rows_run_with_it(n: int, k: int) -> None:
+    """Batch invariance: each output is summed in k order in one lane on every path (1-4 rows, 5+ rows,
+    left-over tiles), so row i alone equals row i of any batch."""
+    w, x, b = _case(n, k, 67, True)
+    wp = tile_weight(w)
+    alone = torch.cat([linear_tiled(x[i : i + 1], wp, n, b, torch.float32) for i in range(67)])
+    for m in ROWS:
+        assert torch.equal(linear_tiled(x[:m], wp, n, b, torch.float32), alone[:m]), m
+
+
 def test_threads_split_the_rows_without_changing_a_bit() -> None:
     w, x, b = _case(1000, 576, 3, True)
     wp, before = tile_weight(w), torch.get_num_threads()
@@ -115,3 +126,4 @@ def test_a_bf16_model_decodes_alike_on_tiles_and_on_onednn(
     for (tok_a, lp_a), (tok_b, lp_b) in zip(*runs, strict=True):
         assert tok_a == tok_b
         assert max(abs(a - b) for a, b in zip(lp_a, lp_b, strict=True)) < 0.05
+

@@ -6,9 +6,14 @@
  * (N/16, K/2, 16, 2): for each tile of 16 output rows, the K values in pairs, each 64-byte line the same two
  * k of 16 rows — what AVX-512 ``vdpbf16ps`` multiplies against a broadcast pair of activations. A tile is
  * read front to back, a matrix tile after tile, so each thread's weights stream as one sequential read, and
- * every output lands in a lane of a float32 accumulator (no horizontal sums). Batch 1 keeps four partial
- * sums per tile (over k in turn) in flight; more rows take tiles in pairs, 8 activation rows at a time
- * (16 accumulators), which keeps up with oneDNN's GEMM at prefill sizes too (the benchmark shows both).
+ * every output lands in a lane of a float32 accumulator (no horizontal sums). Up to 4 activation rows run
+ * against four tiles at once (four independent multiply-add chains, which keeps up with the loads from cache
+ * as well as from memory); more rows take tiles in pairs, 8 activation rows at a time (16 accumulators),
+ * which keeps up with oneDNN's GEMM at prefill sizes too (benchmarks/bf16_gemv.py, bf16_decode.py).
+ *
+ * Every path adds each output's products in k order in one lane, so an output's bits do not depend on how
+ * many rows ran with it or on the thread count: a lone decode row, the same row in a batch or among a
+ * speculative step's verification rows get the same outputs (tests/test_bf16_linear.py holds this).
  *
  * Products of two bf16 values are exact in float32; the sums' order differs from oneDNN's (as oneDNN's own
  * does between layouts). The sum plus the float32 bias is rounded once to the output dtype. Without AVX-512
@@ -62,34 +67,19 @@ static inline __m512bh pair(const uint16_t *x, i64 p) {
     return (__m512bh)_mm512_set1_epi32(v);
 }
 
-/* One tile (wt: K2 lines of 64 bytes) times MB activation rows, U partial sums per row over k in turn. */
+/* One tile (wt: K2 lines of 64 bytes) times MB activation rows: sums[m]; one sum per lane, in k order. */
 static inline __attribute__((always_inline)) void tile1(const uint16_t *wt, const uint16_t *x, i64 ldx, i64 K2,
-                                                        const int MB, const int U, __m512 *sums) {
-    __m512 acc[4][4];
+                                                        const int MB, __m512 *sums) {
+    __m512 acc[4];
 #pragma GCC unroll 4
-    for (int m = 0; m < MB; m++)
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++) acc[m][u] = _mm512_setzero_ps();
-    i64 p = 0;
-    for (; p + U <= K2; p += U)
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++) {
-            const __m512bh wv = (__m512bh)_mm512_loadu_si512(wt + (p + u) * 32);
-#pragma GCC unroll 4
-            for (int m = 0; m < MB; m++) acc[m][u] = _mm512_dpbf16_ps(acc[m][u], wv, pair(x + m * ldx, p + u));
-        }
-    for (; p < K2; p++) {
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    for (i64 p = 0; p < K2; p++) {
         const __m512bh wv = (__m512bh)_mm512_loadu_si512(wt + p * 32);
 #pragma GCC unroll 4
-        for (int m = 0; m < MB; m++) acc[m][0] = _mm512_dpbf16_ps(acc[m][0], wv, pair(x + m * ldx, p));
+        for (int m = 0; m < MB; m++) acc[m] = _mm512_dpbf16_ps(acc[m], wv, pair(x + m * ldx, p));
     }
 #pragma GCC unroll 4
-    for (int m = 0; m < MB; m++) {
-        __m512 s = acc[m][0];
-#pragma GCC unroll 4
-        for (int u = 1; u < U; u++) s = _mm512_add_ps(s, acc[m][u]);
-        sums[m] = s;
-    }
+    for (int m = 0; m < MB; m++) sums[m] = acc[m];
 }
 
 /* Two adjacent tiles (wt, wt + K2 lines) times MB activation rows: sums[m * 2 + i] for tile i. */
@@ -113,7 +103,36 @@ static inline __attribute__((always_inline)) void tile2(const uint16_t *wt, cons
     for (int m = 0; m < MB; m++) sums[2 * m] = acc[m][0], sums[2 * m + 1] = acc[m][1];
 }
 
-/* tiles [t0, t1) for every activation row: rows 1-4 one tile at a time; 5 and more, tiles in pairs. */
+
+/* Four adjacent tiles times MB (<= 4) activation rows: sums[m * 4 + i] for tile i; one sum per lane, in k
+ * order (as tile2), so that a row's result does not depend on how many rows ran with it. */
+static inline __attribute__((always_inline)) void tile4(const uint16_t *wt, const uint16_t *x, i64 ldx, i64 K2,
+                                                        const int MB, __m512 *sums) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) acc[m][i] = _mm512_setzero_ps();
+    const i64 ts = K2 * 32;
+    for (i64 p = 0; p < K2; p++) {
+        __m512bh wv[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) wv[i] = (__m512bh)_mm512_loadu_si512(wt + i * ts + p * 32);
+#pragma GCC unroll 4
+        for (int m = 0; m < MB; m++) {
+            const __m512bh xv = pair(x + m * ldx, p);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) acc[m][i] = _mm512_dpbf16_ps(acc[m][i], wv[i], xv);
+        }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) sums[4 * m + i] = acc[m][i];
+}
+
+/* tiles [t0, t1) for every activation row: 1-4 rows four tiles at a time, 5 and more two tiles x 8 rows; the
+ * tiles left over one at a time. Every path sums each output in k order in one float32 lane. */
 static void tiles_dp(const uint16_t *x, i64 M, i64 K, i64 ldx, const uint16_t *wp, const float *bias, i64 N,
                      i64 t0, i64 t1, void *out, i64 ldo, int dt) {
     const i64 K2 = K / 2;
@@ -140,16 +159,29 @@ static void tiles_dp(const uint16_t *x, i64 M, i64 K, i64 ldx, const uint16_t *w
                         store16(s[2 * m + i], bias, (t + i) * 16, N - (t + i) * 16, out, (m0 + m) * ldo, dt);
             }
         }
+    if (M <= 4)
+        for (; t + 4 <= t1; t += 4) {
+            const uint16_t *wt = wp + t * K2 * 32;
+            switch (M) {
+            case 1: tile4(wt, x, ldx, K2, 1, s); break;
+            case 2: tile4(wt, x, ldx, K2, 2, s); break;
+            case 3: tile4(wt, x, ldx, K2, 3, s); break;
+            default: tile4(wt, x, ldx, K2, 4, s); break;
+            }
+            for (i64 m = 0; m < M; m++)
+                for (i64 i = 0; i < 4; i++)
+                    store16(s[4 * m + i], bias, (t + i) * 16, N - (t + i) * 16, out, m * ldo, dt);
+        }
     for (; t < t1; t++) {
         const uint16_t *wt = wp + t * K2 * 32;
         for (i64 m0 = 0; m0 < M; m0 += 4) {
             const i64 mb = M - m0 < 4 ? M - m0 : 4;
             const uint16_t *xm = x + m0 * ldx;
             switch (mb) {
-            case 1: tile1(wt, xm, ldx, K2, 1, 4, s); break;
-            case 2: tile1(wt, xm, ldx, K2, 2, 4, s); break;
-            case 3: tile1(wt, xm, ldx, K2, 3, 2, s); break;
-            default: tile1(wt, xm, ldx, K2, 4, 2, s); break;
+            case 1: tile1(wt, xm, ldx, K2, 1, s); break;
+            case 2: tile1(wt, xm, ldx, K2, 2, s); break;
+            case 3: tile1(wt, xm, ldx, K2, 3, s); break;
+            default: tile1(wt, xm, ldx, K2, 4, s); break;
             }
             for (i64 m = 0; m < mb; m++) store16(s[m], bias, t * 16, N - t * 16, out, (m0 + m) * ldo, dt);
         }
