@@ -57,7 +57,7 @@ def engine_steps(batch: int, steps: int, params: SamplingParams, warm: int) -> d
     _timed(ex, "forward", times["forward"])
     _timed(ex.model, "compute_logits", times["lm_head"])
     _timed(eng, "_flush", times["text work"])
-    import glassbox.engine.torch_executor as te
+    import glassbox.engine.step_sampling as te  # where the step's sampling calls the sampler
 
     sample = te.sample_on_device
     te.sample_on_device = lambda *a, **k: _sample_timed(sample, times["sampling"], *a, **k)  # type: ignore
