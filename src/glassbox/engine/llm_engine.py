@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from glassbox.config import EngineConfig
+from glassbox.engine import tp_runtime
 from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.checkpoint import open_checkpoint
 from glassbox.engine.core import Appended, CoreStep, EngineCore
@@ -114,6 +115,7 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or limit
         default_batch = 8192 if resolve_device(config.device).type == "cuda" else 2048
         self.max_num_batched_tokens = config.max_num_batched_tokens or default_batch
+        tp_runtime.start(config)  # tensor parallelism: the other ranks (nothing at size 1)
         self.executor = TorchExecutor(
             config,
             None if config.load_format == "dummy" else checkpoint,
@@ -125,15 +127,10 @@ class LLMEngine:
         self.executor.eos_ids = self.tokenizer.eos_token_ids
         if self.executor.block_formats:
             logger.info("weights kept in blocks: %s", ", ".join(self.executor.block_formats))
-        plan = self.executor.kv_plan
+        plan, ex = self.executor.kv_plan, self.executor
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens, %.3f GiB (%s, %s)",
-            plan.num_blocks,
-            plan.block_size,
-            plan.num_tokens,
-            plan.gib,
-            self.executor.device,
-            self.executor.kv_dtype,
+            *(plan.num_blocks, plan.block_size, plan.num_tokens, plan.gib, ex.device, ex.kv_dtype),
         )
         self.block_manager = BlockManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
@@ -190,7 +187,9 @@ class LLMEngine:
         )
         if params.max_tokens is None:
             params = replace(params, max_tokens=max_tokens)
-        spec = params.structured_outputs  # a bad one raises GrammarError (ValueError) before anything is queued
+        spec = (
+            params.structured_outputs
+        )  # a bad one raises GrammarError (ValueError) before anything is queued
         states = []
         for i in range(params.n):
             seq = Sequence(next(self._seq_ids), request_id, ids, params, i, arrival, tokenize_s)
