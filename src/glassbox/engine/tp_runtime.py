@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import socket
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -165,6 +166,9 @@ def _worker_main(rank: int, world: int, addr: str, port: int, config: EngineConf
 def run_worker(rank: int, world: int, addr: str, port: int, config: EngineConfig) -> None:
     """Join the group, build this rank's executor, then run each step rank 0 broadcasts until it sends None
     (or its connection breaks: TensorParallelError)."""
+    # Ctrl-C reaches every process of the terminal's group: a worker leaves when rank 0 says so (or its
+    # connection closes), so that rank 0's shutdown can still reach it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     init_group(rank, world, addr, port)
     executor = build_executor(config)
     logger.info("rank %d: %.1f MiB of weights, waiting for steps", rank, executor.weight_bytes / 2**20)
