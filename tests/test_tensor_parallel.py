@@ -153,11 +153,12 @@ def test_refusals_and_launch_plans(llama: tuple[Path, list[list[int]], list]) ->
         check_tp(dataclasses.replace(cfg, layer_moe=(True, True)), 2)
     with pytest.raises(ValueError, match="must divide the model's 4 heads"):
         check_tp(cfg, 3)
-    two = distributed.TPState(0, 2, None, None, 30.0)
     with pytest.raises(ValueError, match="CPU \\(gloo\\) only so far: NCCL"):
-        tp_model.check_run(two, torch.device("cuda"), EngineConfig(), None, cfg)
-    with pytest.raises(ValueError, match="--quantization"):
-        tp_model.check_run(two, torch.device("cpu"), EngineConfig(quantization="int8"), None, cfg)
+        tp_model.check_run(2, torch.device("cuda"), EngineConfig(), None, cfg)
+    t0 = time.monotonic()  # refused before any rank is spawned
+    with pytest.raises(ValueError, match="--tensor-parallel-size 2 with --quantization is not built"):
+        LLM(str(llama[0]), dtype="float32", tensor_parallel_size=2, quantization="int8")
+    assert time.monotonic() - t0 < 2 and distributed.state() is None and not tp_runtime._PROCS
     with pytest.raises(ValueError, match="--nnodes"):
         EngineConfig(tensor_parallel_size=2, nnodes=3)
     base = EngineConfig(tensor_parallel_size=4, nnodes=2, node_rank=1, master_addr="10.0.0.1")

@@ -24,7 +24,6 @@ from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence, merge_metrics
 from glassbox.engine.structured import GrammarCompiler
-from glassbox.engine.torch_executor import TorchExecutor
 from glassbox.models.facts import ModelFacts
 from glassbox.models.sources import resolve_model
 from glassbox.outputs import CompletionOutput, RequestOutput
@@ -115,8 +114,7 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or limit
         default_batch = 8192 if resolve_device(config.device).type == "cuda" else 2048
         self.max_num_batched_tokens = config.max_num_batched_tokens or default_batch
-        tp_runtime.start(config)  # tensor parallelism: the other ranks (nothing at size 1)
-        self.executor = TorchExecutor(
+        self.executor = tp_runtime.executor(  # a TorchExecutor; with tensor parallelism, rank 0's
             config,
             None if config.load_format == "dummy" else checkpoint,
             self.facts,

@@ -97,7 +97,7 @@ class TorchExecutor:
             keep_large_allocations_in_heap()
         self.tp = tp_state()  # a tensor-parallel rank (engine/tp_model.py): its shard, PyTorch ops
         if self.tp is not None:
-            tp_model.check_run(self.tp, self.device, config, checkpoint, model_config)
+            tp_model.check_run(self.tp.world, self.device, config, checkpoint, model_config)
             self.attn_backend = "torch"
         bits = QUANTIZED_AT_LOAD.get(config.quantization or "")
         if bits is not None and self.device.type != "cpu":

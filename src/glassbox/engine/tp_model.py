@@ -35,14 +35,13 @@ StepInputs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor |
 
 
 def check_run(
-    tp: TPState,
+    n: int,
     device: torch.device,
     config: EngineConfig,
     checkpoint: Checkpoint | None,
     cfg: ModelConfig,
 ) -> None:
-    """ValueError naming what this tensor-parallel run needs that is not built."""
-    n = tp.world
+    """ValueError naming what a tensor-parallel run over ``n`` ranks needs that is not built."""
     if device.type != "cpu":
         raise ValueError(
             f"--tensor-parallel-size {n} runs on the CPU (gloo) only so far: NCCL on CUDA and CUDA graphs "

@@ -34,9 +34,11 @@ import torch.distributed as dist
 from glassbox.config import EngineConfig
 from glassbox.distributed import TensorParallelError, TPState, broadcast_object, failed, set_state, state
 from glassbox.engine import tp_model
-from glassbox.engine.checkpoint import open_checkpoint
+from glassbox.engine.checkpoint import Checkpoint, open_checkpoint
 from glassbox.engine.device import resolve_device
 from glassbox.engine.torch_executor import TorchExecutor
+from glassbox.models.facts import ModelFacts
+from glassbox.models.model_config import ModelConfig
 from glassbox.models.sources import resolve_model
 
 logger = logging.getLogger(__name__)
@@ -133,6 +135,23 @@ def start(config: EngineConfig) -> None:
     try:
         init_group(0, plan.world, plan.addr, plan.port)
     except Exception:
+        shutdown()
+        raise
+
+
+def executor(
+    config: EngineConfig, checkpoint: Checkpoint | None, facts: ModelFacts, max_model_len: int, batch: int
+) -> TorchExecutor:
+    """The engine's executor; with tensor_parallel_size > 1, rank 0's, the other ranks started first (and
+    stopped again if this rank cannot start)."""
+    if config.tensor_parallel_size > 1:  # refuse before spawning anything
+        cfg = ModelConfig.from_facts(facts)
+        device = resolve_device(config.device)
+        tp_model.check_run(config.tensor_parallel_size, device, config, checkpoint, cfg)
+    start(config)
+    try:
+        return TorchExecutor(config, checkpoint, facts, max_model_len, batch)
+    except BaseException:
         shutdown()
         raise
 
