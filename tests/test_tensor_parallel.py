@@ -87,6 +87,17 @@ def test_each_rank_reads_only_its_shards(llama: tuple[Path, list[list[int]], lis
     assert held[0] == held[1] == (sum(t.numel() for t in full.values()) - norms) // 2 + norms
 
 
+def test_tp2_moe_with_shared_expert_matches_transformers(tmp_path: Path) -> None:
+    """Qwen2-MoE (8 experts, top-2, a gated shared expert, one dense layer): each expert split by FFN width."""
+    d = build_tiny_model("qwen2_moe", tmp_path)
+    prompts = [[1, 5, 9, 20, 33], list(range(3, 40))]
+    ref = hf_greedy(d, prompts, MAX_NEW)
+    llm = LLM(str(d), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)
+    _check(llm.generate(prompts, GREEDY), ref, 1e-4)
+    ranks, total = llm.engine.executor.rank_weight_bytes, _file_bytes(d)
+    assert all(0.45 * total < r < 0.55 * total for r in ranks), (ranks, total)
+
+
 def _wait_error(llm: LLM, world: int, limit_s: float) -> float:
     t0 = time.monotonic()
     with pytest.raises(distributed.TensorParallelError, match=f"rank 0 of {world}"):
@@ -149,8 +160,12 @@ def test_hung_worker_fails_within_the_timeout_and_stops_the_server_engine(
 
 def test_refusals_and_launch_plans(llama: tuple[Path, list[list[int]], list]) -> None:
     cfg = ModelConfig.from_facts(facts_from_dir(llama[0]))
-    with pytest.raises(ValueError, match="MoE layers are not split"):
-        check_tp(dataclasses.replace(cfg, layer_moe=(True, True)), 2)
+    with pytest.raises(ValueError, match="attention sinks"):
+        check_tp(dataclasses.replace(cfg, attention_sinks=True), 2)
+    with pytest.raises(ValueError, match="Gemma3ForCausalLM has no tensor-parallel split"):
+        check_tp(dataclasses.replace(cfg, architecture="Gemma3ForCausalLM"), 2)
+    with pytest.raises(ValueError, match="expert FFN width 33"):
+        check_tp(dataclasses.replace(cfg, layer_moe=(True, True), moe_intermediate_size=33), 2)
     with pytest.raises(ValueError, match="must divide the model's 4 heads"):
         check_tp(cfg, 3)
     with pytest.raises(ValueError, match="CPU \\(gloo\\) only so far: NCCL"):

@@ -11,12 +11,18 @@ On ``world`` ranks, rank r holds:
   token's row comes from the rank that holds it, zeros elsewhere, summed by one all-reduce.
 - the LM head: vocab-parallel the same way; the sampled rows' logits are all-gathered (every rank ends the
   step with the full logits; rank 0 samples). A tied head shares the embedding's shard.
+- MoE layers (Mixtral, Qwen2-MoE, Qwen3-MoE): tensor-parallel within each expert (every rank holds every
+  expert's gate/up rows and down columns [r I/N, (r+1) I/N), and the shared expert's likewise), the router
+  and the shared expert's gate whole; the block's partial output is all-reduced once. Chosen over expert
+  parallelism because every rank then reads 1/N of each chosen expert (balanced whatever the routing) and
+  the block needs one all-reduce, as a dense MLP does, with no token exchange.
 - norms (and Qwen3's q/k norms, per head_dim) whole.
-Refused (``check_tp``): MoE layers, attention sinks, head or FFN counts the ranks do not divide.
+Refused (``check_tp``): attention sinks (gpt-oss), head or FFN widths the ranks do not divide.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +36,7 @@ from glassbox.models.causal_lm import CausalLM
 from glassbox.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from glassbox.models.loader import weight_files
 from glassbox.models.model_config import ModelConfig
+from glassbox.models.moe import MoEExperts, SparseMoeBlock
 
 
 class RowParallelLinear(nn.Linear):
@@ -38,6 +45,14 @@ class RowParallelLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = all_reduce(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
+
+
+class RowParallelMoeBlock(SparseMoeBlock):
+    """A SparseMoeBlock whose experts (and shared expert) hold 1/N of their FFN width: its output is a
+    partial sum, all-reduced here (the routing weights and the shared gate scale it linearly)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_reduce(super().forward(x))
 
 
 class VocabParallelEmbedding(nn.Embedding):
@@ -75,10 +90,10 @@ def check_tp(cfg: ModelConfig, world: int) -> None:
             f"--tensor-parallel-size {world}: {cfg.architecture} has no tensor-parallel split yet "
             f"(built for {', '.join(sorted(TP_ARCHITECTURES))})"
         )
+    widths = {"FFN width": cfg.intermediate_size}
     if any(cfg.layer_moe):
-        raise ValueError(
-            f"--tensor-parallel-size {world}: MoE layers are not split across ranks yet (dense models only)"
-        )
+        widths["expert FFN width"] = cfg.moe_intermediate_size
+        widths["shared expert FFN width"] = cfg.shared_expert_intermediate_size
     if cfg.attention_sinks:
         raise ValueError(f"--tensor-parallel-size {world}: attention sinks are not split across ranks yet")
     if cfg.num_heads % world:
@@ -88,14 +103,16 @@ def check_tp(cfg: ModelConfig, world: int) -> None:
         raise ValueError(
             f"--tensor-parallel-size {world} and the model's {kv} KV heads: one must divide the other"
         )
-    if cfg.intermediate_size % world:
-        raise ValueError(
-            f"--tensor-parallel-size {world} must divide the model's FFN width {cfg.intermediate_size}"
-        )
+    for what, width in widths.items():
+        if width % world:
+            raise ValueError(f"--tensor-parallel-size {world} must divide the model's {what} {width}")
 
 
 TP_ARCHITECTURES = frozenset(
-    {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
+    {
+        *("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"),
+        *("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"),
+    }
 )
 
 
@@ -109,6 +126,14 @@ def kv_heads_of(cfg: ModelConfig, rank: int, world: int) -> range:
     return range(head, head + 1)
 
 
+def _split_mlp(mlp: LlamaMLP, h: int, world: int, bias: bool, reduce: bool) -> None:
+    """Gate/up by output rows, down by input columns (all-reduced after unless inside an MoE block)."""
+    inter = mlp.intermediate // world
+    mlp.gate_proj, mlp.up_proj = nn.Linear(h, inter, bias=bias), nn.Linear(h, inter, bias=bias)
+    mlp.down_proj = (RowParallelLinear if reduce else nn.Linear)(inter, h, bias=bias)
+    mlp.intermediate = inter
+
+
 def apply_tp(model: CausalLM, rank: int, world: int) -> None:
     """Replace ``model``'s layers by this rank's parallel ones (on the meta device, before any weight is
     allocated: the loader then fills the shards)."""
@@ -116,47 +141,58 @@ def apply_tp(model: CausalLM, rank: int, world: int) -> None:
     cfg = model.config
     check_tp(cfg, world)
     h, hd = cfg.hidden_size, cfg.head_dim
-    heads, kv_heads, inter = (
-        cfg.num_heads // world,
-        len(kv_heads_of(cfg, rank, world)),
-        cfg.intermediate_size // world,
-    )
+    heads, kv_heads = cfg.num_heads // world, len(kv_heads_of(cfg, rank, world))
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        assert isinstance(attn, LlamaAttention) and isinstance(mlp, LlamaMLP)
+        assert isinstance(attn, LlamaAttention)
         attn.num_heads, attn.num_kv_heads = heads, kv_heads
         attn.q_proj = nn.Linear(h, heads * hd, bias=cfg.qkv_bias)
         attn.k_proj = nn.Linear(h, kv_heads * hd, bias=cfg.qkv_bias)
         attn.v_proj = nn.Linear(h, kv_heads * hd, bias=cfg.qkv_bias)
         attn.o_proj = RowParallelLinear(heads * hd, h, bias=cfg.o_bias)
-        bias = cfg.mlp_bias
-        mlp.gate_proj, mlp.up_proj = nn.Linear(h, inter, bias=bias), nn.Linear(h, inter, bias=bias)
-        mlp.down_proj = RowParallelLinear(inter, h, bias=bias)
-        mlp.intermediate = inter
+        if isinstance(mlp, LlamaMLP):
+            _split_mlp(mlp, h, world, cfg.mlp_bias, reduce=True)
+            continue
+        assert isinstance(mlp, SparseMoeBlock) and mlp.experts.gate_up_proj_bias is None
+        old = mlp.experts
+        mlp.experts = MoEExperts(old.num_experts, h, old.inter // world, old.glu)
+        if isinstance(mlp.shared_expert, LlamaMLP):
+            _split_mlp(mlp.shared_expert, h, world, cfg.mlp_bias, reduce=False)
+        mlp.__class__ = RowParallelMoeBlock  # one all-reduce of the block's partial output
+    # the loader places each expert's checkpoint rows by the model's expert width: this rank's
+    model.config = dataclasses.replace(cfg, moe_intermediate_size=cfg.moe_intermediate_size // world)
     model.model.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, h, rank, world)
     model.lm_head = VocabParallelLMHead(h, cfg.vocab_size, world)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
 
 
+_ROWS = ("q_proj", "gate_proj", "up_proj", "w1", "w3")  # split by output rows (per expert too)
+_COLS = ("o_proj", "down_proj", "w2")  # by input columns
+
+
 def _shard(name: str, shape: list[int], cfg: ModelConfig, rank: int, world: int) -> tuple[str, int, int, int]:
-    """How rank ``rank`` reads tensor ``name``: ("rows" | "cols" | "whole", start, end, padded rows)."""
+    """How rank ``rank`` reads tensor ``name``: ("rows" | "cols" | "whole" | "gate_up" | "cols3", start,
+    end, padded rows)."""
     hd = cfg.head_dim
     part = name.rsplit(".", 2)
     module, kind = (part[-2], part[-1]) if len(part) >= 2 else ("", name)
+    if len(shape) == 3 and kind == "gate_up_proj":  # fused experts (E, 2I, H): [gate | up] rows each
+        per = shape[1] // 2 // world
+        return "gate_up", rank * per, (rank + 1) * per, shape[1] // 2
+    if len(shape) == 3 and kind == "down_proj":  # fused experts (E, H, I)
+        per = shape[2] // world
+        return "cols3", rank * per, (rank + 1) * per, 0
     if module in ("embed_tokens", "lm_head"):
         per = -(-cfg.vocab_size // world)
         return "rows", min(rank * per, shape[0]), min((rank + 1) * per, shape[0]), per
-    if module == "q_proj":
-        per = cfg.num_heads // world * hd
-        return "rows", rank * per, (rank + 1) * per, per
     if module in ("k_proj", "v_proj"):
         r = kv_heads_of(cfg, rank, world)
         return "rows", r.start * hd, r.stop * hd, len(r) * hd
-    if module in ("gate_proj", "up_proj"):
-        per = cfg.intermediate_size // world
+    if module in _ROWS:
+        per = shape[0] // world
         return "rows", rank * per, (rank + 1) * per, per
-    if module in ("o_proj", "down_proj") and kind == "weight":
+    if module in _COLS and kind == "weight":
         per = shape[1] // world
         return "cols", rank * per, (rank + 1) * per, 0
     return "whole", 0, 0, 0
@@ -176,6 +212,10 @@ def sharded_safetensors(
                     yield name, f.get_tensor(name)
                 elif how == "cols":
                     yield name, sl[:, a:b]
+                elif how == "cols3":
+                    yield name, sl[:, :, a:b]
+                elif how == "gate_up":  # rows is I: this rank's gate rows, then its up rows
+                    yield name, torch.cat([sl[:, a:b], sl[:, rows + a : rows + b]], dim=1)
                 else:
                     t = sl[a:b]
                     if t.shape[0] < rows:  # the last vocabulary shard: zero rows up to P
