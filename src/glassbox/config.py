@@ -43,7 +43,7 @@ class EngineConfig:
     # post-process a step's outputs (detokenize, stop strings, outputs) while the next step runs on the
     # device; None: on for CUDA, off for CPU (where the host and the "device" are the same cores)
     async_output: bool | None = None
-    tensor_parallel_size: int = 1  # ranks (engine/tp_runtime.py); > 1: CPU, gloo, dense Llama-family models
+    tensor_parallel_size: int = 1  # ranks (engine/tp_runtime.py); > 1: CPU, gloo, Llama-family models
     # several hosts (torchrun's names): this host's index of nnodes, and rank 0's rendezvous address
     nnodes: int = 1
     node_rank: int = 0
