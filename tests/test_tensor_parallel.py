@@ -3,7 +3,6 @@ and with TP=1, each rank holding only its shards, and a dead or hung rank failin
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import signal
@@ -18,12 +17,12 @@ from tiny_models import build_tiny_model, hf_greedy
 from glassbox import distributed as distributed
 from glassbox.config import EngineConfig
 from glassbox.engine import tp_model, tp_runtime
-from glassbox.engine.async_engine import AsyncEngine, RequestError
 from glassbox.llm import LLM
 from glassbox.models.config_reader import facts_from_dir
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.tensor_parallel import check_tp, sharded_safetensors
 from glassbox.sampling_params import SamplingParams
+from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 MAX_NEW = 6
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=1)
@@ -82,13 +81,19 @@ def test_each_rank_reads_only_its_shards(llama: tuple[Path, list[list[int]], lis
             assert a.shape[1] == t.shape[1] // 2 and torch.equal(torch.cat([a, b], 1), t)
         else:  # q/k/v, gate/up, embedding, LM head: by output rows (heads, FFN columns, vocabulary)
             assert a.shape[0] == t.shape[0] // 2 and torch.equal(torch.cat([a, b], 0), t), name
+    # 3 ranks: the 512-row vocabulary in shards of 171 rows, the last zero-padded
+    embed = [dict(sharded_safetensors(d, cfg, r, 3))["model.embed_tokens.weight"] for r in range(3)]
+    table = full["model.embed_tokens.weight"]
+    assert [e.shape[0] for e in embed] == [171] * 3 and not embed[2][170:].any()
+    assert torch.equal(torch.cat(embed)[:512], table)
     held = [sum(t.numel() for t in s.values()) for s in shards]
     norms = sum(t.numel() for n, t in full.items() if "norm" in n)
     assert held[0] == held[1] == (sum(t.numel() for t in full.values()) - norms) // 2 + norms
 
 
-def test_tp2_moe_with_shared_expert_matches_transformers(tmp_path: Path) -> None:
-    """Qwen2-MoE (8 experts, top-2, a gated shared expert, one dense layer): each expert split by FFN width."""
+def test_tp2_moe_with_shared_expert_matches_transformers_then_a_killed_worker(tmp_path: Path) -> None:
+    """Qwen2-MoE (8 experts, top-2, a gated shared expert, one dense layer): each expert split by FFN width.
+    Then a worker is killed."""
     d = build_tiny_model("qwen2_moe", tmp_path)
     prompts = [[1, 5, 9, 20, 33], list(range(3, 40))]
     ref = hf_greedy(d, prompts, MAX_NEW)
@@ -96,66 +101,64 @@ def test_tp2_moe_with_shared_expert_matches_transformers(tmp_path: Path) -> None
     _check(llm.generate(prompts, GREEDY), ref, 1e-4)
     ranks, total = llm.engine.executor.rank_weight_bytes, _file_bytes(d)
     assert all(0.45 * total < r < 0.55 * total for r in ranks), (ranks, total)
-
-
-def _wait_error(llm: LLM, world: int, limit_s: float) -> float:
-    t0 = time.monotonic()
-    with pytest.raises(distributed.TensorParallelError, match=f"rank 0 of {world}"):
-        llm.generate([[1, 2, 3]], GREEDY)
-    took = time.monotonic() - t0
-    assert took < limit_s
-    with pytest.raises(distributed.TensorParallelError, match="failed"):  # at once from then on
-        llm.generate([[1, 2, 3]], GREEDY)
-    return took
-
-
-def test_tp3_replicated_kv_head_padded_vocab_tied_then_a_killed_worker(tmp_path: Path) -> None:
-    """Qwen3 (q/k norms, tied embeddings) with 6 heads and 1 KV head on 3 ranks: the KV head replicated,
-    the 512-token vocabulary in shards of 171 rows (the last zero-padded). Then a worker is killed: the
-    next request fails within seconds."""
-    d = build_tiny_model(
-        "qwen3", tmp_path, num_attention_heads=6, num_key_value_heads=1, intermediate_size=96
-    )
-    prompts = [[1, 5, 9, 20, 33], list(range(3, 40))]
-    ref = hf_greedy(d, prompts, MAX_NEW)
-    llm = LLM(str(d), dtype="float32", tensor_parallel_size=3)
-    _check(llm.generate(prompts, GREEDY), ref, 1e-4)
-    assert llm.engine.executor.kv_caches[0].shape[3] == 1
-    worker = tp_runtime._PROCS[1]
+    # a killed worker: the next request fails within seconds, and every one after it at once
+    worker = tp_runtime._PROCS[0]
     worker.kill()
     worker.join(5)
-    _wait_error(llm, 3, 10)
+    t0 = time.monotonic()
+    with pytest.raises(distributed.TensorParallelError, match="rank 0 of 2"):
+        llm.generate([[1, 2, 3]], GREEDY)
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(distributed.TensorParallelError, match="has failed"):
+        llm.generate([[1, 2, 3]], GREEDY)
 
 
-def test_hung_worker_fails_within_the_timeout_and_stops_the_server_engine(
-    llama: tuple[Path, list[list[int]], list], monkeypatch: pytest.MonkeyPatch
+def _worker_pid(parent: int) -> int:
+    """The spawned rank among ``parent``'s children (not multiprocessing's resource tracker)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if int(stat[1]) == parent and b"spawn_main" in cmd:
+            return int(entry.name)
+    raise AssertionError(f"no spawned rank under {parent}")
+
+
+def test_server_tp2_answers_then_a_hung_worker_fails_requests_and_health(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("GLASSBOX_TP_TIMEOUT", "3")
-    llm = LLM(str(llama[0]), dtype="float32", tensor_parallel_size=2)
-    assert llm.generate([[1, 2, 3]], GREEDY)[0].token_ids
-    pid = tp_runtime._PROCS[0].pid
-    assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
+    """`glassbox serve --tensor-parallel-size 2` of a Qwen3 (q/k norms, tied embeddings) with one KV head
+    (replicated on both ranks) answers the openai client with transformers' greedy tokens; a worker that
+    stops answering fails the next request after GLASSBOX_TP_TIMEOUT and /health goes 503."""
+    from openai import InternalServerError, OpenAI
+    from test_server_harness import MODEL_NAME, start_server
+
+    d = build_tiny_model("qwen3", tmp_path, num_key_value_heads=1)
+    prompts = [list(range(3, 40))]
+    ref = hf_greedy(d, prompts, MAX_NEW)
+    monkeypatch.setenv("GLASSBOX_TP_TIMEOUT", "2")
+    server = start_server(d, tmp_path, "--tensor-parallel-size", "2", "--dtype", "float32")
     try:
-        took = _wait_error(llm, 2, 12)
-        assert took >= 2.5  # the timeout, not a broken socket
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30)
+        out = client.completions.create(
+            model=MODEL_NAME, prompt=prompts[0], max_tokens=MAX_NEW, temperature=0, logprobs=1
+        )
+        assert out.usage is not None and out.usage.completion_tokens == MAX_NEW
+        assert out.choices[0].text == Tokenizer.from_dir(d).decode(ref[0][0])
+        pid = _worker_pid(server.proc.pid)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(InternalServerError, match="rank 0 of 2"):
+                client.completions.create(model=MODEL_NAME, prompt=prompts[0], max_tokens=2)
+            assert 1.8 <= time.monotonic() - t0 < 12  # the timeout, not a broken socket; never a hang
+            assert server.health()["status"] == "unavailable"
+        finally:
+            os.kill(pid, signal.SIGKILL)
     finally:
-        os.kill(pid, signal.SIGKILL)
-
-    async def serve_one() -> tuple[
-        bool, str
-    ]:  # the server's engine thread: the request errs, health goes bad
-        engine = AsyncEngine(llm.engine)
-        engine.start()
-        stream = engine.add_request("r", [1, 2, 3], GREEDY)
-        with pytest.raises(RequestError) as err:
-            async for _ in stream:
-                pass
-        await asyncio.sleep(0.05)
-        return engine.is_running, str(err.value)
-
-    running, message = asyncio.run(asyncio.wait_for(serve_one(), 20))
-    assert not running and "tensor-parallel group has failed" in message
+        server.stop()
 
 
 def test_refusals_and_launch_plans(llama: tuple[Path, list[list[int]], list]) -> None:
