@@ -43,7 +43,12 @@ class EngineConfig:
     # post-process a step's outputs (detokenize, stop strings, outputs) while the next step runs on the
     # device; None: on for CUDA, off for CPU (where the host and the "device" are the same cores)
     async_output: bool | None = None
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # ranks (engine/tp_runtime.py); > 1: CPU, gloo, Llama-family models
+    # several hosts (torchrun's names): this host's index of nnodes, and rank 0's rendezvous address
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0  # 0: a free port on one host, 29500 across hosts
     served_model_name: str | None = None
     # speculative decoding, vLLM's JSON or dict (spec_config.py): {"method": "ngram",
     # "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b} or a draft model,
@@ -83,7 +88,13 @@ class EngineConfig:
         if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ValueError(f"--kv-cache-memory-gib must be > 0, got {self.kv_cache_memory_gib}")
         self.speculative_config = parse_speculative_config(self.speculative_config)
-        if self.tensor_parallel_size != 1:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
+        if self.nnodes < 1 or self.tensor_parallel_size % self.nnodes:
             raise ValueError(
-                f"--tensor-parallel-size must be 1 (tensor parallelism is not built yet), got {self.tensor_parallel_size}"
+                f"--nnodes must be >= 1 and divide --tensor-parallel-size {self.tensor_parallel_size}, got {self.nnodes}"
             )
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        if not 0 <= self.master_port < 65536:
+            raise ValueError(f"--master-port must be in [0, 65535], got {self.master_port}")

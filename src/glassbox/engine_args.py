@@ -81,7 +81,24 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\' (n-gram / prompt lookup) or \'{"model": DRAFT, '
         '"num_speculative_tokens": 4}\' (a draft model sharing the tokenizer, a directory or .gguf file)',
     )
-    g.add_argument("--tensor-parallel-size", type=int, default=1, help="only 1 is supported")
+    g.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="ranks that each hold 1/N of every layer (CPU, gloo; Llama-family and their MoE, 16/32-bit safetensors); "
+        "local ranks are spawned, or see --nnodes",
+    )
+    g.add_argument(
+        "--nnodes", type=int, default=1, help="hosts sharing --tensor-parallel-size (torchrun's name)"
+    )
+    g.add_argument("--node-rank", type=int, default=0, help="this host's index; node 0 serves, others work")
+    g.add_argument("--master-addr", default="127.0.0.1", help="node 0's address for the ranks' rendezvous")
+    g.add_argument(
+        "--master-port",
+        type=int,
+        default=0,
+        help="rendezvous port (default: a free one on one host, else 29500)",
+    )
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -105,6 +122,10 @@ def config_from_args(args: argparse.Namespace, **extra: object) -> EngineConfig:
         enforce_eager=args.enforce_eager,
         async_output=args.async_output,
         tensor_parallel_size=args.tensor_parallel_size,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
         speculative_config=args.speculative_config,
         seed=args.seed,
         **extra,  # type: ignore[arg-type]

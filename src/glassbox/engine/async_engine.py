@@ -225,6 +225,7 @@ class AsyncEngine:
             logger.exception("engine thread crashed")
             self._dead = f"{type(e).__name__}: {e}"
             self._fail_all(f"internal engine error: {self._dead}", 500)
+            self._fail_queued(f"the engine has stopped: {self._dead}")
         else:
             self._dead = "shut down"
         finally:
@@ -244,6 +245,8 @@ class AsyncEngine:
             try:
                 outputs = engine.step(sink=self._deliver_all)
             except Exception as e:
+                if getattr(e, "fatal", False):  # a tensor-parallel rank is gone: stop (health goes bad)
+                    raise
                 logger.exception("engine step failed; failing the requests in flight")
                 self._fail_all(f"internal engine error: {type(e).__name__}: {e}", 500, abort=True)
                 continue
@@ -348,6 +351,18 @@ class AsyncEngine:
                     logger.exception("abort of %s failed", request_id)
             self._send(stream, RequestError(message, status))
         self._live.clear()
+
+    def _fail_queued(self, message: str) -> None:
+        """After a crash: answer the requests still queued as commands (added while the thread died)."""
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "add":
+                stream = cmd[1]
+                assert isinstance(stream, RequestStream)
+                self._send(stream, RequestError(message, 503))
 
     def _publish_stats(self, record: StepRecord | None) -> None:
         engine = self.engine

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from glassbox.config import EngineConfig
+from glassbox.engine import tp_runtime
 from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.checkpoint import open_checkpoint
 from glassbox.engine.core import Appended, CoreStep, EngineCore
@@ -23,7 +24,6 @@ from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence, merge_metrics
 from glassbox.engine.structured import GrammarCompiler
-from glassbox.engine.torch_executor import TorchExecutor
 from glassbox.models.facts import ModelFacts
 from glassbox.models.sources import resolve_model
 from glassbox.outputs import CompletionOutput, RequestOutput
@@ -115,7 +115,7 @@ class LLMEngine:
         default_batch = 8192 if resolve_device(config.device).type == "cuda" else 2048
         self.max_num_batched_tokens = batch = config.max_num_batched_tokens or default_batch
         draft = open_draft(config, self.tokenizer, self.facts, self.max_model_len, batch)  # before the KV
-        self.executor = TorchExecutor(
+        self.executor = tp_runtime.executor(  # a TorchExecutor; with tensor parallelism, rank 0's
             config,
             None if config.load_format == "dummy" else checkpoint,
             self.facts,
@@ -127,15 +127,10 @@ class LLMEngine:
         self.executor.eos_ids = self.tokenizer.eos_token_ids
         if self.executor.block_formats:
             logger.info("weights kept in blocks: %s", ", ".join(self.executor.block_formats))
-        plan = self.executor.kv_plan
+        plan, ex = self.executor.kv_plan, self.executor
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens, %.3f GiB (%s, %s)",
-            plan.num_blocks,
-            plan.block_size,
-            plan.num_tokens,
-            plan.gib,
-            self.executor.device,
-            self.executor.kv_dtype,
+            *(plan.num_blocks, plan.block_size, plan.num_tokens, plan.gib, ex.device, ex.kv_dtype),
         )
         self.block_manager = BlockManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, batch)
@@ -188,7 +183,9 @@ class LLMEngine:
         )
         if params.max_tokens is None:
             params = replace(params, max_tokens=max_tokens)
-        spec = params.structured_outputs  # a bad one raises GrammarError (ValueError) before anything is queued
+        spec = (
+            params.structured_outputs
+        )  # a bad one raises GrammarError (ValueError) before anything is queued
         states = []
         for i in range(params.n):
             seq = Sequence(next(self._seq_ids), request_id, ids, params, i, arrival, tokenize_s)

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from glassbox.config import QUANTIZED_AT_LOAD, EngineConfig
+from glassbox.distributed import state as tp_state
 from glassbox.dtypes import kv_element_bytes
+from glassbox.engine import tp_model
 from glassbox.engine.checkpoint import Checkpoint
 from glassbox.engine.device import (
     available_ram_bytes,
@@ -97,6 +99,10 @@ class TorchExecutor:
             if "GLASSBOX_NUM_THREADS" in os.environ:
                 torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
             keep_large_allocations_in_heap()
+        self.tp = tp_state()  # a tensor-parallel rank (engine/tp_model.py): its shard, PyTorch ops
+        if self.tp is not None:
+            tp_model.check_run(self.tp.world, self.device, config, checkpoint, model_config)
+            self.attn_backend = "torch"
         bits = QUANTIZED_AT_LOAD.get(config.quantization or "")
         if bits is not None and self.device.type != "cpu":
             raise ValueError(
@@ -110,9 +116,18 @@ class TorchExecutor:
         weights, packed = (
             checkpoint.weights(keep_packed, self.device, self.dtype) if checkpoint is not None else (None, {})
         )
+        if self.tp is not None and checkpoint is not None:
+            weights = tp_model.weights(self.tp, checkpoint, model_config)
         where = "the checkpoint" if checkpoint is None else str(checkpoint.source.path)
         self.model = build_model(
-            model_config, weights, self.dtype, self.device, seed=config.seed, where=where, packed=packed
+            model_config,
+            weights,
+            self.dtype,
+            self.device,
+            seed=config.seed,
+            where=where,
+            packed=packed,
+            shard=tp_model.shard_fn(self.tp),
         )
         if bits is not None:
             from glassbox.layers.quantization import quantize_model
@@ -132,7 +147,7 @@ class TorchExecutor:
         self.max_threads = torch.get_num_threads()
         self.light_threads = self.max_threads  # reserve_frontend_core() lowers it
         self.packed = 0
-        if self.device.type == "cpu" and self.dtype != torch.float32:
+        if self.device.type == "cpu" and self.dtype != torch.float32 and self.tp is None:
             from glassbox.layers.linear import pack_linears, packing_available
 
             if packing_available(self.dtype):
@@ -161,12 +176,13 @@ class TorchExecutor:
 
     def allocate_kv(self, plan: KVCachePlan, max_model_len: int) -> None:
         """Allocate the paged KV cache, bind the CPU kernels to it, capture the CUDA graphs."""
-        self.kv_plan = plan
-        self.num_kv_blocks = plan.num_blocks
+        # with tensor parallelism the fewest blocks any rank holds (engine/tp_model.py)
+        self.kv_plan, self.rank_weight_bytes = tp_model.agree(self.tp, plan, self.weight_bytes)
+        self.num_kv_blocks = self.kv_plan.num_blocks
         model_config = self.model_config
         # CUDA: one block more than the BlockManager gets, the scratch block that padded graph rows write
         blocks = self.num_kv_blocks + (1 if self.device.type == "cuda" else 0)
-        shape = (2, blocks, self.block_size, model_config.num_kv_heads, self.kv_width)
+        shape = (2, blocks, self.block_size, tp_model.kv_heads(self.tp, model_config), self.kv_width)
         self.kv_caches = [
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
             for _ in range(model_config.num_layers)
@@ -305,10 +321,13 @@ class TorchExecutor:
         ids, pos, slots = self._flatten(ordered)
         meta = self._metadata(decodes, prefills, slots)
         plan = SamplePlan.build(ordered, self.device)  # the rows to sample, on the device before the forward
+        kernel = not prefills and rows <= KERNEL_ROWS
+        if self.tp is not None:  # the workers run the same forward (engine/tp_model.run_step)
+            tp_model.send_step((ids, pos, meta, plan.rows, kernel))
         # block weights run their int8-activation kernel in decode-only steps of few rows, the dequantized
         # weight in a GEMM otherwise: a prompt gives the same first token whether or not its prefix was
         # cached, and wide decode batches take the GEMM, faster there (layers/block_linear.KERNEL_ROWS)
-        with torch.inference_mode(), block_kernel_rows(not prefills and rows <= KERNEL_ROWS):
+        with torch.inference_mode(), block_kernel_rows(kernel):
             hidden = self.forward(ids, pos, self.kv_caches, meta)
             return plan.sample(self.model.compute_logits, hidden, self.eos_ids, self.sample_generator)
 

@@ -103,14 +103,18 @@ def build_model(
     seed: int = 0,
     where: str = "the checkpoint",
     packed: dict[str, Packed] | None = None,
+    shard: Callable[[CausalLM], None] | None = None,
 ) -> CausalLM:
     """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None,
     and the ``packed`` weights (HF name -> blocks) kept in their blocks; then fused, in eval mode, and with
     no parameter requiring grad (an inference engine never trains: a forward run outside
     ``torch.inference_mode`` on inference tensors, such as a CUDA graph's outputs, would otherwise fail to
-    save them for a backward that never comes)."""
+    save them for a backward that never comes). ``shard`` rewrites the model on the meta device before any
+    weight exists (tensor parallelism: models/tensor_parallel.apply_tp), and ``weights`` are then shards."""
     with torch.device("meta"):
         model = MODEL_CLASSES[cfg.architecture](cfg)
+        if shard is not None:
+            shard(model)
     model.to(dtype)  # still on meta: free
     model.to_empty(device=device)
     # Buffers (every rotary table) were created on meta: rebuild them for real, in float32.

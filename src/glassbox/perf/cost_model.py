@@ -6,7 +6,8 @@ A step is a batch of sequences, each contributing (num_new_tokens, context_len_b
 streamed once per step (MoE: only the experts the batch's tokens route to, in expectation), the KV cache
 read and written, and recurrent (Mamba) state; FLOPs are 2 x active weights per token, plus attention
 (quadratic in a prefill, linear in context per decoded token). The simulator (SimulatedExecutor) calls
-``step_time`` once per scheduled step.
+``step_time`` once per scheduled step. With tensor parallelism (``engine.tp``) the step is one rank's:
+1/N of the weights, FLOPs and (by KV heads) cache, plus its all-reduces (perf/tensor_parallel.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from glassbox.models.facts import ModelFacts
 from glassbox.perf.engine_profiles import EngineProfile
 from glassbox.perf.hardware import HardwareSpec
 from glassbox.perf.quant import QuantFormat, QuantScheme
+from glassbox.perf.tensor_parallel import kv_share, step_comm_s
 
 _DENSE_GROUPS = ("attention", "mlp", "moe_shared", "mamba", "norms")
 
@@ -33,6 +35,7 @@ class StepCost:
     bytes_moved: float
     flops: float
     num_tokens: int
+    comm_s: float = 0.0  # tensor parallelism's all-reduces (included in seconds)
 
     @property
     def bound(self) -> str:
@@ -83,6 +86,7 @@ def step_cost(
         return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
     tokens, seqs = sum(n for n, _ in work), len(work)
     bw = hw.bandwidth_bytes_s * engine.eta_bw
+    ranks = engine.tp.size  # each rank holds 1/ranks of every group but the norms
 
     # Bytes: weights once per step, each group at its format's kernel efficiency.
     weight_s, weight_bytes = 0.0, 0.0
@@ -92,13 +96,13 @@ def step_cost(
     groups["experts"] = facts.moe_layers * distinct * facts.params_per_expert
     for group, count in groups.items():
         fmt = quant.format_for(group)
-        nbytes = count * fmt.bytes_per_weight
+        nbytes = count * fmt.bytes_per_weight / (1 if group == "norms" else ranks)
         weight_bytes += nbytes
         weight_s += nbytes / (bw * (fmt.decode_kernel_factor if engine.kernel_factors else 1.0))
     kv_read = sum(facts.kv_bytes(c, kv_bytes_per_element) for _, c in work)
     kv_write = sum(facts.kv_bytes(c + n, kv_bytes_per_element) for n, c in work) - kv_read
-    state = 2.0 * seqs * facts.state_bytes_per_seq  # recurrent state read and written back
-    other_bytes = kv_read + max(kv_write, 0.0) + state
+    state = 2.0 * seqs * facts.state_bytes_per_seq / ranks  # recurrent state read and written back
+    other_bytes = (kv_read + max(kv_write, 0.0)) * kv_share(facts, ranks) + state
     memory_s = weight_s + other_bytes / bw
 
     # FLOPs: linear layers at their compute dtype, attention and scans at bf16.
@@ -115,12 +119,13 @@ def step_cost(
         + expert_flops / (rate(quant.experts) * engine.moe_flops_factor)
         + head_flops / rate(quant.lm_head)
         + mixer_flops / bf16_rate
-    )
-    flops = dense_flops + expert_flops + head_flops + mixer_flops
+    ) / ranks
+    flops = (dense_flops + expert_flops + head_flops + mixer_flops) / ranks
     overhead = engine.step_overhead_s + engine.layer_overhead_s * facts.num_layers
     busy = max(memory_s, compute_s) if engine.overlap else memory_s + compute_s
-    seconds = busy + overhead
-    return StepCost(seconds, memory_s, compute_s, overhead, weight_bytes + other_bytes, flops, tokens)
+    comm = step_comm_s(facts, engine.tp, tokens, seqs if logit_rows is None else logit_rows)
+    seconds = busy + overhead + comm
+    return StepCost(seconds, memory_s, compute_s, overhead, weight_bytes + other_bytes, flops, tokens, comm)
 
 
 def step_time(

@@ -7,7 +7,9 @@ no overheads). ``glassbox`` has no published measurement yet: its values are eng
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+from glassbox.perf.tensor_parallel import TensorParallel
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class EngineProfile:
     kernel_factors: apply each format's decode_kernel_factor (dequantization cost); off for ceilings.
     kv_row_scales: an fp8/int8 KV cache keeps a float32 scale per token and head (glassbox's layout);
         else one scale per tensor (vLLM's fp8), 1 byte per element.
+    tp: tensor parallelism (ranks, link); a step's time is one rank's share plus its all-reduces.
     """
 
     name: str
@@ -51,6 +54,7 @@ class EngineProfile:
     overlap: bool = True
     kv_row_scales: bool = False
     fitted_on: str = ""
+    tp: TensorParallel = field(default_factory=TensorParallel)  # ranks and their link (perf/tensor_parallel)
 
     def ceiling(self) -> EngineProfile:
         """The same kernels' data path (dtypes, chunking) at 100% efficiency with no fixed costs."""

@@ -18,7 +18,7 @@ RATE_REQUESTS = 64  # requests per simulated Poisson run
 def _settings(req: PlanRequest, s: Setup, memory: MemoryPlan) -> tuple[SimSettings, int] | None:
     """KV blocks left for prompt + output after each running sequence's --context depth; None: nothing fits."""
     free = memory.budget - memory.weights - memory.activations - memory.runtime
-    per_token = s.facts.kv_bytes_per_token(s.kv_bytes)
+    per_token = memory.kv_bytes_per_token  # one rank's, with tensor parallelism
     slots = max(0, min(s.engine.max_num_seqs, memory.max_concurrency))
     if slots == 0 or free <= 0:
         return None

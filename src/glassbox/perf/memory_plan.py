@@ -1,5 +1,7 @@
 """Memory plan: weights + KV cache (every live sequence) + recurrent state + activations + runtime
-<= memory x utilization. Sizes in bytes internally; reported in GiB (2^30).
+<= memory x utilization. Sizes in bytes internally; reported in GiB (2^30). With tensor parallelism
+(``engine.tp``) it is one rank's (one box's): 1/N of the weights (norms whole), its KV heads' share of the
+cache (perf/tensor_parallel.kv_share), the activations and runtime whole (conservative).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from glassbox.models.facts import ModelFacts
 from glassbox.perf.engine_profiles import EngineProfile
 from glassbox.perf.hardware import GIB, HardwareSpec
 from glassbox.perf.quant import GROUPS, QuantScheme
+from glassbox.perf.tensor_parallel import kv_share
 
 # What --kv-cache-dtype may plan ("auto": the model's dtype); canonical names, long spellings accepted.
 KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "q8_0")
@@ -29,13 +32,14 @@ def kv_bytes_per_element(
     return element_bytes(name) if row_scale_head_dim is None else kv_element_bytes(name, row_scale_head_dim)
 
 
-def weight_bytes(facts: ModelFacts, scheme: QuantScheme) -> float:
-    """Resident weight bytes (a tied lm_head shares the embedding table)."""
+def weight_bytes(facts: ModelFacts, scheme: QuantScheme, ranks: int = 1) -> float:
+    """Resident weight bytes on one of ``ranks`` (a tied lm_head shares the embedding table)."""
     total = 0.0
     for group in GROUPS:
         if group == "lm_head" and facts.tie_word_embeddings:
             continue
-        total += facts.params[group] * scheme.format_for(group).bytes_per_weight
+        share = 1 if group == "norms" else ranks
+        total += facts.params[group] * scheme.format_for(group).bytes_per_weight / share
     return total
 
 
@@ -111,7 +115,9 @@ def plan_memory(
     kv_element_bytes: float,
 ) -> MemoryPlan:
     """Plan memory for ``concurrency`` live sequences of ``seq_len`` tokens (context + prompt + output)."""
-    weights = weight_bytes(facts, scheme)
+    ranks = engine.tp.size
+    weights = weight_bytes(facts, scheme, ranks)
+    kv_element_bytes *= kv_share(facts, ranks)  # this rank's KV heads
     activations = activation_bytes(facts, engine, prompt_tokens, concurrency)
     runtime = engine.runtime_gib * GIB
     budget = hw.memory_bytes * memory_utilization
@@ -119,7 +125,7 @@ def plan_memory(
     model_max = facts.max_context or 1 << 30
 
     def per_seq(n_tokens: int) -> float:
-        return facts.kv_bytes(n_tokens, kv_element_bytes) + facts.state_bytes_per_seq
+        return facts.kv_bytes(n_tokens, kv_element_bytes) + facts.state_bytes_per_seq / ranks
 
     max_conc = 0
     if free > 0:
@@ -129,7 +135,7 @@ def plan_memory(
         weights=weights,
         kv_bytes_per_token=facts.kv_bytes_per_token(kv_element_bytes),
         kv_cache=concurrency * facts.kv_bytes(seq_len, kv_element_bytes),
-        state=concurrency * facts.state_bytes_per_seq,
+        state=concurrency * facts.state_bytes_per_seq / ranks,
         activations=activations,
         runtime=runtime,
         budget=budget,

@@ -13,6 +13,7 @@ from glassbox.perf.memory_plan import KV_DTYPES
 from glassbox.perf.model_presets import PRESETS as MODEL_PRESETS
 from glassbox.perf.planner import PlanRequest, plan
 from glassbox.perf.quant import QUANT_CHOICES
+from glassbox.perf.tensor_parallel import INTERCONNECT_CHOICES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -61,6 +62,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "step also pays (default: n-gram drafts, free)",
     )
     p.add_argument("--draft-quant", default="native", help="the draft model's weight format (as --quant)")
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="ranks (boxes or GPUs) each holding 1/N of every layer; memory is per rank (needs --interconnect)",
+    )
+    p.add_argument(
+        "--interconnect",
+        default=None,
+        help=f"link between ranks: {', '.join(INTERCONNECT_CHOICES)}; adds a TP 1/2/4 comparison",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
@@ -96,6 +108,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         acceptance_rate=args.acceptance_rate,
         draft_model=args.draft_model,
         draft_quant=args.draft_quant,
+        tensor_parallel_size=args.tensor_parallel_size,
+        interconnect=args.interconnect,
     )
 
 
@@ -209,8 +223,50 @@ def render(result: dict[str, Any]) -> None:
                 state,
             )
         console.print(r)
+    if result.get("tensor_parallel"):
+        _render_tp(console, result)
     for warning in result["warnings"]:
         console.print(f"[yellow]warning: {warning}[/]")
     for note in m["notes"]:
         console.print(f"[dim]note: {note}[/]")
     console.print(f"[dim]engine profile: {eng['fitted_on']}[/]")
+
+
+def _render_tp(console: Any, result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    link = result["workload"]["interconnect"]
+    t = Table(
+        title=f"Tensor parallelism over {link['name']} ({link['bandwidth_gbs']:g} GB/s per direction, "
+        f"{link['latency_us']:g} us per ring step; memory and time per rank; AR = all-reduce)"
+    )
+    users = result["tensor_parallel"][0]["concurrency"]
+    cols = (
+        "TP",
+        "GiB/rank",
+        "fits",
+        "prefill tok/s",
+        "decode tok/s",
+        "TTFT s",
+        "AR us/layer decode",
+        "AR us/layer prefill",
+        "comm % decode",
+        f"tok/s at {users} users",
+    )
+    for col in cols:
+        t.add_column(col, justify="right")
+    for row in result["tensor_parallel"]:
+        t.add_row(
+            _fmt(row["tensor_parallel_size"]),
+            _fmt(row["weights_gib_per_rank"]),
+            "yes" if row["fits"] else "no",
+            _fmt(row["prefill_tok_s"], 1),
+            _fmt(row["decode_tok_s"], 1),
+            _fmt(row["ttft_s"], 3),
+            _fmt(row["allreduce_us_per_layer_decode"], 1),
+            _fmt(row["allreduce_us_per_layer_prefill"], 0),
+            f"{row['decode_comm_share']:.1%}",
+            _fmt(row["aggregate_tok_s"], 1),
+        )
+    console.print(t)
+    console.print(f"[dim]link: {link['source']}[/]")

@@ -14,6 +14,7 @@ from glassbox.perf.hardware import HardwareSpec, get_hardware
 from glassbox.perf.memory_plan import kv_bytes_per_element
 from glassbox.perf.model_presets import load_model_facts
 from glassbox.perf.quant import QuantScheme, resolve_scheme
+from glassbox.perf.tensor_parallel import TensorParallel, check_tp, get_interconnect
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,16 @@ class PlanRequest:
     acceptance_rate: float | None = None  # the chance that each draft is accepted, given the ones before
     draft_model: str | None = None  # drafts from this model (k passes a step), not n-gram lookup
     draft_quant: str = "native"
+    tensor_parallel_size: int = 1  # ranks (boxes or GPUs), each holding 1/N of every layer
+    interconnect: str | None = None  # the link between ranks (perf/tensor_parallel.INTERCONNECTS)
 
     def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.interconnect is None:
+            raise ValueError("--tensor-parallel-size > 1 needs --interconnect (the link between ranks)")
+        if self.interconnect is not None:
+            get_interconnect(self.interconnect)  # names the choices
         if not 0 <= self.spec_tokens <= 32:
             raise ValueError(f"--spec-tokens must be in [0, 32], got {self.spec_tokens}")
         if self.spec_tokens and self.acceptance_rate is None:
@@ -101,7 +110,9 @@ class Setup:
 def resolve(req: PlanRequest) -> Setup:
     facts = load_model_facts(req.model)
     hw = get_hardware(req.hardware)
-    engine = get_engine(req.engine)
+    check_tp(facts, req.tensor_parallel_size)
+    link = get_interconnect(req.interconnect) if req.interconnect else None
+    engine = replace(get_engine(req.engine), tp=TensorParallel(req.tensor_parallel_size, link))
     scheme = resolve_scheme(req.quant, facts.native_quant, facts.dtype, engine.gguf, engine.mixed_rest_format)
     row_scales = facts.head_dim if engine.kv_row_scales else None
     draft = None

@@ -1,4 +1,6 @@
-"""``glassbox plan``: assemble memory fit, prefill, decode, TTFT, concurrency and rate rows into one dict.
+"""``glassbox plan``: assemble memory fit, prefill, decode, TTFT, concurrency and rate rows into one dict
+(with --tensor-parallel-size, one rank's memory and a step's all-reduces; with --interconnect, a TP 1/2/4
+comparison from perf/tp_rows.py).
 
 The concurrency and rate rows come from perf/load_rows.py: the engine's real Scheduler and BlockManager
 on a virtual clock, each step timed by ``cost_model.step_time`` (with --spec-tokens, speculative steps
@@ -13,8 +15,9 @@ from glassbox.models.facts import ModelFacts
 from glassbox.perf.cost_model import decode_cost
 from glassbox.perf.load_rows import concurrency_rows, rate_rows
 from glassbox.perf.memory_plan import plan_memory
-from glassbox.perf.plan_request import PlanRequest, resolve
+from glassbox.perf.plan_request import PlanRequest, Setup, resolve
 from glassbox.perf.spec_plan import speculative_row
+from glassbox.perf.tp_rows import tp_rows
 
 
 def plan(req: PlanRequest) -> dict[str, Any]:
@@ -77,6 +80,8 @@ def plan(req: PlanRequest) -> dict[str, Any]:
             "kv_cache_dtype": req.kv_cache_dtype,
             "spec_tokens": req.spec_tokens,
             "acceptance_rate": req.acceptance_rate,
+            "tensor_parallel_size": req.tensor_parallel_size,
+            "interconnect": _link_dict(s),
         },
         "memory": memory.to_dict(),
         "prefill": {
@@ -97,6 +102,19 @@ def plan(req: PlanRequest) -> dict[str, Any]:
         "e2e_s": round(ttft + decode_s, 4),
         "concurrency": concurrency_rows(req, s, memory),
         "rate": rate_rows(req, s, memory),
+        "tensor_parallel": tp_rows(req, s),  # [] without --interconnect
+    }
+
+
+def _link_dict(s: Setup) -> dict[str, Any] | None:
+    link = s.engine.tp.link
+    if link is None:
+        return None
+    return {
+        "name": link.name,
+        "bandwidth_gbs": link.bandwidth_bytes_s / 1e9,
+        "latency_us": link.latency_s * 1e6,
+        "source": link.source,
     }
 
 

@@ -157,6 +157,11 @@ def run(args: argparse.Namespace) -> int:
 
     _check_flags(args)
     config = config_from_args(args, served_model_name=args.served_model_name)
+    if config.tensor_parallel_size > 1:
+        from glassbox.engine import tp_runtime
+
+        if tp_runtime.work(config):  # not rank 0 (another node, or torchrun's RANK > 0): work, then exit
+            return 0
     engine = LLMEngine(config)
     metrics = ServerMetrics()
     settings = ServerSettings(

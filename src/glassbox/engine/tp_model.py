@@ -1,0 +1,97 @@
+"""What the TorchExecutor does differently on a tensor-parallel rank (glassbox/py's group):
+what it refuses, the shard it loads, its KV heads, the block count all ranks agree on, and a worker's
+step from rank 0's broadcast of the step's inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Protocol
+
+import torch
+
+from glassbox.config import EngineConfig
+from glassbox.distributed import TPState, broadcast_object, gather_ints
+from glassbox.engine.checkpoint import Checkpoint, Tensors
+from glassbox.engine.kv_plan import KVCachePlan
+from glassbox.layers.attention import AttentionMetadata
+from glassbox.layers.block_linear import block_kernel_rows
+from glassbox.models.causal_lm import CausalLM
+from glassbox.models.loader import Forward
+from glassbox.models.model_config import ModelConfig
+from glassbox.models.tensor_parallel import apply_tp, check_tp, kv_heads_of, sharded_safetensors
+
+
+class StepRunner(Protocol):
+    """What a worker's step needs of its TorchExecutor."""
+
+    forward: Forward
+    kv_caches: list[torch.Tensor]
+    model: CausalLM
+
+
+# (input ids, positions, attention metadata, the rows whose logits are computed, block-kernel choice)
+StepInputs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor | None, bool]
+
+
+def check_run(
+    n: int,
+    device: torch.device,
+    config: EngineConfig,
+    checkpoint: Checkpoint | None,
+    cfg: ModelConfig,
+) -> None:
+    """ValueError naming what a tensor-parallel run over ``n`` ranks needs that is not built."""
+    if device.type != "cpu":
+        raise ValueError(
+            f"--tensor-parallel-size {n} runs on the CPU (gloo) only so far: NCCL on CUDA and CUDA graphs "
+            "that capture the collectives are not built (use --device cpu)"
+        )
+    if config.quantization not in (None, "none"):
+        raise ValueError(
+            f"--tensor-parallel-size {n} with --quantization is not built (16/32-bit weights only)"
+        )
+    if checkpoint is not None and (checkpoint.gguf is not None or checkpoint.facts.quantization_config):
+        raise ValueError(
+            f"--tensor-parallel-size {n} loads 16/32-bit safetensors checkpoints only (no GGUF, GPTQ/AWQ, "
+            "FP8 or FP4 shards yet)"
+        )
+    check_tp(cfg, n)
+
+
+def weights(tp: TPState, checkpoint: Checkpoint, cfg: ModelConfig) -> Tensors:
+    """This rank's shards, read slice by slice from the safetensors files."""
+    return sharded_safetensors(checkpoint.source.path, cfg, tp.rank, tp.world)
+
+
+def shard_fn(tp: TPState | None) -> Callable[[CausalLM], None] | None:
+    return None if tp is None else partial(apply_tp, rank=tp.rank, world=tp.world)
+
+
+def kv_heads(tp: TPState | None, cfg: ModelConfig) -> int:
+    """KV heads in this rank's cache."""
+    return cfg.num_kv_heads if tp is None else len(kv_heads_of(cfg, tp.rank, tp.world))
+
+
+def agree(tp: TPState | None, plan: KVCachePlan, weight_bytes: int) -> tuple[KVCachePlan, list[int]]:
+    """The fewest KV blocks any rank can hold (rank 0's scheduler hands out block ids every rank uses), and
+    every rank's weight bytes (rank order)."""
+    if tp is None:
+        return plan, [weight_bytes]
+    blocks = min(gather_ints(plan.num_blocks))
+    return KVCachePlan(blocks, plan.block_size, plan.bytes_per_block), gather_ints(weight_bytes)
+
+
+def send_step(inputs: StepInputs) -> None:
+    """Rank 0: the step's inputs to every worker (before its own forward)."""
+    broadcast_object(inputs)
+
+
+def run_step(ex: StepRunner, inputs: StepInputs) -> None:
+    """A worker: the same forward as rank 0 (its collectives pair with rank 0's), and the LM head on the
+    sampled rows (their logits are all-gathered); rank 0 alone samples."""
+    ids, pos, meta, rows, kernel = inputs
+    with torch.inference_mode(), block_kernel_rows(kernel):
+        hidden = ex.forward(ids, pos, ex.kv_caches, meta)
+        if rows is not None:
+            ex.model.compute_logits(hidden.index_select(0, rows))

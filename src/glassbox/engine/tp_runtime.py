@@ -1,0 +1,238 @@
+"""Tensor parallelism's processes: which rank this process is, the local ranks it spawns, the gloo group,
+and a worker's loop.
+
+Rank 0 runs the scheduler, the API and its share of every step; before each forward it broadcasts the
+step's inputs (token ids, positions, attention metadata, sampled rows: engine/tp_model.py) and every
+worker runs the same forward, so their all-reduces pair up. Workers never schedule or sample.
+
+Where the ranks come from:
+- one host: ``--tensor-parallel-size N`` spawns ranks 1..N-1 (torch.multiprocessing, spawn) on a free port;
+- several hosts: each runs the same command with ``--nnodes M --node-rank i --master-addr A --master-port P``
+  and holds ranks [i N/M, (i+1) N/M); node 0's first rank is rank 0 (the server), the other nodes only work;
+- torchrun: ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` in the environment name this process's
+  rank; nothing is spawned.
+A rank that dies breaks its peers' next collective at once (the socket closes); one that hangs fails it
+after ``GLASSBOX_TP_TIMEOUT`` seconds (default 30): TensorParallelError, which stops rank 0's
+engine loudly. Workers wait for steps on a group with a long timeout (the server may idle); rank 0's end of
+it has the short one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from multiprocessing.process import BaseProcess
+
+import torch
+import torch.distributed as dist
+
+from glassbox.config import EngineConfig
+from glassbox.distributed import TensorParallelError, TPState, broadcast_object, failed, set_state, state
+from glassbox.engine import tp_model
+from glassbox.engine.checkpoint import Checkpoint, open_checkpoint
+from glassbox.engine.device import resolve_device
+from glassbox.engine.torch_executor import TorchExecutor
+from glassbox.models.facts import ModelFacts
+from glassbox.models.model_config import ModelConfig
+from glassbox.models.sources import resolve_model
+
+logger = logging.getLogger(__name__)
+
+IDLE_TIMEOUT = timedelta(days=365)  # workers wait for the next step as long as the server idles
+
+
+def timeout_s() -> float:
+    return float(os.environ.get("GLASSBOX_TP_TIMEOUT", "30"))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """This process's rank, the group's size and rendezvous, and the local ranks it spawns."""
+
+    rank: int
+    world: int
+    addr: str
+    port: int
+    spawn: tuple[int, ...]
+
+
+def launch_plan(config: EngineConfig, env: dict[str, str] | None = None) -> Launch:
+    env = dict(os.environ) if env is None else env
+    world = config.tensor_parallel_size
+    if "RANK" in env and "WORLD_SIZE" in env:  # started by torchrun (or by hand with its variables)
+        if int(env["WORLD_SIZE"]) != world:
+            raise ValueError(
+                f"WORLD_SIZE={env['WORLD_SIZE']} but --tensor-parallel-size {world}: they must agree"
+            )
+        addr, port = env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29500"))
+        return Launch(int(env["RANK"]), world, addr, port, ())
+    local = world // config.nnodes
+    first = config.node_rank * local
+    port = config.master_port or (_free_port() if config.nnodes == 1 else 29500)
+    return Launch(first, world, config.master_addr, port, tuple(range(first + 1, first + local)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_group(rank: int, world: int, addr: str, port: int) -> None:
+    """Join the gloo group and set state(): a compute group with the short timeout, a control
+    group (step broadcasts) with a long one."""
+    start = timedelta(seconds=float(os.environ.get("GLASSBOX_TP_START_TIMEOUT", "300")))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world, timeout=start
+    )
+    t = timeout_s()
+    # the step broadcast: rank 0 sends within the timeout, workers may wait for it as long as the server idles
+    control = dist.new_group(backend="gloo", timeout=timedelta(seconds=t) if rank == 0 else IDLE_TIMEOUT)
+    compute = dist.new_group(backend="gloo", timeout=timedelta(seconds=t))
+    set_state(TPState(rank, world, compute, control, t))
+    logger.info(
+        "tensor-parallel rank %d of %d joined (gloo, %s:%d, %g s timeout)", rank, world, addr, port, t
+    )
+
+
+def spawn(plan: Launch, config: EngineConfig) -> list[BaseProcess]:
+    """Start this host's other ranks as processes that run ``_worker_main``."""
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs: list[BaseProcess] = []
+    for rank in plan.spawn:
+        p = ctx.Process(
+            target=_worker_main, args=(rank, plan.world, plan.addr, plan.port, config), daemon=True
+        )
+        p.start()
+        procs.append(p)
+    return procs
+
+
+_PROCS: list[BaseProcess] = []  # the workers this process spawned as rank 0
+
+
+def start(config: EngineConfig) -> None:
+    """Rank 0 (the engine's process), with tensor_parallel_size > 1: spawn the local workers and join the
+    group (``shutdown`` undoes it; also at exit)."""
+    if config.tensor_parallel_size == 1:
+        return
+    if state() is not None:
+        raise ValueError("this process already runs a tensor-parallel engine (one per process)")
+    plan = launch_plan(config)
+    if plan.rank != 0:
+        raise ValueError(
+            f"this process is tensor-parallel rank {plan.rank}: only rank 0 runs the engine (glassbox serve "
+            "runs the other ranks as workers)"
+        )
+    if not _PROCS:
+        atexit.register(shutdown)
+    _PROCS.extend(spawn(plan, config))
+    try:
+        init_group(0, plan.world, plan.addr, plan.port)
+    except Exception:
+        shutdown()
+        raise
+
+
+def executor(
+    config: EngineConfig,
+    checkpoint: Checkpoint | None,
+    facts: ModelFacts,
+    max_model_len: int,
+    batch: int,
+    draft_kv_bytes_per_token: float = 0.0,
+) -> TorchExecutor:
+    """The engine's executor; with tensor_parallel_size > 1, rank 0's, the other ranks started first (and
+    stopped again if this rank cannot start)."""
+    if config.tensor_parallel_size > 1:  # refuse before spawning anything
+        if config.speculative_config is not None:
+            raise ValueError(
+                f"--tensor-parallel-size {config.tensor_parallel_size} with --speculative-config is not built "
+                "(the workers would not run the verification and draft passes)"
+            )
+        cfg = ModelConfig.from_facts(facts)
+        device = resolve_device(config.device)
+        tp_model.check_run(config.tensor_parallel_size, device, config, checkpoint, cfg)
+    start(config)
+    try:
+        return TorchExecutor(
+            config, checkpoint, facts, max_model_len, batch, draft_kv_bytes_per_token=draft_kv_bytes_per_token
+        )
+    except BaseException:
+        shutdown()
+        raise
+
+
+def work(config: EngineConfig) -> bool:
+    """``glassbox serve`` on a process that is not rank 0: spawn this host's other ranks, work until rank 0
+    stops; True. False on rank 0's host process (it serves)."""
+    plan = launch_plan(config)
+    if plan.rank == 0:
+        return False
+    procs = spawn(plan, config)
+    try:
+        run_worker(plan.rank, plan.world, plan.addr, plan.port, config)
+    finally:
+        for p in procs:
+            p.join(timeout=5.0)
+    return True
+
+
+def _worker_main(rank: int, world: int, addr: str, port: int, config: EngineConfig) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        run_worker(rank, world, addr, port, config)
+    except TensorParallelError as e:
+        logger.error("%s; worker exits", e)
+        raise SystemExit(1) from None
+
+
+def run_worker(rank: int, world: int, addr: str, port: int, config: EngineConfig) -> None:
+    """Join the group, build this rank's executor, then run each step rank 0 broadcasts until it sends None
+    (or its connection breaks: TensorParallelError)."""
+    # Ctrl-C reaches every process of the terminal's group: a worker leaves when rank 0 says so (or its
+    # connection closes), so that rank 0's shutdown can still reach it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    init_group(rank, world, addr, port)
+    executor = build_executor(config)
+    logger.info("rank %d: %.1f MiB of weights, waiting for steps", rank, executor.weight_bytes / 2**20)
+    while True:
+        inputs = broadcast_object(None)
+        if inputs is None:
+            return
+        tp_model.run_step(executor, inputs)
+
+
+def build_executor(config: EngineConfig) -> TorchExecutor:
+    """The executor a worker runs: the same checkpoint and sizes as rank 0's LLMEngine builds."""
+    checkpoint = open_checkpoint(resolve_model(config.model))
+    facts = checkpoint.facts
+    max_len = config.max_model_len or facts.max_positions
+    default_batch = 8192 if resolve_device(config.device).type == "cuda" else 2048
+    batch = config.max_num_batched_tokens or default_batch
+    ckpt = None if config.load_format == "dummy" else checkpoint
+    return TorchExecutor(replace(config), ckpt, facts, max_len, batch)
+
+
+def shutdown() -> None:
+    """Rank 0: tell the workers to return (if the group still works), reap the local ones, leave the group."""
+    s = state()
+    if s is not None and s.rank == 0 and not failed():
+        try:
+            broadcast_object(None)
+        except TensorParallelError:
+            pass
+    for p in _PROCS:
+        p.join(timeout=0.0 if failed() else 5.0)  # a broken group's workers may never hear
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=5.0)
+    _PROCS.clear()
+    set_state(None)

@@ -1,0 +1,223 @@
+"""Tensor parallelism applied to a built Llama-family model (gpt-fast's ``apply_tp``, Megatron's split), and
+each rank's shard read from safetensors without materializing a whole tensor.
+
+On ``world`` ranks, rank r holds:
+- q/k/v and gate/up: column-parallel (its output rows): q heads [r H/N, (r+1) H/N); KV heads split the same
+  way, or, with fewer KV heads than ranks, the one KV head its q heads read (replicated over N/KV ranks);
+  gate/up rows [r I/N, (r+1) I/N). No communication.
+- o and down: row-parallel (its input columns); their partial sums are all-reduced (one all-reduce after
+  attention, one after the MLP), the bias added once after the sum.
+- the embedding: vocab-parallel, rows [r P, (r+1) P) with P = ceil(V/N) (the last shard zero-padded): a
+  token's row comes from the rank that holds it, zeros elsewhere, summed by one all-reduce.
+- the LM head: vocab-parallel the same way; the sampled rows' logits are all-gathered (every rank ends the
+  step with the full logits; rank 0 samples). A tied head shares the embedding's shard.
+- MoE layers (Mixtral, Qwen2-MoE, Qwen3-MoE): tensor-parallel within each expert (every rank holds every
+  expert's gate/up rows and down columns [r I/N, (r+1) I/N), and the shared expert's likewise), the router
+  and the shared expert's gate whole; the block's partial output is all-reduced once. Chosen over expert
+  parallelism because every rank then reads 1/N of each chosen expert (balanced whatever the routing) and
+  the block needs one all-reduce, as a dense MLP does, with no token exchange.
+- norms (and Qwen3's q/k norms, per head_dim) whole.
+Refused (``check_tp``): attention sinks (gpt-oss), head or FFN widths the ranks do not divide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+from glassbox.distributed import all_gather_last, all_reduce
+from glassbox.models.causal_lm import CausalLM
+from glassbox.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from glassbox.models.loader import weight_files
+from glassbox.models.model_config import ModelConfig
+from glassbox.models.moe import MoEExperts, SparseMoeBlock
+
+
+class RowParallelLinear(nn.Linear):
+    """y = all_reduce(x W_r^T) + b: this rank's input columns of W; the bias whole, added after the sum."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class RowParallelMoeBlock(SparseMoeBlock):
+    """A SparseMoeBlock whose experts (and shared expert) hold 1/N of their FFN width: its output is a
+    partial sum, all-reduced here (the routing weights and the shared gate scale it linearly)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_reduce(super().forward(x))
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """Rows [start, start + P) of the table; other tokens look up zeros, then one all-reduce."""
+
+    def __init__(self, vocab_size: int, hidden: int, rank: int, world: int) -> None:
+        per = -(-vocab_size // world)
+        super().__init__(per, hidden)
+        self.start, self.vocab_size = rank * per, vocab_size
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        mine = (local >= 0) & (local < self.num_embeddings)
+        out = F.embedding(torch.where(mine, local, 0), self.weight)
+        return all_reduce(out.masked_fill(~mine.unsqueeze(-1), 0.0))
+
+
+class VocabParallelLMHead(nn.Linear):
+    """Logits of vocabulary rows [start, start + P); all-gathered to (rows, V)."""
+
+    def __init__(self, hidden: int, vocab_size: int, world: int) -> None:
+        super().__init__(hidden, -(-vocab_size // world), bias=False)
+        self.vocab_size = vocab_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_gather_last(F.linear(x, self.weight))[..., : self.vocab_size]
+
+
+def check_tp(cfg: ModelConfig, world: int) -> None:
+    """ValueError naming what tensor parallelism over ``world`` ranks cannot run for this model."""
+    if world == 1:
+        return
+    if cfg.architecture not in TP_ARCHITECTURES:
+        raise ValueError(
+            f"--tensor-parallel-size {world}: {cfg.architecture} has no tensor-parallel split yet "
+            f"(built for {', '.join(sorted(TP_ARCHITECTURES))})"
+        )
+    widths = {"FFN width": cfg.intermediate_size}
+    if any(cfg.layer_moe):
+        widths["expert FFN width"] = cfg.moe_intermediate_size
+        widths["shared expert FFN width"] = cfg.shared_expert_intermediate_size
+    if cfg.attention_sinks:
+        raise ValueError(f"--tensor-parallel-size {world}: attention sinks are not split across ranks yet")
+    if cfg.num_heads % world:
+        raise ValueError(f"--tensor-parallel-size {world} must divide the model's {cfg.num_heads} heads")
+    kv = cfg.num_kv_heads
+    if kv % world and world % kv:
+        raise ValueError(
+            f"--tensor-parallel-size {world} and the model's {kv} KV heads: one must divide the other"
+        )
+    for what, width in widths.items():
+        if width % world:
+            raise ValueError(f"--tensor-parallel-size {world} must divide the model's {what} {width}")
+
+
+TP_ARCHITECTURES = frozenset(
+    {
+        *("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"),
+        *("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"),
+    }
+)
+
+
+def kv_heads_of(cfg: ModelConfig, rank: int, world: int) -> range:
+    """The KV heads rank ``rank`` holds."""
+    kv = cfg.num_kv_heads
+    if kv >= world:
+        per = kv // world
+        return range(rank * per, (rank + 1) * per)
+    head = rank // (world // kv)
+    return range(head, head + 1)
+
+
+def _split_mlp(mlp: LlamaMLP, h: int, world: int, bias: bool, reduce: bool) -> None:
+    """Gate/up by output rows, down by input columns (all-reduced after unless inside an MoE block)."""
+    inter = mlp.intermediate // world
+    mlp.gate_proj, mlp.up_proj = nn.Linear(h, inter, bias=bias), nn.Linear(h, inter, bias=bias)
+    mlp.down_proj = (RowParallelLinear if reduce else nn.Linear)(inter, h, bias=bias)
+    mlp.intermediate = inter
+
+
+def apply_tp(model: CausalLM, rank: int, world: int) -> None:
+    """Replace ``model``'s layers by this rank's parallel ones (on the meta device, before any weight is
+    allocated: the loader then fills the shards)."""
+    assert isinstance(model, LlamaForCausalLM)
+    cfg = model.config
+    check_tp(cfg, world)
+    h, hd = cfg.hidden_size, cfg.head_dim
+    heads, kv_heads = cfg.num_heads // world, len(kv_heads_of(cfg, rank, world))
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        assert isinstance(attn, LlamaAttention)
+        attn.num_heads, attn.num_kv_heads = heads, kv_heads
+        attn.q_proj = nn.Linear(h, heads * hd, bias=cfg.qkv_bias)
+        attn.k_proj = nn.Linear(h, kv_heads * hd, bias=cfg.qkv_bias)
+        attn.v_proj = nn.Linear(h, kv_heads * hd, bias=cfg.qkv_bias)
+        attn.o_proj = RowParallelLinear(heads * hd, h, bias=cfg.o_bias)
+        if isinstance(mlp, LlamaMLP):
+            _split_mlp(mlp, h, world, cfg.mlp_bias, reduce=True)
+            continue
+        assert isinstance(mlp, SparseMoeBlock) and mlp.experts.gate_up_proj_bias is None
+        old = mlp.experts
+        mlp.experts = MoEExperts(old.num_experts, h, old.inter // world, old.glu)
+        if isinstance(mlp.shared_expert, LlamaMLP):
+            _split_mlp(mlp.shared_expert, h, world, cfg.mlp_bias, reduce=False)
+        mlp.__class__ = RowParallelMoeBlock  # one all-reduce of the block's partial output
+    # the loader places each expert's checkpoint rows by the model's expert width: this rank's
+    model.config = dataclasses.replace(cfg, moe_intermediate_size=cfg.moe_intermediate_size // world)
+    model.model.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, h, rank, world)
+    model.lm_head = VocabParallelLMHead(h, cfg.vocab_size, world)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+
+
+_ROWS = ("q_proj", "gate_proj", "up_proj", "w1", "w3")  # split by output rows (per expert too)
+_COLS = ("o_proj", "down_proj", "w2")  # by input columns
+
+
+def _shard(name: str, shape: list[int], cfg: ModelConfig, rank: int, world: int) -> tuple[str, int, int, int]:
+    """How rank ``rank`` reads tensor ``name``: ("rows" | "cols" | "whole" | "gate_up" | "cols3", start,
+    end, padded rows)."""
+    hd = cfg.head_dim
+    part = name.rsplit(".", 2)
+    module, kind = (part[-2], part[-1]) if len(part) >= 2 else ("", name)
+    if len(shape) == 3 and kind == "gate_up_proj":  # fused experts (E, 2I, H): [gate | up] rows each
+        per = shape[1] // 2 // world
+        return "gate_up", rank * per, (rank + 1) * per, shape[1] // 2
+    if len(shape) == 3 and kind == "down_proj":  # fused experts (E, H, I)
+        per = shape[2] // world
+        return "cols3", rank * per, (rank + 1) * per, 0
+    if module in ("embed_tokens", "lm_head"):
+        per = -(-cfg.vocab_size // world)
+        return "rows", min(rank * per, shape[0]), min((rank + 1) * per, shape[0]), per
+    if module in ("k_proj", "v_proj"):
+        r = kv_heads_of(cfg, rank, world)
+        return "rows", r.start * hd, r.stop * hd, len(r) * hd
+    if module in _ROWS:
+        per = shape[0] // world
+        return "rows", rank * per, (rank + 1) * per, per
+    if module in _COLS and kind == "weight":
+        per = shape[1] // world
+        return "cols", rank * per, (rank + 1) * per, 0
+    return "whole", 0, 0, 0
+
+
+def sharded_safetensors(
+    model_dir: Path, cfg: ModelConfig, rank: int, world: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, this rank's shard) of every tensor, each read with safetensors' ``get_slice`` (only the
+    shard's bytes leave the file)."""
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                sl = f.get_slice(name)
+                how, a, b, rows = _shard(name, list(sl.get_shape()), cfg, rank, world)
+                if how == "whole":
+                    yield name, f.get_tensor(name)
+                elif how == "cols":
+                    yield name, sl[:, a:b]
+                elif how == "cols3":
+                    yield name, sl[:, :, a:b]
+                elif how == "gate_up":  # rows is I: this rank's gate rows, then its up rows
+                    yield name, torch.cat([sl[:, a:b], sl[:, rows + a : rows + b]], dim=1)
+                else:
+                    t = sl[a:b]
+                    if t.shape[0] < rows:  # the last vocabulary shard: zero rows up to P
+                        t = torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))])
+                    yield name, t

@@ -1,0 +1,186 @@
+"""Tensor parallelism on the CPU (gloo, spawned local ranks): float32 greedy token-exact with transformers
+and with TP=1, each rank holding only its shards, and a dead or hung rank failing requests loudly."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from tiny_models import build_tiny_model, hf_greedy
+
+from glassbox import distributed as distributed
+from glassbox.config import EngineConfig
+from glassbox.engine import tp_model, tp_runtime
+from glassbox.llm import LLM
+from glassbox.models.config_reader import facts_from_dir
+from glassbox.models.model_config import ModelConfig
+from glassbox.models.tensor_parallel import check_tp, sharded_safetensors
+from glassbox.sampling_params import SamplingParams
+from glassbox.tokenizer.hf_tokenizer import Tokenizer
+
+MAX_NEW = 6
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=1)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[int]], list]:
+    d = build_tiny_model("llama", tmp_path_factory.mktemp("tp"))  # 4 heads, 2 KV heads: split by head
+    prompts = [[1, 5, 9, 20, 33], list(range(3, 63)), [7] * 3, list(range(100, 130))]
+    return d, prompts, hf_greedy(d, prompts, MAX_NEW)
+
+
+@pytest.fixture(autouse=True)
+def _leave_group() -> object:
+    yield
+    tp_runtime.shutdown()  # each test's engine leaves the group (and reaps its workers)
+
+
+def _check(outs: list, ref: list, tol: float) -> None:
+    for i, (out, (toks, lps)) in enumerate(zip(outs, ref, strict=True)):
+        assert out.token_ids == toks, f"prompt {i}: {out.token_ids} != {toks}"
+        for j, t in enumerate(toks):
+            assert abs(out.logprobs[j][t] - lps[j]) < tol
+
+
+def test_tp2_greedy_matches_transformers_and_tp1(llama: tuple[Path, list[list[int]], list]) -> None:
+    d, prompts, ref = llama
+    one = LLM(str(d), dtype="float32", max_num_seqs=2).generate(prompts, GREEDY)
+    # 6 blocks x 16 tokens: the 60-token prompt's 5th block is not there beside two others: preemption
+    llm = LLM(str(d), dtype="float32", tensor_parallel_size=2, max_num_seqs=3, num_kv_blocks=6)
+    two = llm.generate(prompts, GREEDY)
+    _check(two, ref, 1e-4)
+    _check(two, [(o.token_ids, [o.logprobs[j][t] for j, t in enumerate(o.token_ids)]) for o in one], 1e-5)
+    assert llm.engine.scheduler.num_preemptions > 0
+    # the bytes each rank's model holds: half of every split tensor, the norms whole
+    ranks, total = llm.engine.executor.rank_weight_bytes, _file_bytes(d)
+    assert len(ranks) == 2 and all(0.45 * total < r < 0.55 * total for r in ranks), (ranks, total)
+
+
+def _file_bytes(d: Path) -> int:
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        return sum(f.get_tensor(k).numel() * 4 for k in f.keys())  # noqa: SIM118
+
+
+def test_each_rank_reads_only_its_shards(llama: tuple[Path, list[list[int]], list]) -> None:
+    d = llama[0]
+    cfg = ModelConfig.from_facts(facts_from_dir(d))
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        full = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    shards = [dict(sharded_safetensors(d, cfg, r, 2)) for r in range(2)]
+    for name, t in full.items():
+        a, b = shards[0][name], shards[1][name]
+        if "norm" in name:
+            assert torch.equal(a, t) and torch.equal(b, t)
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            assert a.shape[1] == t.shape[1] // 2 and torch.equal(torch.cat([a, b], 1), t)
+        else:  # q/k/v, gate/up, embedding, LM head: by output rows (heads, FFN columns, vocabulary)
+            assert a.shape[0] == t.shape[0] // 2 and torch.equal(torch.cat([a, b], 0), t), name
+    # 3 ranks: the 512-row vocabulary in shards of 171 rows, the last zero-padded
+    embed = [dict(sharded_safetensors(d, cfg, r, 3))["model.embed_tokens.weight"] for r in range(3)]
+    table = full["model.embed_tokens.weight"]
+    assert [e.shape[0] for e in embed] == [171] * 3 and not embed[2][170:].any()
+    assert torch.equal(torch.cat(embed)[:512], table)
+    held = [sum(t.numel() for t in s.values()) for s in shards]
+    norms = sum(t.numel() for n, t in full.items() if "norm" in n)
+    assert held[0] == held[1] == (sum(t.numel() for t in full.values()) - norms) // 2 + norms
+
+
+def test_tp2_moe_with_shared_expert_matches_transformers_then_a_killed_worker(tmp_path: Path) -> None:
+    """Qwen2-MoE (8 experts, top-2, a gated shared expert, one dense layer): each expert split by FFN width.
+    Then a worker is killed."""
+    d = build_tiny_model("qwen2_moe", tmp_path)
+    prompts = [[1, 5, 9, 20, 33], list(range(3, 40))]
+    ref = hf_greedy(d, prompts, MAX_NEW)
+    llm = LLM(str(d), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)
+    _check(llm.generate(prompts, GREEDY), ref, 1e-4)
+    ranks, total = llm.engine.executor.rank_weight_bytes, _file_bytes(d)
+    assert all(0.45 * total < r < 0.55 * total for r in ranks), (ranks, total)
+    # a killed worker: the next request fails within seconds, and every one after it at once
+    worker = tp_runtime._PROCS[0]
+    worker.kill()
+    worker.join(5)
+    t0 = time.monotonic()
+    with pytest.raises(distributed.TensorParallelError, match="rank 0 of 2"):
+        llm.generate([[1, 2, 3]], GREEDY)
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(distributed.TensorParallelError, match="has failed"):
+        llm.generate([[1, 2, 3]], GREEDY)
+
+
+def _worker_pid(parent: int) -> int:
+    """The spawned rank among ``parent``'s children (not multiprocessing's resource tracker)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if int(stat[1]) == parent and b"spawn_main" in cmd:
+            return int(entry.name)
+    raise AssertionError(f"no spawned rank under {parent}")
+
+
+def test_server_tp2_answers_then_a_hung_worker_fails_requests_and_health(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`glassbox serve --tensor-parallel-size 2` of a Qwen3 (q/k norms, tied embeddings) with one KV head
+    (replicated on both ranks) answers the openai client with transformers' greedy tokens; a worker that
+    stops answering fails the next request after GLASSBOX_TP_TIMEOUT and /health goes 503."""
+    from openai import InternalServerError, OpenAI
+    from test_server_harness import MODEL_NAME, start_server
+
+    d = build_tiny_model("qwen3", tmp_path, num_key_value_heads=1)
+    prompts = [list(range(3, 40))]
+    ref = hf_greedy(d, prompts, MAX_NEW)
+    monkeypatch.setenv("GLASSBOX_TP_TIMEOUT", "2")
+    server = start_server(d, tmp_path, "--tensor-parallel-size", "2", "--dtype", "float32")
+    try:
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30)
+        out = client.completions.create(
+            model=MODEL_NAME, prompt=prompts[0], max_tokens=MAX_NEW, temperature=0, logprobs=1
+        )
+        assert out.usage is not None and out.usage.completion_tokens == MAX_NEW
+        assert out.choices[0].text == Tokenizer.from_dir(d).decode(ref[0][0])
+        pid = _worker_pid(server.proc.pid)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(InternalServerError, match="rank 0 of 2"):
+                client.completions.create(model=MODEL_NAME, prompt=prompts[0], max_tokens=2)
+            assert 1.8 <= time.monotonic() - t0 < 12  # the timeout, not a broken socket; never a hang
+            assert server.health()["status"] == "unavailable"
+        finally:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        server.stop()
+
+
+def test_refusals_and_launch_plans(llama: tuple[Path, list[list[int]], list]) -> None:
+    cfg = ModelConfig.from_facts(facts_from_dir(llama[0]))
+    with pytest.raises(ValueError, match="attention sinks"):
+        check_tp(dataclasses.replace(cfg, attention_sinks=True), 2)
+    with pytest.raises(ValueError, match="Gemma3ForCausalLM has no tensor-parallel split"):
+        check_tp(dataclasses.replace(cfg, architecture="Gemma3ForCausalLM"), 2)
+    with pytest.raises(ValueError, match="expert FFN width 33"):
+        check_tp(dataclasses.replace(cfg, layer_moe=(True, True), moe_intermediate_size=33), 2)
+    with pytest.raises(ValueError, match="must divide the model's 4 heads"):
+        check_tp(cfg, 3)
+    with pytest.raises(ValueError, match="CPU \\(gloo\\) only so far: NCCL"):
+        tp_model.check_run(2, torch.device("cuda"), EngineConfig(), None, cfg)
+    t0 = time.monotonic()  # refused before any rank is spawned
+    with pytest.raises(ValueError, match="--tensor-parallel-size 2 with --quantization is not built"):
+        LLM(str(llama[0]), dtype="float32", tensor_parallel_size=2, quantization="int8")
+    assert time.monotonic() - t0 < 2 and distributed.state() is None and not tp_runtime._PROCS
+    with pytest.raises(ValueError, match="--nnodes"):
+        EngineConfig(tensor_parallel_size=2, nnodes=3)
+    base = EngineConfig(tensor_parallel_size=4, nnodes=2, node_rank=1, master_addr="10.0.0.1")
+    plan = tp_runtime.launch_plan(base, env={})
+    assert (plan.rank, plan.spawn, plan.addr, plan.port) == (2, (3,), "10.0.0.1", 29500)
+    env = {"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "7"}
+    assert tp_runtime.launch_plan(base, env=env) == tp_runtime.Launch(1, 4, "h", 7, ())
