@@ -36,11 +36,11 @@ from glassbox.engine.device import (
 from glassbox.engine.kv_plan import GiB, KVCachePlan, plan_kv_cache
 from glassbox.engine.sampler import to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
+from glassbox.engine.step_inputs import decode_rows, flatten, metadata
 from glassbox.engine.step_sampling import DevicePendingStep, SamplePlan
 from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
 from glassbox.layers.block_linear import KERNEL_ROWS, block_kernel_rows, block_weights
-from glassbox.layers.host import parts_to_device
 from glassbox.layers.kv_quant import row_width
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
@@ -312,8 +312,8 @@ class TorchExecutor:
             self._set_threads(batch)
         # decode rows: one token after the cached ones, or a token and its drafts (speculative decoding: row i
         # attends to the cache up to its own position, as a decode row; the drafts' K/V are written first)
-        decodes = [s for s in batch.scheduled if _decode_rows(s)]
-        prefills = [s for s in batch.scheduled if not _decode_rows(s)]
+        decodes = [s for s in batch.scheduled if decode_rows(s)]
+        prefills = [s for s in batch.scheduled if not decode_rows(s)]
         rows = sum(s.num_new_tokens for s in decodes)
         if self.graphs is not None and not prefills and rows <= self.graphs.max_batch:
             return self._execute_graph(decodes)
@@ -364,55 +364,11 @@ class TorchExecutor:
             return plan.sample(self.model.compute_logits, hidden, self.eos_ids, self.sample_generator)
 
     def _flatten(self, ordered: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        bs = self.block_size
-        for s in ordered:
-            end = s.start + s.num_new_tokens
-            ids.extend(s.tokens())
-            r = range(s.start, end)
-            pos.extend(r)
-            table = s.seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in r)
-        flat = to_device(ids + pos + slots, torch.long, self.device)  # one copy (pinned on CUDA), not three
-        n = len(ids)
-        return flat[:n], flat[n : 2 * n], flat[2 * n :]
+        return flatten(ordered, self.block_size, self.device)
 
     def _metadata(
         self, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq], slots: torch.Tensor
     ) -> AttentionMetadata:
-        dev, bs = self.device, self.block_size
-        lens = [p + 1 for s in decodes for p in range(s.start, s.start + s.num_new_tokens)]
-        meta = AttentionMetadata(slot_mapping=slots, num_decode=len(lens), backend=self.attn_backend)
-        if decodes:
-            max_blocks = (max(lens) + bs - 1) // bs
-            tables: list[int] = []
-            for s in decodes:
-                t = s.seq.block_table[:max_blocks]
-                tables += (t + [0] * (max_blocks - len(t))) * s.num_new_tokens  # a row per token
-            flat, ctx = parts_to_device([tables, lens], torch.long, dev)  # one copy, not two
-            meta.decode_block_tables = flat.view(len(lens), max_blocks)
-            meta.decode_context_lens = ctx
-        if self.attn_backend == "triton":
-            if prefills:
-                seqs = []
-                for s in prefills:
-                    end = s.start + s.num_new_tokens
-                    seqs.append((s.start, s.num_new_tokens, s.seq.block_table[: (end + bs - 1) // bs]))
-                block_m = prefill_block_m(self.model_config.head_dim, self.kv_dtype, self.dtype, dev)
-                meta.paged_prefill = build_paged_prefill(seqs, block_m, dev)
-            return meta
-        row = len(lens)
-        for s in prefills:
-            end = s.start + s.num_new_tokens
-            nblocks = (end + bs - 1) // bs
-            table = to_device(s.seq.block_table[:nblocks], torch.long, dev)
-            meta.prefills.append(PrefillSeq(row, s.num_new_tokens, s.start, table))
-            row += s.num_new_tokens
-        return meta
-
-
-def _decode_rows(s: ScheduledSeq) -> bool:
-    """Whether a scheduled sequence runs as decode rows: one token on its cache, or a token and its drafts."""
-    return bool(s.draft_tokens) or (s.num_new_tokens == 1 and s.start > 0)
+        head_dim = self.model_config.head_dim
+        return metadata(decodes, prefills, slots, self.block_size, self.device, self.attn_backend,
+                        lambda: prefill_block_m(head_dim, self.kv_dtype, self.dtype, self.device))  # fmt: skip
