@@ -62,6 +62,15 @@ def test_tp2_greedy_matches_transformers_and_tp1(llama: tuple[Path, list[list[in
     assert len(ranks) == 2 and all(0.45 * total < r < 0.55 * total for r in ranks), (ranks, total)
 
 
+def test_tp4_mistral_with_replicated_kv_heads_matches_transformers(tmp_path: Path) -> None:
+    """Four ranks over two KV heads (each replicated on two ranks), Mistral's sliding window past the
+    prompt: token-exact with transformers."""
+    d = build_tiny_model("mistral", tmp_path)
+    prompts = [list(range(3, 63)), [1, 5, 9, 20, 33]]  # 60 + 6 tokens: past the 48-token window
+    ref = hf_greedy(d, prompts, MAX_NEW)
+    _check(LLM(str(d), dtype="float32", tensor_parallel_size=4, max_num_seqs=2).generate(prompts, GREEDY), ref, 1e-4)
+
+
 def _file_bytes(d: Path) -> int:
     with safe_open(str(d / "model.safetensors"), framework="pt") as f:
         return sum(f.get_tensor(k).numel() * 4 for k in f.keys())  # noqa: SIM118
