@@ -1,4 +1,4 @@
-"""Block weights' 16-row tiles (layers/block_tiles.py, kernels/cpu_quant.c): the edge cases of the layout,
+"""Block weights' and K-quants' 16-row tiles (layers/block_tiles.py, kernels/cpu_quant.c): the edge cases of the layout,
 each checked against the format's own dequantization (the gguf package) or the GEMV's arithmetic in
 PyTorch: N not a multiple of 16, K with blocks past the last whole 16-block chunk, fused parts whose last
 tile is short, embedding rows gathered from the tiles."""
@@ -11,10 +11,13 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
+from gguf_factory import random_blocks
 from test_quantization import _int8_activation_reference, _weights, block_gemv_f32, needs_kernels
 
 from glassbox.layers.block_linear import BlockQuantEmbedding, concat_weights
 from glassbox.layers.block_quant import BlockWeights, from_gguf, from_zero_codes
+from glassbox.layers.kquant import KQuantWeights
+from glassbox.layers.kquant import from_gguf as kquant_from_gguf
 
 
 def _gguf(qtype: Q, n: int, k: int, seed: int) -> tuple[BlockWeights, np.ndarray]:
@@ -92,3 +95,20 @@ def test_embedding_rows_from_the_tiles(qtype: Q) -> None:
     got = BlockQuantEmbedding(w, torch.float32)(ids)
     assert got.shape == (2, 3, k)
     assert torch.equal(got, torch.from_numpy(ref)[ids])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_kquant_rows_and_fused_parts_from_the_tiles(qtype: Q) -> None:
+    """K-quants in tiles (steps of two super-blocks for Q4_K, one for Q6_K; 3 super-blocks leave Q4_K a lone
+    last one): embedding rows and parts of 20 and 7 rows stacked, against the gguf package's dequantization."""
+    k = 768
+    raws = [random_blocks(qtype, n, k, np.random.default_rng(n)) for n in (20, 7)]
+    refs = [gguf_dequantize(r, qtype).reshape(-1, k) for r in raws]
+    parts = [kquant_from_gguf(qtype.name, r, (len(ref), k)) for r, ref in zip(raws, refs, strict=True)]
+    ids = torch.tensor([[19, 0], [16, 3]])
+    got = BlockQuantEmbedding(parts[0], torch.float32)(ids)
+    assert torch.equal(got, torch.from_numpy(refs[0])[ids])
+    fused = concat_weights(parts)
+    assert isinstance(fused, KQuantWeights) and fused.out_features == 27
+    assert np.array_equal(fused.dequantize(torch.float32).numpy(), np.concatenate(refs))
+    assert fused.nbytes == sum(p.nbytes for p in parts)

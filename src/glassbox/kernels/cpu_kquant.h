@@ -10,6 +10,14 @@
 static inline i64 code_bytes(int kind) { return kind == 4 ? 128 : kind == 5 ? 160 : 192; }
 static inline i64 meta_bytes(int kind) { return kind == 6 ? 18 : 16; }
 
+/* Super-block sb of row n (of N rows of nsb) in the tiled codes or meta (``bytes`` per super-block): tiles
+ * of 16 rows (cpu_quant.h tiled_index) whose segments are one GEMV step, Q4_K/Q5_K two super-blocks, Q6_K
+ * one; with an odd count, Q4_K/Q5_K's last super-block follows the pairs, row after row. */
+static inline i64 kq_at(i64 n, i64 sb, i64 N, i64 nsb, i64 bytes, int kind) {
+    const i64 step = kind == 6 ? 1 : 2;
+    return tiled_index(n, sb * bytes, N, nsb * bytes, step * bytes, nsb / step * step * bytes);
+}
+
 /* Where value r (0..255) of a super-block sits in the lane order: byte 64 p + 4 j + t. */
 static inline i64 lane_pos(i64 r) {
     const i64 j = r / 16, w = r % 16;

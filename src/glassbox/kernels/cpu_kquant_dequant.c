@@ -51,7 +51,7 @@ static void dequant_sb(const uint8_t *rec, const uint8_t *mt, int kind, void *ou
 }
 #endif
 
-/* W (N x K) dequantized, rounded once to the dtype (dt 0 float32 / 1 bf16). ``generic``: plain C alone. */
+/* W (N x K, rows in tiles of 16: kq_at) dequantized, rounded once to the dtype (dt 0 float32 / 1 bf16). ``generic``: plain C alone. */
 void gb_dequant_kquant(const uint8_t *codes, const uint8_t *meta, int kind, i64 N, i64 K, void *out, int dt,
                        int threads, int generic) {
     const i64 nsb = K / SB, cb = code_bytes(kind), mb = meta_bytes(kind);
@@ -59,7 +59,7 @@ void gb_dequant_kquant(const uint8_t *codes, const uint8_t *meta, int kind, i64 
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
     for (i64 n = 0; n < N; n++) {
         for (i64 sb = 0; sb < nsb; sb++) {
-            const uint8_t *rec = codes + (n * nsb + sb) * cb, *mt = meta + (n * nsb + sb) * mb;
+            const uint8_t *rec = codes + kq_at(n, sb, N, nsb, cb, kind), *mt = meta + kq_at(n, sb, N, nsb, mb, kind);
             const i64 at0 = n * K + sb * SB;
 #ifdef GB_VNNI
             if (!generic) {

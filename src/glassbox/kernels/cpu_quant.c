@@ -19,7 +19,8 @@
  * scales (offsets, zero codes) the same way, 16 per chunk. A last tile of R < 16 rows has R in place of 16.
  * The batch-1 GEMV takes a tile at a time, chunk by chunk, so it reads the weights front to back: two or
  * three sequential streams (codes, scales, offsets) instead of 16 rows' worth, which the hardware
- * prefetcher follows (2048 x 2048 Q4_0: 1.4-2.6x faster than row-major with software prefetch).
+ * prefetcher follows (benchmarks/kquant_gemv.py, 1 thread, weights from DRAM: 2048 x 2048 Q4_0 1.6-1.9x,
+ * Q8_0 1.4-2.1x faster than 16 row-major rows with software prefetch).
  *
  * Decode rows (a few at a time) take llama.cpp's route: the activations are quantized to int8 per
  * 32-value block (scale dx = max|x| / 127, codes qx summing to sx; cx = dx sx), and
