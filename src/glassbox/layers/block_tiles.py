@@ -54,19 +54,19 @@ def from_tiles(a: torch.Tensor, seg: int, cut: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def tiled_index(rows: torch.Tensor, n: int, length: int, seg: int, cut: int) -> torch.Tensor:
-    """(len(rows), L) int64: where element j of each row lies in the flattened tiled array (cpu_quant.h's
-    ``tiled_index``)."""
+def gather_rows(a: torch.Tensor, rows: torch.Tensor, seg: int, cut: int) -> torch.Tensor:
+    """Rows ``rows`` (1-D) of the tiled (N, L) ``a``, (len(rows), L) in value order (an embedding lookup):
+    whole segments gathered (each starts at a multiple of ``seg``: every tile's L - cut is a multiple of
+    ``seg`` / 16), then the rows' last L - cut elements."""
+    n, length = a.shape
+    assert TILE * (length - cut) % seg == 0, "tiles that do not start on a segment"
+    flat = a.reshape(-1)
     rows = rows.long().reshape(-1, 1)
     t, r = rows // TILE, rows % TILE
     size = (n - t * TILE).clamp(max=TILE)  # rows in the row's tile
-    j = torch.arange(length).reshape(1, -1)
-    chunked = ((j // seg) * size + r) * seg + j % seg
-    tail = cut * size + r * (length - cut) + (j - cut)
-    return t * TILE * length + torch.where(j < cut, chunked, tail)
-
-
-def gather_rows(a: torch.Tensor, rows: torch.Tensor, seg: int, cut: int) -> torch.Tensor:
-    """Rows ``rows`` of the tiled (N, L) ``a``, (len(rows), L) in value order (an embedding lookup)."""
-    n, length = a.shape
-    return a.reshape(-1)[tiled_index(rows, n, length, seg, cut)]
+    at = t * TILE * length
+    segments = flat[: flat.numel() // seg * seg].view(-1, seg)
+    s = torch.arange(cut // seg).reshape(1, -1)
+    head = segments[(at + (s * size + r) * seg) // seg].reshape(len(rows), cut)
+    tail = flat[at + cut * size + r * (length - cut) + torch.arange(length - cut).reshape(1, -1)]
+    return torch.cat([head, tail], dim=1)
