@@ -175,14 +175,15 @@ static inline __attribute__((always_inline)) void tile16_m1(const uint8_t *codes
 static inline __attribute__((always_inline)) void row_vnni(const uint8_t *codes, const uint8_t *meta, int kind, i64 N, i64 n, i64 K,
                      const int8_t *qx, const float *dx, const float *cx, const int32_t *sx, i64 M, float *y) {
     const i64 nsb = K / SB, nb = K / 32, cb = code_bytes(kind), mb = meta_bytes(kind);
+    const kq_row row = kq_row_at(codes, meta, kind, N, nsb, n);
     __m512 acc[64];
     for (i64 m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     if (kind == 6) {
         for (i64 sb = 0; sb < nsb; sb++) {
             __m512i V[4];
-            unpack_sb(codes + kq_at(n, sb, N, nsb, cb, kind), kind, V);
+            unpack_sb(kq_codes(&row, sb, cb), kind, V);
             __m512 S, O;
-            lane_scales(meta + kq_at(n, sb, N, nsb, mb, kind), kind, &S, &O);
+            lane_scales(kq_meta(&row, sb, mb), kind, &S, &O);
             for (i64 m = 0; m < M; m++) {
                 const i64 b0 = m * nb + sb * 8;
                 const __m512i ip = lane_dots(V, qx + m * K + sb * SB, kind, sx + 2 * b0);
@@ -194,8 +195,8 @@ static inline __attribute__((always_inline)) void row_vnni(const uint8_t *codes,
             const int two = sb + 1 < nsb;
             const __mmask16 k = two ? 0xFFFF : 0x00FF;
             __m512 S, O;
-            pair_scales(meta + kq_at(n, sb, N, nsb, mb, kind), two, &S, &O);
-            const uint8_t *rec = codes + kq_at(n, sb, N, nsb, cb, kind); /* and sb + 1's after it */
+            pair_scales(kq_meta(&row, sb, mb), two, &S, &O);
+            const uint8_t *rec = kq_codes(&row, sb, cb); /* and sb + 1's after it */
             for (i64 m = 0; m < M; m++) { /* the codes come from L1 after the first row */
                 const i64 b0 = m * nb + sb * 8;
                 const __m512i ip = pair_dots(rec, kind, two, qx + m * K + sb * SB);
@@ -234,6 +235,11 @@ static void gemv_kq(const uint8_t *codes, const uint8_t *meta, int kind, const f
 #endif
             for (i64 r = 0; r < rows; r++) {
 #ifdef GB_VNNI
+                const i64 next = N - n0 - TILE < TILE ? N - n0 - TILE : TILE; /* the next tile's rows */
+                if (!generic && next > 0) { /* cpu_quant.h prefetch_part */
+                    prefetch_part(codes + (n0 + TILE) * crow, next * crow, r);
+                    prefetch_part(meta + (n0 + TILE) * mrow, next * mrow, r);
+                }
                 if (!generic && kind == 6) {
                     row_vnni(codes, meta, 6, N, n0 + r, K, qx, dx, cx, sx, M, y + r * M);
                     continue;

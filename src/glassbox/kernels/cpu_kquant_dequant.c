@@ -58,8 +58,9 @@ void gb_dequant_kquant(const uint8_t *codes, const uint8_t *meta, int kind, i64 
     (void)generic;
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
     for (i64 n = 0; n < N; n++) {
+        const kq_row row = kq_row_at(codes, meta, kind, N, nsb, n);
         for (i64 sb = 0; sb < nsb; sb++) {
-            const uint8_t *rec = codes + kq_at(n, sb, N, nsb, cb, kind), *mt = meta + kq_at(n, sb, N, nsb, mb, kind);
+            const uint8_t *rec = kq_codes(&row, sb, cb), *mt = kq_meta(&row, sb, mb);
             const i64 at0 = n * K + sb * SB;
 #ifdef GB_VNNI
             if (!generic) {

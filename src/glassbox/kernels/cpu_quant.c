@@ -248,6 +248,14 @@ static void gemv(const uint8_t *w, const uint16_t *d, const uint16_t *o, const u
             for (i64 r = 0; r < rows; r++) {
 #ifdef GB_VNNI
                 if (!generic) {
+                    const i64 next = N - n0 - TILE < TILE ? N - n0 - TILE : TILE; /* the next tile's rows */
+                    if (next > 0) {
+                        const i64 n1 = n0 + TILE;
+                        prefetch_part(w + n1 * row_bytes, next * row_bytes, r);
+                        prefetch_part(d + n1 * nb, next * nb * 2, r);
+                        if (o) prefetch_part(o + n1 * nb, next * nb * 2, r);
+                        if (z) prefetch_part(z + n1 * nb, next * nb, r);
+                    }
                     const block_row rw = row_at(w, d, o, z, N, Kp, bits, n0 + r);
                     row_dot_vnni(&rw, c, Kp, bits, qx, dx, cx, M, y + r * M);
                     continue;
