@@ -5,13 +5,13 @@
 #ifdef GB_VNNI
 /* One row's whole chunks, dequantized into out (row of K values, dt 0 float32 / 1 bf16): for each code vector
  * p, 16 codes at a time (4 codes of 4 blocks) widened, scaled and offset per block, stored as 4-value runs. */
-static void dequant_chunks(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 chunks, int bits,
-                           void *out, int dt) {
+static void dequant_chunks(const block_row *rw, float c, i64 chunks, int bits, void *out, int dt) {
     const __m512i mask = _mm512_set1_epi8(15);
     for (i64 ch = 0; ch < chunks; ch++) {
-        const i64 b = ch * CHUNK;
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b)));
-        const __m512 ov = block_offsets16(o, z, c, b, dv);
+        const i64 b = ch * CHUNK, mo = ch * rw->mstep;
+        const uint8_t *w = rw->w + ch * rw->wstep;
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rw->d + mo)));
+        const __m512 ov = block_offsets16(rw->o ? rw->o + mo : NULL, rw->z ? rw->z + mo : NULL, c, 0, dv);
         __m512 ds[4], os[4]; /* group g: lanes 4i..4i+3 hold block 4g + i's scale (offset) */
         for (int g = 0; g < 4; g++) {
             const __m512i idx = _mm512_setr_epi32(4 * g, 4 * g, 4 * g, 4 * g, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
@@ -23,10 +23,10 @@ static void dequant_chunks(const uint8_t *w, const uint16_t *d, const uint16_t *
         for (int p = 0; p < 8; p++) {
             __m512i v;
             if (bits == 4) {
-                const __m512i raw = _mm512_loadu_si512((const void *)(w + ch * 256 + (p % 4) * 64));
+                const __m512i raw = _mm512_loadu_si512((const void *)(w + (p % 4) * 64));
                 v = p < 4 ? _mm512_and_si512(raw, mask) : _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
             } else {
-                v = _mm512_loadu_si512((const void *)(w + ch * 512 + p * 64));
+                v = _mm512_loadu_si512((const void *)(w + p * 64));
             }
             for (int g = 0; g < 4; g++) { /* bytes 16g..16g+15: codes 4p..4p+3 of blocks 4g..4g+3 */
                 const __m128i qg = g == 0   ? _mm512_extracti32x4_epi32(v, 0)
@@ -53,29 +53,36 @@ static void dequant_chunks(const uint8_t *w, const uint16_t *d, const uint16_t *
 }
 #endif
 
-/* W (N x K) dequantized: d q + o per value, rounded once to the dtype (dt 0 float32 / 1 bf16). */
+/* W (N x K, rows in tiles of 16) dequantized: d q + o per value, rounded once to the dtype (dt 0 float32 / 1
+ * bf16), rows in order. */
 void gb_dequant_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 N, i64 Kp, i64 K,
                        int bits, void *out, int out_dt, int threads) {
-    const i64 row_bytes = bits == 4 ? Kp / 2 : Kp;
-    const i64 nb = Kp / 32;
-    const i64 chunks = nb / CHUNK;
+    const i64 chunks = Kp / 32 / CHUNK, nb = Kp / 32, row_bytes = bits == 4 ? Kp / 2 : Kp;
+    (void)nb, (void)row_bytes; /* the vector path's */
     i64 first = 0; /* codes before it were written by the vector path */
 #if defined(GB_VNNI) && defined(__AVX512BF16__)
     first = chunks * CHUNK * 32 <= K ? chunks * CHUNK * 32 : 0;
 #endif
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
     for (i64 n = 0; n < N; n++) {
-        const uint8_t *row = w + n * row_bytes;
 #if defined(GB_VNNI) && defined(__AVX512BF16__)
-        if (first > 0)
-            dequant_chunks(row, d + n * nb, o ? o + n * nb : NULL, z ? z + n * nb : NULL, c, chunks, bits,
-                           (char *)out + n * K * (out_dt ? 2 : 4), out_dt);
+        if (first > 0) {
+            const i64 n1 = (n / TILE + 1) * TILE, next = N - n1 < TILE ? N - n1 : TILE; /* the next tile's rows */
+            if (next > 0) { /* a sixteenth of the next tile per row (cpu_quant.h prefetch_part) */
+                prefetch_part(w + n1 * row_bytes, next * row_bytes, n % TILE);
+                prefetch_part(d + n1 * nb, next * nb * 2, n % TILE);
+                if (o) prefetch_part(o + n1 * nb, next * nb * 2, n % TILE);
+                if (z) prefetch_part(z + n1 * nb, next * nb, n % TILE);
+            }
+            const block_row rw = row_at(w, d, o, z, N, Kp, bits, n);
+            dequant_chunks(&rw, c, chunks, bits, (char *)out + n * K * (out_dt ? 2 : 4), out_dt);
+        }
 #endif
         for (i64 k = first; k < K; k++) {
-            const i64 b = k / 32;
-            const int q = code_at(row, k, Kp, bits);
-            const float db = h2f(d[n * nb + b]);
-            const float ob = block_offset(o ? o + n * nb : NULL, z ? z + n * nb : NULL, c, b, db);
+            const i64 mi = meta_at(N, n, k / 32, Kp);
+            const int q = code_at(w, N, n, k, Kp, bits);
+            const float db = h2f(d[mi]);
+            const float ob = block_offset(o ? o + mi : NULL, z ? z + mi : NULL, c, 0, db);
             store_out(out, n * K + k, db * (float)q + ob, out_dt);
         }
     }

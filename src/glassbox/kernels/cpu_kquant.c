@@ -16,6 +16,10 @@
  * d sc and dmin m are exact in float32 (an 11-bit significand times an integer below 2^7) and so is S q:
  * the dequantization below equals GGML's (gguf.quants.dequantize) bit for bit. Bytes per weight: the
  * file's own, Q4_K 144/256 (4.5 bits), Q5_K 176/256 (5.5), Q6_K 210/256 (6.5625).
+ * The rows are stored in tiles of 16 (cpu_quant.h tiled_index; kq_at): a tile holds the first GEMV step (two
+ * super-blocks for Q4_K/Q5_K, one for Q6_K) of its 16 rows one after another, then the second step's, ...,
+ * then (an odd count of Q4_K/Q5_K super-blocks) the rows' last super-blocks; the meta records the same way.
+ * So the batch-1 GEMV, a tile at a time, reads its weights front to back.
  *
  * Decode rows: the activations are quantized to int8 per 32 values (as cpu_quant.c: dx = max|x| / 127,
  * codes rounded half away from zero), their codes put in the same lane order, with per 32-value block dx and
@@ -50,14 +54,15 @@ void gb_quantize_rows_kq(const void *x, i64 M, i64 K, int8_t *qx, float *dx, flo
     }
 }
 
-/* One weight row against M activation rows, plain C: y[m]. */
-static void row_generic(const uint8_t *codes, const uint8_t *meta, int kind, i64 K, const int8_t *qx,
+/* Row n of the N rows against M activation rows, plain C: y[m]. */
+static void row_generic(const uint8_t *codes, const uint8_t *meta, int kind, i64 N, i64 n, i64 K, const int8_t *qx,
                         const float *dx, const float *cx, const int32_t *sx, i64 M, float *y) {
     const i64 nsb = K / SB, nb = K / 32, cb = code_bytes(kind), mb = meta_bytes(kind);
     for (i64 m = 0; m < M; m++) {
         float total = 0.0f;
         for (i64 sb = 0; sb < nsb; sb++) {
-            const uint8_t *rec = codes + sb * cb;
+            const uint8_t *rec = codes + kq_at(n, sb, N, nsb, cb, kind);
+            const uint8_t *mt = meta + kq_at(n, sb, N, nsb, mb, kind);
             const int8_t *a = qx + m * K + sb * SB;
             const i64 b0 = m * nb + sb * 8; /* this super-block's first activation block */
             for (i64 j = 0; j < LANES; j += (kind == 6 ? 1 : 2)) { /* a lane (Q6_K) or a sub-block of two */
@@ -65,7 +70,7 @@ static void row_generic(const uint8_t *codes, const uint8_t *meta, int kind, i64
                 int32_t ip = 0;
                 for (i64 r = 16 * j; r < 16 * j + width; r++) ip += code_of(rec, kind, r) * a[lane_pos(r)];
                 float S, O;
-                lane_scale(meta + sb * mb, kind, j, &S, &O);
+                lane_scale(mt, kind, j, &S, &O);
                 if (kind == 6)
                     total += (float)(ip - 32 * sx[2 * b0 + j]) * (S * dx[b0 + j / 2]);
                 else
@@ -130,12 +135,13 @@ static inline __m512 sum16(__m512 v[16]) {
     return _mm512_add_ps(_mm512_permutex2var_ps(c[0], i4, c[1]), _mm512_permutex2var_ps(c[0], j4, c[1]));
 }
 
-/* One activation row against 16 weight rows: y[r] for row r. Q4_K/Q5_K two super-blocks a step, Q6_K one.
+/* One activation row against the 16 rows of a whole tile (its codes and meta): y[r] for row r. Q4_K/Q5_K two
+ * super-blocks a step, Q6_K one; the tile is read front to back (a step's 16 rows one after another).
  * Inlined where ``kind`` is a constant: the compiler drops the other kinds' branches (8-10% faster). */
 static inline __attribute__((always_inline)) void tile16_m1(const uint8_t *codes, const uint8_t *meta, int kind, i64 K, const int8_t *qx,
                       const float *dx, const float *cx, const int32_t *sx, float *y) {
     const i64 nsb = K / SB, cb = code_bytes(kind), mb = meta_bytes(kind);
-    const i64 crow = nsb * cb, mrow = nsb * mb, step = kind == 6 ? 1 : 2;
+    const i64 step = kind == 6 ? 1 : 2, full = nsb / step * step; /* super-blocks in whole steps */
     __m512 acc[16];
     for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
     for (i64 sb = 0; sb < nsb; sb += step) {
@@ -145,11 +151,8 @@ static inline __attribute__((always_inline)) void tile16_m1(const uint8_t *codes
         const __m512 cxv = kind == 6 ? dxv : _mm512_maskz_loadu_ps(k, cx + sb * 8);
         const int8_t *a = qx + sb * SB;
         for (int r = 0; r < 16; r++) {
-            const uint8_t *rec = codes + r * crow + sb * cb;
-            const uint8_t *mt = meta + r * mrow + sb * mb;
-            /* 16 rows are 16 streams, more than the hardware prefetcher follows: fetch 2 steps ahead */
-            for (i64 line = 0; line < step * cb; line += 64)
-                _mm_prefetch((const char *)(rec + 2 * step * cb + line), _MM_HINT_T0);
+            const i64 at = sb < full ? sb * 16 + r * step : full * 16 + r; /* in super-blocks */
+            const uint8_t *rec = codes + at * cb, *mt = meta + at * mb;
             __m512 S, O;
             if (kind == 6) {
                 __m512i V[4];
@@ -168,18 +171,19 @@ static inline __attribute__((always_inline)) void tile16_m1(const uint8_t *codes
     _mm512_storeu_ps(y, sum16(acc));
 }
 
-/* One weight row against M <= 64 activation rows: codes unpacked once per step for all of them. */
-static inline __attribute__((always_inline)) void row_vnni(const uint8_t *codes, const uint8_t *meta, int kind, i64 K, const int8_t *qx,
-                     const float *dx, const float *cx, const int32_t *sx, i64 M, float *y) {
+/* Row n of the N rows against M <= 64 activation rows: codes unpacked once per step for all of them. */
+static inline __attribute__((always_inline)) void row_vnni(const uint8_t *codes, const uint8_t *meta, int kind, i64 N, i64 n, i64 K,
+                     const int8_t *qx, const float *dx, const float *cx, const int32_t *sx, i64 M, float *y) {
     const i64 nsb = K / SB, nb = K / 32, cb = code_bytes(kind), mb = meta_bytes(kind);
+    const kq_row row = kq_row_at(codes, meta, kind, N, nsb, n);
     __m512 acc[64];
     for (i64 m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     if (kind == 6) {
         for (i64 sb = 0; sb < nsb; sb++) {
             __m512i V[4];
-            unpack_sb(codes + sb * cb, kind, V);
+            unpack_sb(kq_codes(&row, sb, cb), kind, V);
             __m512 S, O;
-            lane_scales(meta + sb * mb, kind, &S, &O);
+            lane_scales(kq_meta(&row, sb, mb), kind, &S, &O);
             for (i64 m = 0; m < M; m++) {
                 const i64 b0 = m * nb + sb * 8;
                 const __m512i ip = lane_dots(V, qx + m * K + sb * SB, kind, sx + 2 * b0);
@@ -191,10 +195,11 @@ static inline __attribute__((always_inline)) void row_vnni(const uint8_t *codes,
             const int two = sb + 1 < nsb;
             const __mmask16 k = two ? 0xFFFF : 0x00FF;
             __m512 S, O;
-            pair_scales(meta + sb * mb, two, &S, &O);
+            pair_scales(kq_meta(&row, sb, mb), two, &S, &O);
+            const uint8_t *rec = kq_codes(&row, sb, cb); /* and sb + 1's after it */
             for (i64 m = 0; m < M; m++) { /* the codes come from L1 after the first row */
                 const i64 b0 = m * nb + sb * 8;
-                const __m512i ip = pair_dots(codes + sb * cb, kind, two, qx + m * K + sb * SB);
+                const __m512i ip = pair_dots(rec, kind, two, qx + m * K + sb * SB);
                 acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), _mm512_mul_ps(S, _mm512_maskz_loadu_ps(k, dx + b0)), acc[m]);
                 acc[m] = _mm512_fmadd_ps(O, _mm512_maskz_loadu_ps(k, cx + b0), acc[m]);
             }
@@ -204,20 +209,21 @@ static inline __attribute__((always_inline)) void row_vnni(const uint8_t *codes,
 }
 #endif
 
-/* out[m * out_stride + n] = the sums above (+ bias[n]), n < N, m < M <= 64. ``generic``: the
- * plain-C path alone (the vector path's reference). */
+/* out[m * out_stride + n] = the sums above (+ bias[n]), n < N, m < M <= 64; codes and meta in tiles of 16
+ * rows (kq_at), each thread a run of whole tiles. ``generic``: the plain-C path alone (the vector path's
+ * reference). */
 static void gemv_kq(const uint8_t *codes, const uint8_t *meta, int kind, const float *bias, i64 N, i64 K,
                     const int8_t *qx, const float *dx, const float *cx, const int32_t *sx, i64 M, void *out,
                     i64 out_stride, int out_dt, int threads, int generic) {
     const i64 crow = K / SB * code_bytes(kind), mrow = K / SB * meta_bytes(kind);
+    const i64 tiles = (N + TILE - 1) / TILE;
     (void)generic; /* without AVX-512 VNNI every path is the plain one */
-#ifdef GB_VNNI
-    if (!generic && M == 1 && N >= 16) { /* batch 1: rows in tiles of 16 */
-        const i64 tiles = N / 16;
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
-        for (i64 t = 0; t < tiles; t++) {
-            float y[16];
-            const i64 n0 = t * 16;
+    for (i64 t = 0; t < tiles; t++) {
+        const i64 n0 = t * TILE, rows = N - n0 < TILE ? N - n0 : TILE;
+        float y[64 * TILE];
+#ifdef GB_VNNI
+        if (!generic && M == 1 && rows == TILE) { /* batch 1, a whole tile */
             const uint8_t *c = codes + n0 * crow, *mt = meta + n0 * mrow;
             if (kind == 4)
                 tile16_m1(c, mt, 4, K, qx, dx, cx, sx, y);
@@ -225,28 +231,30 @@ static void gemv_kq(const uint8_t *codes, const uint8_t *meta, int kind, const f
                 tile16_m1(c, mt, 5, K, qx, dx, cx, sx, y);
             else
                 tile16_m1(c, mt, 6, K, qx, dx, cx, sx, y);
-            for (int r = 0; r < 16; r++) store_out(out, n0 + r, y[r] + (bias ? bias[n0 + r] : 0.0f), out_dt);
-        }
-        const i64 done = tiles * 16; /* the last rows one by one */
-        if (done < N)
-            gemv_kq(codes + done * crow, meta + done * mrow, kind, bias ? bias + done : NULL, N - done, K, qx, dx,
-                    cx, sx, M, (char *)out + done * (out_dt ? 2 : 4), out_stride, out_dt, threads, 0);
-        return;
-    }
+        } else
 #endif
-#pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
-    for (i64 n = 0; n < N; n++) {
-        float y[64];
+            for (i64 r = 0; r < rows; r++) {
 #ifdef GB_VNNI
-        if (!generic && kind == 6)
-            row_vnni(codes + n * crow, meta + n * mrow, 6, K, qx, dx, cx, sx, M, y);
-        else if (!generic)
-            row_vnni(codes + n * crow, meta + n * mrow, kind, K, qx, dx, cx, sx, M, y);
-        else
+                const i64 next = N - n0 - TILE < TILE ? N - n0 - TILE : TILE; /* the next tile's rows */
+                if (!generic && next > 0) { /* cpu_quant.h prefetch_part */
+                    prefetch_part(codes + (n0 + TILE) * crow, next * crow, r);
+                    prefetch_part(meta + (n0 + TILE) * mrow, next * mrow, r);
+                }
+                if (!generic && kind == 6) {
+                    row_vnni(codes, meta, 6, N, n0 + r, K, qx, dx, cx, sx, M, y + r * M);
+                    continue;
+                }
+                if (!generic) {
+                    row_vnni(codes, meta, kind, N, n0 + r, K, qx, dx, cx, sx, M, y + r * M);
+                    continue;
+                }
 #endif
-            row_generic(codes + n * crow, meta + n * mrow, kind, K, qx, dx, cx, sx, M, y);
-        const float bn = bias ? bias[n] : 0.0f;
-        for (i64 m = 0; m < M; m++) store_out(out, m * out_stride + n, y[m] + bn, out_dt);
+                row_generic(codes, meta, kind, N, n0 + r, K, qx, dx, cx, sx, M, y + r * M);
+            }
+        for (i64 r = 0; r < rows; r++) {
+            const float bn = bias ? bias[n0 + r] : 0.0f;
+            for (i64 m = 0; m < M; m++) store_out(out, m * out_stride + n0 + r, y[r * M + m] + bn, out_dt);
+        }
     }
 }
 

@@ -10,6 +10,46 @@
 static inline i64 code_bytes(int kind) { return kind == 4 ? 128 : kind == 5 ? 160 : 192; }
 static inline i64 meta_bytes(int kind) { return kind == 6 ? 18 : 16; }
 
+/* Super-block sb of row n (of N rows of nsb) in the tiled codes or meta (``bytes`` per super-block): tiles
+ * of 16 rows (cpu_quant.h tiled_index) whose segments are one GEMV step, Q4_K/Q5_K two super-blocks, Q6_K
+ * one; with an odd count, Q4_K/Q5_K's last super-block follows the pairs, row after row. */
+static inline i64 kq_at(i64 n, i64 sb, i64 N, i64 nsb, i64 bytes, int kind) {
+    const i64 step = kind == 6 ? 1 : 2;
+    return tiled_index(n, sb * bytes, N, nsb * bytes, step * bytes, nsb / step * step * bytes);
+}
+
+/* One row's super-blocks in the tiles, found without a division per super-block: sb < full at
+ * c + (sb / step) cstep + (sb % step) bytes (meta: m, mstep), the last one of an odd count at ct (mt). */
+typedef struct {
+    const uint8_t *c, *ct, *m, *mt;
+    i64 cstep, mstep, full, pair;
+} kq_row;
+
+static inline kq_row kq_row_at(const uint8_t *codes, const uint8_t *meta, int kind, i64 N, i64 nsb, i64 n) {
+    const i64 step = kind == 6 ? 1 : 2, cb = code_bytes(kind), mb = meta_bytes(kind);
+    const i64 R = N - n / TILE * TILE < TILE ? N - n / TILE * TILE : TILE;
+    kq_row x;
+    x.full = nsb / step * step;
+    x.pair = step == 2;
+    x.c = codes + kq_at(n, 0, N, nsb, cb, kind);
+    x.m = meta + kq_at(n, 0, N, nsb, mb, kind);
+    x.ct = x.full < nsb ? codes + kq_at(n, x.full, N, nsb, cb, kind) : NULL;
+    x.mt = x.full < nsb ? meta + kq_at(n, x.full, N, nsb, mb, kind) : NULL;
+    x.cstep = R * step * cb;
+    x.mstep = R * step * mb;
+    return x;
+}
+
+static inline const uint8_t *kq_codes(const kq_row *r, i64 sb, i64 cb) {
+    if (sb >= r->full) return r->ct;
+    return r->pair ? r->c + (sb >> 1) * r->cstep + (sb & 1) * cb : r->c + sb * r->cstep;
+}
+
+static inline const uint8_t *kq_meta(const kq_row *r, i64 sb, i64 mb) {
+    if (sb >= r->full) return r->mt;
+    return r->pair ? r->m + (sb >> 1) * r->mstep + (sb & 1) * mb : r->m + sb * r->mstep;
+}
+
 /* Where value r (0..255) of a super-block sits in the lane order: byte 64 p + 4 j + t. */
 static inline i64 lane_pos(i64 r) {
     const i64 j = r / 16, w = r % 16;

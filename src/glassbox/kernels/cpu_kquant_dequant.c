@@ -51,15 +51,21 @@ static void dequant_sb(const uint8_t *rec, const uint8_t *mt, int kind, void *ou
 }
 #endif
 
-/* W (N x K) dequantized, rounded once to the dtype (dt 0 float32 / 1 bf16). ``generic``: plain C alone. */
+/* W (N x K, rows in tiles of 16: kq_at) dequantized, rounded once to the dtype (dt 0 float32 / 1 bf16). ``generic``: plain C alone. */
 void gb_dequant_kquant(const uint8_t *codes, const uint8_t *meta, int kind, i64 N, i64 K, void *out, int dt,
                        int threads, int generic) {
     const i64 nsb = K / SB, cb = code_bytes(kind), mb = meta_bytes(kind);
     (void)generic;
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
     for (i64 n = 0; n < N; n++) {
+        const i64 n1 = (n / TILE + 1) * TILE, next = N - n1 < TILE ? N - n1 : TILE; /* the next tile's rows */
+        if (next > 0) { /* a sixteenth of the next tile per row (cpu_quant.h prefetch_part) */
+            prefetch_part(codes + n1 * nsb * cb, next * nsb * cb, n % TILE);
+            prefetch_part(meta + n1 * nsb * mb, next * nsb * mb, n % TILE);
+        }
+        const kq_row row = kq_row_at(codes, meta, kind, N, nsb, n);
         for (i64 sb = 0; sb < nsb; sb++) {
-            const uint8_t *rec = codes + (n * nsb + sb) * cb, *mt = meta + (n * nsb + sb) * mb;
+            const uint8_t *rec = kq_codes(&row, sb, cb), *mt = kq_meta(&row, sb, mb);
             const i64 at0 = n * K + sb * SB;
 #ifdef GB_VNNI
             if (!generic) {

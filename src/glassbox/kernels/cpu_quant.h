@@ -44,6 +44,51 @@ static inline i64 code_index(i64 k, i64 Kp, int bits) {
     return 2 * (chunks * 256 + (tail / 64) * 32 + (tail % 32)) + (tail % 64) / 32;
 }
 
+#define TILE 16 /* rows per tile */
+
+/* Where element j of row n lies in a tiled array of N rows of L elements whose first ``cut`` come in
+ * segments of ``seg`` (cpu_quant.c, layers/block_tiles.py): tile t = n / 16 of R = min(16, N - 16 t) rows at
+ * 16 t L; in it segment s of its row r at (s R + r) seg, then row r's last L - cut elements at cut R + r (L - cut). */
+static inline i64 tiled_index(i64 n, i64 j, i64 N, i64 L, i64 seg, i64 cut) {
+    const i64 t = n / TILE, r = n % TILE, R = N - t * TILE < TILE ? N - t * TILE : TILE;
+    if (j < cut) return t * TILE * L + ((j / seg) * R + r) * seg + j % seg;
+    return t * TILE * L + cut * R + r * (L - cut) + (j - cut);
+}
+
+/* One row of tiled block weights: chunk ch's codes at w + ch * wstep, its 16 scales (offsets, zero codes)
+ * at d + ch * mstep (o, z); the blocks past the last whole chunk at wt (dt, ot, zt), in order. */
+typedef struct {
+    const uint8_t *w, *wt, *z, *zt;
+    const uint16_t *d, *dt, *o, *ot;
+    i64 wstep, mstep;
+} block_row;
+
+static inline block_row row_at(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, i64 N,
+                               i64 Kp, int bits, i64 n) {
+    const i64 nb = Kp / 32, chunks = nb / CHUNK, cb = bits == 4 ? 256 : 512, row_bytes = bits == 4 ? Kp / 2 : Kp;
+    const i64 t = n / TILE, r = n % TILE, R = N - t * TILE < TILE ? N - t * TILE : TILE;
+    const i64 wa = t * TILE * row_bytes, ma = t * TILE * nb, mt = ma + chunks * CHUNK * R + r * (nb - chunks * CHUNK);
+    block_row x;
+    x.w = w + wa + r * cb;
+    x.wt = w + wa + chunks * cb * R + r * (row_bytes - chunks * cb);
+    x.wstep = R * cb;
+    x.mstep = R * CHUNK;
+    x.d = d + ma + r * CHUNK;
+    x.dt = d + mt;
+    x.o = o ? o + ma + r * CHUNK : NULL;
+    x.ot = o ? o + mt : NULL;
+    x.z = z ? z + ma + r * CHUNK : NULL;
+    x.zt = z ? z + mt : NULL;
+    return x;
+}
+
+/* Part r of 16 of [p, p + bytes) into the cache: while a tile's rows are read one by one (each row's
+ * chunks a tile's width apart, a pattern the hardware prefetcher misses), the next tile comes in order. */
+static inline void prefetch_part(const void *p, i64 bytes, i64 r) {
+    const char *c = (const char *)p;
+    for (i64 i = (bytes * r / TILE) & ~(i64)63; i < bytes * (r + 1) / TILE; i += 64) __builtin_prefetch(c + i, 0, 3);
+}
+
 static inline void store_out(void *out, i64 i, float v, int dt) {
     if (dt)
         ((uint16_t *)out)[i] = f2bf(v);
@@ -51,10 +96,18 @@ static inline void store_out(void *out, i64 i, float v, int dt) {
         ((float *)out)[i] = v;
 }
 
-static inline int code_at(const uint8_t *row, i64 k, i64 Kp, int bits) {
-    if (bits == 8) return row[code_index(k, Kp, 8)];
-    const i64 i = code_index(k, Kp, 4);
-    return (i & 1) ? (row[i >> 1] >> 4) : (row[i >> 1] & 15);
+/* Code k of row n of the tiled weights w (N rows), element by element (the plain-C paths). */
+static inline int code_at(const uint8_t *w, i64 N, i64 n, i64 k, i64 Kp, int bits) {
+    const i64 cb = bits == 4 ? 256 : 512, cut = Kp / 32 / CHUNK * cb, L = bits == 4 ? Kp / 2 : Kp;
+    if (bits == 8) return w[tiled_index(n, code_index(k, Kp, 8), N, L, cb, cut)];
+    const i64 i = code_index(k, Kp, 4), at = tiled_index(n, i >> 1, N, L, cb, cut);
+    return (i & 1) ? (w[at] >> 4) : (w[at] & 15);
+}
+
+/* Where block b of row n's scale (offset, zero code) lies in the tiled per-block arrays. */
+static inline i64 meta_at(i64 N, i64 n, i64 b, i64 Kp) {
+    const i64 nb = Kp / 32;
+    return tiled_index(n, b, N, nb, CHUNK, nb / CHUNK * CHUNK);
 }
 
 /* Block b's offset o (see cpu_quant.c): stored (o), -z d for integer zero codes (z), else c d. Exact: a

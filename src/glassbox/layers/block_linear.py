@@ -59,8 +59,12 @@ def kernel_chosen(rows: int) -> bool:
 
 def _register(module: nn.Module, w: PackedWeights) -> None:
     """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold."""
+    if isinstance(w, BlockWeights):  # its tiled tensors (``scales`` etc. are rows-in-order copies)
+        for name, t in w.stored().items():
+            module.register_buffer(name, t, persistent=False)
+        return
     module.register_buffer("codes", w.codes, persistent=False)
-    for name in ("scales", "meta", "offsets", "zeros", "perm"):
+    for name in ("meta", "perm"):
         if getattr(w, name, None) is not None:
             module.register_buffer(name, getattr(w, name), persistent=False)
 

@@ -8,7 +8,9 @@ AWQ, W = d (q - z) exactly, a group's scale and zero repeated over its blocks), 
 (Q4_0 and int4: c = -8, Q8_0 and int8: c = -128). GPTQ's act-order (input channels grouped out of order)
 keeps the channels sorted by group and a permutation ``perm`` that the linear applies to its input first.
 The bytes per weight are the file's own (Q4_0 4.5 bits, Q4_1 5, Q8_0 8.5). The modules that run them are
-in layers/block_linear.py. ``dequantize`` (exact in float32) is the kernels' dequantization;
+in layers/block_linear.py. The rows are stored in tiles of 16 (layers/block_tiles.py), so that the
+batch-1 GEMV reads each thread's weights as one sequential stream. ``dequantize`` (exact in float32) is the
+kernels' dequantization;
 ``dequantize_reference`` is the same in PyTorch ops: the kernels' reference and fallback.
 """
 
@@ -20,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from glassbox.layers.block_tiles import from_tiles, gather_rows, to_tiles
 
 BLOCK = 32
 GROUP = 64  # Kp (the padded row length) is a multiple of it
@@ -35,19 +39,21 @@ def native_library() -> ctypes.CDLL | None:
 
 @dataclass
 class BlockWeights:
-    """A weight matrix (N x K) in blocks: ``codes`` uint8 (N, Kp/2) for 4 bits or (N, Kp) for 8,
-    ``scales`` float16 (N, Kp/32), ``offsets`` float16 (N, Kp/32) or None, then ``zeros`` uint8 (N, Kp/32)
-    (o = -zeros * d) or None (o = offset_factor * d); columns past K are zero. ``perm`` (K,) int64 or None:
-    column j of the blocks is input channel perm[j] (y = x[:, perm] W_blocks^T)."""
+    """A weight matrix (N x K) in blocks, each array (N, L) in 16-row tiles (layers/block_tiles.py):
+    ``codes`` uint8 (N, Kp/2) for 4 bits or (N, Kp) for 8, ``tiled_scales`` float16 (N, Kp/32),
+    ``tiled_offsets`` float16 (N, Kp/32) or None, then ``tiled_zeros`` uint8 (N, Kp/32) (o = -zeros * d) or
+    None (o = offset_factor * d); columns past K are zero. ``scales``, ``offsets`` and ``zeros`` are the
+    rows in order (copies). ``perm`` (K,) int64 or None: column j of the blocks is input channel perm[j]
+    (y = x[:, perm] W_blocks^T)."""
 
     codes: torch.Tensor
-    scales: torch.Tensor
-    offsets: torch.Tensor | None
+    tiled_scales: torch.Tensor
+    tiled_offsets: torch.Tensor | None
     offset_factor: float
     bits: int
     in_features: int  # K
     label: str  # the format, for logs and the trace ("Q4_1", "int4", "GPTQ int4 g128", ...)
-    zeros: torch.Tensor | None = None
+    tiled_zeros: torch.Tensor | None = None
     perm: torch.Tensor | None = None
 
     @property
@@ -56,36 +62,79 @@ class BlockWeights:
 
     @property
     def padded(self) -> int:  # Kp
-        return int(self.scales.shape[1]) * BLOCK
+        return int(self.tiled_scales.shape[1]) * BLOCK
 
     @property
     def nbytes(self) -> int:
-        parts = [self.codes, self.scales, self.offsets, self.zeros, self.perm]
-        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.stored().values())
 
-    def offset_values(self) -> torch.Tensor:
-        """(N, Kp/32) float32 offsets o."""
-        d = self.scales.float()
-        if self.offsets is not None:
-            return self.offsets.float()
-        return self.offset_factor * d if self.zeros is None else -self.zeros.float() * d
+    def stored(self) -> dict[str, torch.Tensor]:
+        """The tensors that hold the weight (tiled), by name."""
+        parts = {
+            "codes": self.codes, "scales": self.tiled_scales, "offsets": self.tiled_offsets,
+            "zeros": self.tiled_zeros, "perm": self.perm,
+        }  # fmt: skip
+        return {name: t for name, t in parts.items() if t is not None}
+
+    def _segments(self, codes: bool) -> tuple[int, int]:
+        """(segment, cut) of the codes' or the per-block arrays' tiles."""
+        chunks = self.padded // BLOCK // CHUNK
+        seg = (256 if self.bits == 4 else 512) if codes else CHUNK
+        return seg, chunks * seg
+
+    def _rows(self, t: torch.Tensor | None, ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """A per-block array's rows in order (all, or ``ids``)."""
+        if t is None:
+            return None
+        seg, cut = self._segments(False)
+        return from_tiles(t, seg, cut) if ids is None else gather_rows(t, ids, seg, cut)
+
+    @property
+    def scales(self) -> torch.Tensor:  # (N, Kp/32) float16, rows in order
+        s = self._rows(self.tiled_scales)
+        assert s is not None
+        return s
+
+    @property
+    def offsets(self) -> torch.Tensor | None:
+        return self._rows(self.tiled_offsets)
+
+    @property
+    def zeros(self) -> torch.Tensor | None:
+        return self._rows(self.tiled_zeros)
+
+    def offset_values(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, Kp/32) float32 offsets o (of rows ``ids`` only if given), rows in order."""
+        d = self._rows(self.tiled_scales, ids)
+        offsets, zeros = self._rows(self.tiled_offsets, ids), self._rows(self.tiled_zeros, ids)
+        assert d is not None
+        if offsets is not None:
+            return offsets.float()
+        return self.offset_factor * d.float() if zeros is None else -zeros.float() * d.float()
 
     def pointers(self) -> tuple[int, int, int | None, int | None, float]:
-        """(codes, scales, offsets or None, zero codes or None, offset factor): the kernels' weight
-        arguments."""
-        offsets = None if self.offsets is None else self.offsets.data_ptr()
-        zeros = None if self.zeros is None else self.zeros.data_ptr()
-        return self.codes.data_ptr(), self.scales.data_ptr(), offsets, zeros, self.offset_factor
+        """(codes, scales, offsets or None, zero codes or None, offset factor), all tiled: the kernels'
+        weight arguments."""
+        offsets = None if self.tiled_offsets is None else self.tiled_offsets.data_ptr()
+        zeros = None if self.tiled_zeros is None else self.tiled_zeros.data_ptr()
+        return self.codes.data_ptr(), self.tiled_scales.data_ptr(), offsets, zeros, self.offset_factor
 
-    def unpacked_codes(self) -> torch.Tensor:
-        """(N, Kp) uint8 codes in value order."""
-        return _deinterleave(self.codes, self.padded, self.bits)
+    def unpacked_codes(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, Kp) uint8 codes in value order (of rows ``ids`` only if given)."""
+        seg, cut = self._segments(True)
+        rows = from_tiles(self.codes, seg, cut) if ids is None else gather_rows(self.codes, ids, seg, cut)
+        return _deinterleave(rows, self.padded, self.bits)
 
-    def dequantize_reference(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """(N, K) in ``dtype``: d q + o in float32, rounded once (PyTorch ops)."""
-        q = self.unpacked_codes().float().view(self.out_features, -1, BLOCK)
-        w = q * self.scales.float().unsqueeze(-1) + self.offset_values().unsqueeze(-1)
-        return w.reshape(self.out_features, self.padded)[:, : self.in_features].to(dtype)
+    def dequantize_reference(
+        self, dtype: torch.dtype = torch.float32, ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """(N, K) in ``dtype`` (rows ``ids`` only if given): d q + o in float32, rounded once (PyTorch
+        ops)."""
+        d = self._rows(self.tiled_scales, ids)
+        assert d is not None
+        q = self.unpacked_codes(ids).float().view(d.shape[0], -1, BLOCK)
+        w = q * d.float().unsqueeze(-1) + self.offset_values(ids).unsqueeze(-1)
+        return w.reshape(d.shape[0], self.padded)[:, : self.in_features].to(dtype)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(N, K) in ``dtype`` (float32 or bf16): the kernels' dequantization, else the reference."""
@@ -110,20 +159,8 @@ class BlockWeights:
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The dequantized rows ``ids`` (an embedding lookup), (len(ids), K) in ``dtype``."""
-        offsets = None if self.offsets is None else self.offsets[ids]
-        zeros = None if self.zeros is None else self.zeros[ids]
-        picked = BlockWeights(
-            self.codes[ids],
-            self.scales[ids],
-            offsets,
-            self.offset_factor,
-            self.bits,
-            self.in_features,
-            self.label,
-            zeros,
-        )
-        w = picked.dequantize_reference(dtype)
-        return w if self.perm is None else w[:, torch.argsort(self.perm)]
+        w = self.dequantize_reference(dtype, ids.reshape(-1)).view(*ids.shape, self.in_features)
+        return w if self.perm is None else w[..., torch.argsort(self.perm)]
 
 
 def _padded(k: int) -> int:
@@ -191,9 +228,17 @@ def _pack(
     def tensor(a: np.ndarray, dtype: type) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
 
-    off = None if offsets is None else tensor(offsets, np.float16)
-    z = None if zeros is None else tensor(zeros, np.uint8)
-    return BlockWeights(tensor(codes, np.uint8), tensor(scales, np.float16), off, factor, bits, k, label, z)
+    chunks = kp // BLOCK // CHUNK
+    seg = 256 if bits == 4 else 512
+
+    def tiled(a: np.ndarray | None, dtype: type) -> torch.Tensor | None:  # per-block arrays
+        return None if a is None else to_tiles(tensor(a, dtype), CHUNK, chunks * CHUNK)
+
+    d, off, z = tiled(scales, np.float16), tiled(offsets, np.float16), tiled(zeros, np.uint8)
+    assert d is not None
+    return BlockWeights(
+        to_tiles(tensor(codes, np.uint8), seg, chunks * seg), d, off, factor, bits, k, label, z
+    )
 
 
 def from_zero_codes(
@@ -274,13 +319,21 @@ def concat(parts: list[BlockWeights]) -> BlockWeights | None:
     if any(p.bits != first.bits or p.in_features != first.in_features for p in parts):
         return None
     labels = "+".join(dict.fromkeys(p.label for p in parts))
-    offsets = (
-        None if first.offsets is None else torch.cat([p.offsets for p in parts if p.offsets is not None])
-    )
-    zeros = None if first.zeros is None else torch.cat([p.zeros for p in parts if p.zeros is not None])
+    # rows in order, stacked, tiled again (a part's last tile may be short)
+    (seg, cut), (mseg, mcut) = first._segments(True), first._segments(False)
+    codes = torch.cat([from_tiles(p.codes, seg, cut) for p in parts])
+
+    def stack(arrays: list[torch.Tensor | None]) -> torch.Tensor | None:
+        if arrays[0] is None:
+            return None
+        return to_tiles(torch.cat([from_tiles(a, mseg, mcut) for a in arrays if a is not None]), mseg, mcut)
+
+    scales = stack([p.tiled_scales for p in parts])
+    assert scales is not None
+    offsets, zeros = stack([p.tiled_offsets for p in parts]), stack([p.tiled_zeros for p in parts])
     return BlockWeights(
-        torch.cat([p.codes for p in parts]),
-        torch.cat([p.scales for p in parts]),
+        to_tiles(codes, seg, cut),
+        scales,
         offsets,
         first.offset_factor,
         first.bits,

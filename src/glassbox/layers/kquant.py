@@ -7,7 +7,8 @@ Q6_K 16 int8 sub-block scales and float16 d. W = d sc q - dmin m (Q4_K, Q5_K, pe
 d sc (q - 32) (Q6_K, per 16), with d sc and dmin m formed in float32 (exact), so ``dequantize`` equals
 GGML's (gguf.quants.dequantize) bit for bit. The bytes per weight are the file's own (Q4_K 4.5 bits,
 Q5_K 5.5, Q6_K 6.5625). ``dequantize_reference`` is the same in PyTorch ops: the kernels'
-reference and fallback. The modules that run them are layers/block_linear.py's.
+reference and fallback. The modules that run them are layers/block_linear.py's. The rows are stored in
+tiles of 16 (layers/block_tiles.py), a segment being one GEMV step: two super-blocks (Q4_K, Q5_K) or one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from glassbox.layers.block_tiles import from_tiles, gather_rows, to_tiles
 
 SUPER = 256  # values per super-block
 KQUANT_TYPES = ("Q4_K", "Q5_K", "Q6_K")  # GGML types kept packed here
@@ -36,7 +39,8 @@ def _library() -> ctypes.CDLL | None:
 @dataclass
 class KQuantWeights:
     """A weight matrix (N x K, K a multiple of 256) in K-quant super-blocks: ``codes`` uint8 (N, K/256 *
-    CODE_BYTES), ``meta`` uint8 (N, K/256 * META_BYTES), ``kind`` 4, 5 or 6 (Q4_K, Q5_K, Q6_K)."""
+    CODE_BYTES), ``meta`` uint8 (N, K/256 * META_BYTES), both in 16-row tiles (``_segments``), ``kind`` 4,
+    5 or 6 (Q4_K, Q5_K, Q6_K)."""
 
     codes: torch.Tensor
     meta: torch.Tensor
@@ -65,7 +69,7 @@ class KQuantWeights:
         """(codes (N, K) int32 in value order, less 32 for Q6_K; per 16-value lane the scale S and offset
         O (N, K/16) float32): W = S q + O."""
         n, nsb = self.out_features, self.in_features // SUPER
-        rec = self.codes.view(n, nsb, CODE_BYTES[self.kind]).int()
+        rec = from_tiles(self.codes, *_segments(self.kind, nsb, CODE_BYTES)).view(n, nsb, -1).int()
         nib = rec[..., :128].reshape(n, nsb, 2, 64)
         v = torch.stack([nib & 15, nib >> 4], dim=3).view(n, nsb, 4, 64)  # V_p, byte i
         bit = torch.arange(8, dtype=torch.int32)
@@ -77,7 +81,9 @@ class KQuantWeights:
                 v = v | (masks[:, :, 0::2] << 4) | (masks[:, :, 1::2] << 5)
         # byte i = 4 j + t of V_p holds value 16 j + 4 p + t
         q = v.view(n, nsb, 4, 16, 4).permute(0, 1, 3, 2, 4).reshape(n, -1)
-        meta = self.meta.view(n, nsb, META_BYTES[self.kind])
+        meta = from_tiles(self.meta, *_segments(self.kind, nsb, META_BYTES)).view(
+            n, nsb, META_BYTES[self.kind]
+        )
         if self.kind == 6:
             d = meta[..., 16:18].contiguous().view(torch.float16).float()  # (n, nsb, 1)
             s = d * meta[..., :16].view(torch.int8).float()
@@ -113,8 +119,20 @@ class KQuantWeights:
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The dequantized rows ``ids`` (an embedding lookup), (len(ids), K) in ``dtype``."""
-        picked = KQuantWeights(self.codes[ids], self.meta[ids], self.kind, self.in_features, self.label)
-        return picked.dequantize(dtype)
+        nsb, flat = self.in_features // SUPER, ids.reshape(-1)
+        cseg, mseg = _segments(self.kind, nsb, CODE_BYTES), _segments(self.kind, nsb, META_BYTES)
+        picked = KQuantWeights(
+            to_tiles(gather_rows(self.codes, flat, *cseg), *cseg), to_tiles(gather_rows(self.meta, flat, *mseg), *mseg),
+            self.kind, self.in_features, self.label,
+        )  # fmt: skip
+        return picked.dequantize(dtype).view(*ids.shape, self.in_features)
+
+
+def _segments(kind: int, nsb: int, per: dict[int, int]) -> tuple[int, int]:
+    """(segment, cut) of the tiles (layers/block_tiles.py) of a row of ``nsb`` super-blocks of ``per[kind]``
+    bytes: a segment is a GEMV step, two super-blocks for Q4_K/Q5_K, one for Q6_K (cpu_kquant.h kq_at)."""
+    step = 1 if kind == 6 else 2
+    return step * per[kind], nsb // step * step * per[kind]
 
 
 def _scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,8 +184,13 @@ def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> KQuant
     codes = np.concatenate(parts, axis=-1).reshape(n, -1)
     meta = blocks[..., 192:210] if kind == 6 else blocks[..., 0:16]  # as stored
     return KQuantWeights(
-        torch.from_numpy(np.ascontiguousarray(codes, dtype=np.uint8)),
-        torch.from_numpy(np.ascontiguousarray(meta.reshape(n, -1), dtype=np.uint8)),
+        to_tiles(
+            torch.from_numpy(np.ascontiguousarray(codes, dtype=np.uint8)), *_segments(kind, nsb, CODE_BYTES)
+        ),
+        to_tiles(
+            torch.from_numpy(np.ascontiguousarray(meta.reshape(n, -1), dtype=np.uint8)),
+            *_segments(kind, nsb, META_BYTES),
+        ),
         kind,
         k,
         ggml_type,
@@ -180,7 +203,8 @@ def concat(parts: list[KQuantWeights]) -> KQuantWeights | None:
     if any(p.kind != first.kind or p.in_features != first.in_features for p in parts):
         return None
     labels = "+".join(dict.fromkeys(p.label for p in parts))
-    return KQuantWeights(
-        torch.cat([p.codes for p in parts]), torch.cat([p.meta for p in parts]), first.kind,
-        first.in_features, labels,
-    )  # fmt: skip
+    nsb = first.in_features // SUPER
+    cseg, mseg = _segments(first.kind, nsb, CODE_BYTES), _segments(first.kind, nsb, META_BYTES)
+    codes = to_tiles(torch.cat([from_tiles(p.codes, *cseg) for p in parts]), *cseg)  # rows re-tiled
+    meta = to_tiles(torch.cat([from_tiles(p.meta, *mseg) for p in parts]), *mseg)
+    return KQuantWeights(codes, meta, first.kind, first.in_features, labels)
