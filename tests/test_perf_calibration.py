@@ -68,11 +68,21 @@ def predict(row: Row, engine: EngineProfile) -> float:
     return phase.seconds + engine.request_overhead_s
 
 
+def attn_tie(engine: EngineProfile) -> float:
+    """eta_attn per unit eta_flops where an engine's attention runs at its linears' fitted FLOP/s (ggml: int8
+    MMQ linears, f16 flash attention: the int8/bf16 peak ratio); 0 where attention shares eta_flops."""
+    return SPARK.peak_flops("int8") / SPARK.peak_flops("bf16") if engine.eta_attn else 0.0
+
+
 def fit_scalar(rows: list[Row], engine: EngineProfile, field: str, lo: float, hi: float) -> float:
-    """Value of ``field`` minimizing the summed squared log error over ``rows`` (golden-section search)."""
+    """Value of ``field`` minimizing the summed squared log error over ``rows`` (golden-section search);
+    fitting eta_flops moves a tied eta_attn with it."""
+    tie = attn_tie(engine) if field == "eta_flops" else 0.0
 
     def loss(x: float) -> float:
         eng = replace(engine, **{field: x})  # type: ignore[arg-type]
+        if tie:
+            eng = replace(eng, eta_attn=x * tie)
         return sum(math.log(predict(r, eng) / r.measured) ** 2 for r in rows)
 
     return _golden(loss, lo, hi)
@@ -113,6 +123,9 @@ def fit_engine(name: str) -> dict[str, float]:
         return fitted
     fitted["eta_flops"] = fit_scalar(rows_of(name, "prefill", moe=False), eng, "eta_flops", 0.02, 1.0)
     eng = replace(eng, eta_flops=fitted["eta_flops"])
+    if attn_tie(eng):
+        fitted["eta_attn"] = fitted["eta_flops"] * attn_tie(eng)
+        eng = replace(eng, eta_attn=fitted["eta_attn"])
     moe_rows = rows_of(name, "prefill", moe=True)
     if moe_rows:
         fitted["moe_flops_factor"] = fit_scalar(moe_rows, eng, "moe_flops_factor", 0.05, 1.0)

@@ -105,22 +105,26 @@ def step_cost(
     other_bytes = (kv_read + max(kv_write, 0.0)) * kv_share(facts, ranks) + state
     memory_s = weight_s + other_bytes / bw
 
-    # FLOPs: linear layers at their compute dtype, attention and scans at bf16.
+    # FLOPs: linear layers at their compute dtype, scans at bf16, attention at bf16 with the engine's
+    # attention efficiency (eta_attn; flash attention at long context is a GEMM, near the GEMM rate).
     def rate(fmt: QuantFormat) -> float:
         return hw.peak_flops(compute_dtype(fmt, hw, engine)) * engine.eta_flops
 
     dense_flops = 2.0 * tokens * sum(facts.params[g] for g in _DENSE_GROUPS)
     expert_flops = 2.0 * tokens * facts.experts_per_token * facts.moe_layers * facts.params_per_expert
     head_flops = 2.0 * (seqs if logit_rows is None else logit_rows) * facts.params["lm_head"]
-    mixer_flops = sum(facts.attention_flops(n, c) for n, c in work) + tokens * facts.mixer_flops_per_token
+    attn_flops = sum(facts.attention_flops(n, c) for n, c in work)
+    scan_flops = tokens * facts.mixer_flops_per_token
     bf16_rate = hw.peak_flops("bf16") * engine.eta_flops
+    attn_rate = hw.peak_flops("bf16") * (engine.eta_attn or engine.eta_flops)
     compute_s = (
         dense_flops / rate(quant.main)
         + expert_flops / (rate(quant.experts) * engine.moe_flops_factor)
         + head_flops / rate(quant.lm_head)
-        + mixer_flops / bf16_rate
+        + attn_flops / attn_rate
+        + scan_flops / bf16_rate
     ) / ranks
-    flops = (dense_flops + expert_flops + head_flops + mixer_flops) / ranks
+    flops = (dense_flops + expert_flops + head_flops + attn_flops + scan_flops) / ranks
     overhead = engine.step_overhead_s + engine.layer_overhead_s * facts.num_layers
     busy = max(memory_s, compute_s) if engine.overlap else memory_s + compute_s
     comm = step_comm_s(facts, engine.tp, tokens, seqs if logit_rows is None else logit_rows)

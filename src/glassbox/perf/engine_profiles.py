@@ -17,7 +17,9 @@ class EngineProfile:
     """How well an engine's kernels and scheduler use the hardware.
 
     eta_bw: share of peak bandwidth reached streaming weights/KV (decode, small-batch prefill).
-    eta_flops: share of the dense tensor peak reached by large prefill GEMMs (incl. attention).
+    eta_flops: share of the dense tensor peak reached by large prefill GEMMs (and attention, by default).
+    eta_attn: share of the 16-bit tensor peak reached by (flash) attention's QK^T and PV; 0 = eta_flops.
+        Set where the linears run another path than attention (ggml: int8 MMQ linears, f16 flash attention).
     moe_flops_factor: routed-expert (grouped) GEMMs relative to dense GEMMs (few tokens per expert).
     step_overhead_s: fixed per engine step (kernel launches, scheduling, sampling) in seconds.
     layer_overhead_s: per layer per step: the host dispatching an eager engine's ops one by one (seconds);
@@ -51,6 +53,7 @@ class EngineProfile:
     mixed_rest_format: str | None = None
     kernel_factors: bool = True  # apply formats' decode_kernel_factor (off for ceilings)
     layer_overhead_s: float = 0.0
+    eta_attn: float = 0.0  # 0: attention at eta_flops of the bf16 peak
     overlap: bool = True
     kv_row_scales: bool = False
     fitted_on: str = ""
@@ -63,6 +66,7 @@ class EngineProfile:
             name=f"{self.name} ceiling",
             eta_bw=1.0,
             eta_flops=1.0,
+            eta_attn=0.0,
             moe_flops_factor=1.0,
             step_overhead_s=0.0,
             layer_overhead_s=0.0,
@@ -132,8 +136,11 @@ PROFILES: dict[str, EngineProfile] = {
         EngineProfile(
             "llama.cpp",
             eta_bw=0.82,
-            eta_flops=0.126,
-            moe_flops_factor=0.72,
+            eta_flops=0.123,
+            # f16 flash attention at the FLOP/s its int8 MMQ GEMMs reach (0.123 x 250 = 31 TFLOP/s), not at
+            # 0.123 of the f16 peak: tied to eta_flops in the BRIEF fit, never fitted on depth rows.
+            eta_attn=0.245,
+            moe_flops_factor=0.725,
             step_overhead_s=0.0005,
             request_overhead_s=0.010,
             max_batched_tokens=2048,

@@ -67,6 +67,7 @@ def plan(req: PlanRequest) -> dict[str, Any]:
             "name": s.engine.name,
             "eta_bw": s.engine.eta_bw,
             "eta_flops": s.engine.eta_flops,
+            "eta_attn": s.engine.eta_attn or s.engine.eta_flops,  # attention's share of the 16-bit peak
             "moe_flops_factor": s.engine.moe_flops_factor,
             "step_overhead_s": s.engine.step_overhead_s,
             "request_overhead_s": s.engine.request_overhead_s,
