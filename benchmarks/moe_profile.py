@@ -30,6 +30,7 @@ from bench_models import moe_random  # noqa: E402
 
 from glassbox import LLM, SamplingParams  # noqa: E402
 from glassbox.kernels import cpu_ops  # noqa: E402
+from glassbox.layers.bf16_linear import TiledBf16Linear  # noqa: E402
 from glassbox.layers.linear import PackedLinear  # noqa: E402
 from glassbox.models import llama_native, moe  # noqa: E402
 from glassbox.models.llama import LlamaForCausalLM  # noqa: E402
@@ -38,7 +39,7 @@ from glassbox.perf.probe import measure_read_bandwidth  # noqa: E402
 SPENT: dict[str, float] = defaultdict(float)
 CALLS: dict[str, int] = defaultdict(int)
 ACTIVE = [False]  # timing only inside decode forwards
-KINDS: dict[int, str] = {}  # id(PackedLinear) -> what it is (label_linears)
+KINDS: dict[int, str] = {}  # id(a packed linear) -> what it is (label_linears)
 DECODE = [False]  # the last forward was a batch-1 decode step (its logits are timed too)
 
 
@@ -79,6 +80,8 @@ def install() -> None:
 
     LlamaForCausalLM.compute_logits = compute_logits  # type: ignore[method-assign]
     PackedLinear.forward = _timed(lambda s: KINDS.get(id(s), "linear other"), PackedLinear.forward)  # type: ignore[method-assign]
+    tiled = _timed(lambda s: KINDS.get(id(s), "linear other"), TiledBf16Linear.forward)
+    TiledBf16Linear.forward = tiled  # type: ignore[method-assign]
     moe.SparseMoeBlock.routing = _timed(lambda _: "router", moe.SparseMoeBlock.routing)  # type: ignore[method-assign]
     moe.MoEExperts.grouped = _timed(lambda _: "experts grouped", moe.MoEExperts.grouped)  # type: ignore[method-assign]
     moe.MoEExperts._expert = _timed(lambda _: "experts one", moe.MoEExperts._expert)  # type: ignore[method-assign]
@@ -91,7 +94,7 @@ def label_linears(model: torch.nn.Module) -> dict[str, int]:
     """Name each packed linear's kind; the bytes each kind holds."""
     held: dict[str, int] = defaultdict(int)
     for name, mod in model.named_modules():
-        if isinstance(mod, PackedLinear):
+        if isinstance(mod, PackedLinear | TiledBf16Linear):  # oneDNN's layout or glassbox's tiles
             kind = (
                 "lm_head"
                 if name == "lm_head"
