@@ -2,8 +2,8 @@
 
 At batch 1 oneDNN's packed bf16 GEMV (layers/linear.py ``PackedLinear``, what torch offers) streams weights
 at about half the machine's read bandwidth; the tiled kernel streams them ~1.5x faster and keeps up with
-oneDNN at more rows and at prefill sizes (benchmarks/bf16_linear.py measures both, side by side). It needs
-AVX-512 BF16; elsewhere, or with ``GLASSBOX_BF16_LINEAR=onednn`` (or ``GLASSBOX_CPU_KERNELS=torch``), bf16
+oneDNN at more rows and at prefill sizes (benchmarks/bf16_gemv.py and bf16_decode.py measure them side by
+side). It needs AVX-512 BF16; elsewhere, or with ``GLASSBOX_BF16_LINEAR=onednn`` (or ``GLASSBOX_CPU_KERNELS=torch``), bf16
 linears stay oneDNN-packed, the reference path.
 """
 
