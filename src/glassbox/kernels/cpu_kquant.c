@@ -115,26 +115,6 @@ static inline __m512 lane_dx(const float *dx) {
     return _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(dx)));
 }
 
-/* Lane r of the result: the sum of the 16 lanes of v[r] (a tree of permute-adds). */
-static inline __m512 sum16(__m512 v[16]) {
-    __m512 a[8], b[4], c[2];
-    const __m512i i1 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-    const __m512i j1 = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    const __m512i i2 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-    const __m512i j2 = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-    const __m512i i3 = _mm512_setr_epi32(0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-    const __m512i j3 = _mm512_setr_epi32(2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-    const __m512i i4 = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-    const __m512i j4 = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-    for (int i = 0; i < 8; i++)
-        a[i] = _mm512_add_ps(_mm512_permutex2var_ps(v[i], i1, v[i + 8]), _mm512_permutex2var_ps(v[i], j1, v[i + 8]));
-    for (int i = 0; i < 4; i++)
-        b[i] = _mm512_add_ps(_mm512_permutex2var_ps(a[i], i2, a[i + 4]), _mm512_permutex2var_ps(a[i], j2, a[i + 4]));
-    for (int i = 0; i < 2; i++)
-        c[i] = _mm512_add_ps(_mm512_permutex2var_ps(b[i], i3, b[i + 2]), _mm512_permutex2var_ps(b[i], j3, b[i + 2]));
-    return _mm512_add_ps(_mm512_permutex2var_ps(c[0], i4, c[1]), _mm512_permutex2var_ps(c[0], j4, c[1]));
-}
-
 /* One activation row against the 16 rows of a whole tile (its codes and meta): y[r] for row r. Q4_K/Q5_K two
  * super-blocks a step, Q6_K one; the tile is read front to back (a step's 16 rows one after another).
  * Inlined where ``kind`` is a constant: the compiler drops the other kinds' branches (8-10% faster). */
@@ -168,7 +148,7 @@ static inline __attribute__((always_inline)) void tile16_m1(const uint8_t *codes
             }
         }
     }
-    _mm512_storeu_ps(y, sum16(acc));
+    _mm512_storeu_ps(y, sum_lanes16(acc));
 }
 
 /* Row n of the N rows against M <= 64 activation rows: codes unpacked once per step for all of them. */

@@ -153,27 +153,6 @@ static void row_dot_vnni(const block_row *rw, float c, i64 Kp, int bits, const i
                tail_vnni(rw, c, Kp, bits, qx + m * Kp, dx + m * nb, cx + m * nb, chunks * CHUNK);
 }
 
-/* Lane r of the result: the sum of the 16 lanes of v[r] (16 vectors in, one out: a tree of permute-adds). */
-static inline __m512 sum_lanes16(__m512 v[16]) {
-    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-    const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    const __m512i lo2 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-    const __m512i hi2 = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-    const __m512i lo3 = _mm512_setr_epi32(0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-    const __m512i hi3 = _mm512_setr_epi32(2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-    const __m512i lo4 = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-    const __m512i hi4 = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-    __m512 a[8], b[4], e[2];
-    /* pair (r, r + 8): halves 8 lanes wide; then 4, 2, 1 */
-    for (int i = 0; i < 8; i++)
-        a[i] = _mm512_add_ps(_mm512_permutex2var_ps(v[i], lo, v[i + 8]), _mm512_permutex2var_ps(v[i], hi, v[i + 8]));
-    for (int i = 0; i < 4; i++)
-        b[i] = _mm512_add_ps(_mm512_permutex2var_ps(a[i], lo2, a[i + 4]), _mm512_permutex2var_ps(a[i], hi2, a[i + 4]));
-    for (int i = 0; i < 2; i++)
-        e[i] = _mm512_add_ps(_mm512_permutex2var_ps(b[i], lo3, b[i + 2]), _mm512_permutex2var_ps(b[i], hi3, b[i + 2]));
-    return _mm512_add_ps(_mm512_permutex2var_ps(e[0], lo4, e[1]), _mm512_permutex2var_ps(e[0], hi4, e[1]));
-}
-
 /* One activation row against the 16 rows of a whole tile (tile base pointers w, d, o, z): y[r] for its row r
  * (per-row horizontal sums done together at the end). The tile is read front to back: chunk by chunk, in
  * each its 16 rows' codes one after another (and their scales, offsets), then the rows' tail blocks. */
