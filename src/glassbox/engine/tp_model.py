@@ -47,6 +47,11 @@ def check_run(
             f"--tensor-parallel-size {n} runs on the CPU (gloo) only so far: NCCL on CUDA and CUDA graphs "
             "that capture the collectives are not built (use --device cpu)"
         )
+    if config.speculative_config is not None:
+        raise ValueError(
+            f"--tensor-parallel-size {n} with --speculative-config is not built (the workers would not run "
+            "the verification and draft passes)"
+        )
     if config.quantization not in (None, "none"):
         raise ValueError(
             f"--tensor-parallel-size {n} with --quantization is not built (16/32-bit weights only)"

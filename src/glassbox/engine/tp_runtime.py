@@ -150,11 +150,6 @@ def executor(
     """The engine's executor; with tensor_parallel_size > 1, rank 0's, the other ranks started first (and
     stopped again if this rank cannot start)."""
     if config.tensor_parallel_size > 1:  # refuse before spawning anything
-        if config.speculative_config is not None:
-            raise ValueError(
-                f"--tensor-parallel-size {config.tensor_parallel_size} with --speculative-config is not built "
-                "(the workers would not run the verification and draft passes)"
-            )
         cfg = ModelConfig.from_facts(facts)
         device = resolve_device(config.device)
         tp_model.check_run(config.tensor_parallel_size, device, config, checkpoint, cfg)
