@@ -1,0 +1,397 @@
+"""Triton linears for block weights (layers/block_quant.py ``BlockWeights``) on CUDA: y = x W^T + b with W
+read as stored, 4 or 8 bits a weight, dequantized in registers (W16A16-free: no dequantized copy).
+
+The kernels read the CPU's own bytes, moved to the device as they are: rows in 16-row tiles, each 16-block
+chunk's codes interleaved (layers/block_tiles.py, block_quant._interleave). A program takes 16 x T rows (T
+whole tiles), so each (tile, chunk) it reads is one contiguous span (4 KiB of codes at 4 bits, 8 KiB at 8,
+512 bytes of scales): loads as coalesced as a row-major layout's, no repack at load and one copy of the
+bytes. The interleave costs index arithmetic on the activation side only: within a chunk, byte b holds
+(vector p = b // 64, lane j = (b % 64) // 4, t = b % 4) value 32 j + 4 p + t of block j (4 bits: the low
+nibble; the high nibble is value + 16), so the activations are loaded in that order (from L1/L2: a step's
+activations are a few KiB). Blocks past the last whole chunk (K not a multiple of 512) follow row after row
+in pairs (4 bits: byte i of pair a holds block 2a's code i low, block 2a + 1's high; 8 bits: in order).
+
+Two kernels: ``_block_gemv_kernel`` for one activation row (batch-1 decode: codes times activations summed
+per block in float32, then each block's sum times its scale, plus its offset times the block's activation
+sum), and ``_block_mm_kernel`` for more (each step's weights dequantized in float32, rounded to the
+activations' dtype, then a tensor-core dot; the reference's arithmetic). Either may split K over programs
+(enough programs for the SMs when there are few rows): the splits' float32 partial sums go to a workspace
+and ``_split_sum_kernel`` adds them in a fixed order (deterministic) with the bias. The launches read no
+host value (CUDA graphs capture them). Tiles per launch come from ``gemv_tiles`` / ``mm_tiles``; every one
+compiles without a register spill for sm_90 and sm_121 (tests/test_triton_compile.py).
+
+Offsets (constexpr OFFSETS): 0 a constant times the scale (Q4_0, Q8_0, int4/int8), 1 stored float16 (Q4_1),
+2 uint8 zero codes, o = -z d (GPTQ, AWQ). As in triton_attention.py, the @triton.jit parameters carry no
+annotations (the compiler rejects any that is not a constexpr).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from glassbox.kernels.attention_tiles import device_capability
+
+BLOCK = 32
+CHUNK_VALUES = 512  # 16 blocks
+
+
+@triton.jit
+def _chunk_value(b):  # type: ignore[no-untyped-def]
+    """The value (within its chunk) of the code at byte b: 32 j + 4 p + t (4 bits: the low nibble's)."""
+    return ((b % 64) // 4) * 32 + (b // 64) * 4 + b % 4
+
+
+@triton.jit
+def _offset(d, offs_ptrs, offset_factor, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Per-block offsets o beside scales d (float32): factor x d, stored float16, or -zero code x d."""
+    if OFFSETS == 0:
+        o = offset_factor * d
+    elif OFFSETS == 1:
+        o = tl.load(offs_ptrs).to(tl.float32)
+    else:
+        o = -tl.load(offs_ptrs).to(tl.float32) * d
+    return o
+
+
+@triton.jit
+def _rows(n0, N, L, LS, BLOCK_N: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The program's BLOCK_N rows (clamped into the weight, so that every load is in bounds): each row's
+    first code byte and first scale (as in chunk 0) and its tile's height R (16, less in a last tile)."""
+    n = tl.minimum(n0 + tl.arange(0, BLOCK_N), N - 1)
+    tile = (n // 16) * 16
+    r = n % 16
+    height = tl.minimum(N - tile, 16)
+    return tile.to(tl.int64) * L, tile.to(tl.int64) * LS, r, height
+
+
+@triton.jit
+def _block_mm_kernel(  # type: ignore[no-untyped-def]
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    offs_ptr,
+    bias_ptr,
+    out_ptr,
+    ws_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_om,
+    L,  # code bytes per row
+    LS,  # blocks per row (Kp / 32)
+    chunks,  # whole 16-block chunks per row
+    tail_pairs,  # block pairs past them
+    offset_factor,
+    BITS: tl.constexpr,
+    OFFSETS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STEP: tl.constexpr,  # code bytes per row per step: 64, 128, 256 (4 bits) or 512 (8 bits)
+    IEEE: tl.constexpr,
+) -> None:
+    # grid (M / BLOCK_M, N / BLOCK_N, splits): rows x weight rows x a share of K's steps
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    splits = tl.num_programs(2)
+    SEG: tl.constexpr = 256 if BITS == 4 else 512  # a chunk's code bytes per row
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    x_row = x_ptr + m.to(tl.int64)[:, None] * stride_xm
+    cbase, sbase, r, height = _rows(pid_n * BLOCK_N, N, L, LS, BLOCK_N)
+    b = tl.arange(0, STEP)
+    per_chunk = SEG // STEP
+    steps = chunks * per_chunk
+    per = tl.cdiv(steps, splits)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for step in range(pid_k * per, tl.minimum(steps, pid_k * per + per)):
+        s = step // per_chunk
+        bb = (step % per_chunk) * STEP + b  # bytes within the chunk
+        c = tl.load(codes_ptr + (cbase + (s * height + r) * SEG)[:, None] + bb[None, :])
+        blk = (s * height + r) * 16
+        sp = (sbase + blk)[:, None] + ((bb % 64) // 4)[None, :]
+        d = tl.load(scales_ptr + sp).to(tl.float32)
+        o = _offset(d, offs_ptr + sp, offset_factor, OFFSETS)
+        k = s * 512 + _chunk_value(bb)
+        x = tl.load(x_row + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
+        if BITS == 4:
+            w = ((c & 15).to(tl.float32) * d + o).to(x.dtype)
+            acc = _dot(x, w, acc, IEEE)
+            x = tl.load(x_row + (k + 16)[None, :], mask=m_mask[:, None] & (k + 16 < K)[None, :], other=0.0)
+            w = ((c >> 4).to(tl.float32) * d + o).to(x.dtype)
+        else:
+            w = (c.to(tl.float32) * d + o).to(x.dtype)
+        acc = _dot(x, w, acc, IEEE)
+    if pid_k == splits - 1:  # the blocks past the last whole chunk, in pairs
+        TB: tl.constexpr = 32 if BITS == 4 else 64  # code bytes per pair per row
+        i = tl.arange(0, TB)
+        ctail = cbase + chunks * SEG * height + r * (L - chunks * SEG)
+        stail = sbase + chunks * 16 * height + r * (LS - chunks * 16)
+        for a in range(tail_pairs):
+            c = tl.load(codes_ptr + (ctail + a * TB)[:, None] + i[None, :])
+            k = chunks * 512 + a * 64 + i
+            x = tl.load(x_row + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
+            if BITS == 4:  # low nibbles: block 2a, high: block 2a + 1
+                sp = stail + 2 * a
+                d = tl.load(scales_ptr + sp).to(tl.float32)[:, None]
+                o = _offset(d, offs_ptr + sp[:, None], offset_factor, OFFSETS)
+                acc = _dot(x, ((c & 15).to(tl.float32) * d + o).to(x.dtype), acc, IEEE)
+                x = tl.load(x_row + (k + 32)[None, :], mask=m_mask[:, None] & (k + 32 < K)[None, :], other=0.0)
+                d = tl.load(scales_ptr + sp + 1).to(tl.float32)[:, None]
+                o = _offset(d, offs_ptr + sp[:, None] + 1, offset_factor, OFFSETS)
+                acc = _dot(x, ((c >> 4).to(tl.float32) * d + o).to(x.dtype), acc, IEEE)
+            else:
+                sp = (stail + 2 * a)[:, None] + (i // 32)[None, :]
+                d = tl.load(scales_ptr + sp).to(tl.float32)
+                o = _offset(d, offs_ptr + sp, offset_factor, OFFSETS)
+                acc = _dot(x, (c.to(tl.float32) * d + o).to(x.dtype), acc, IEEE)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    _finish(acc, m, n, M, N, bias_ptr, out_ptr, ws_ptr, stride_om, pid_k, splits, HAS_BIAS)
+
+
+@triton.jit
+def _dot(x, w, acc, IEEE: tl.constexpr):  # type: ignore[no-untyped-def]
+    """acc + x w^T (x (BLOCK_M, S), w (BLOCK_N, S) dequantized), float32 products summed in float32."""
+    if IEEE:
+        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    return tl.dot(x, tl.trans(w), acc)
+
+
+@triton.jit
+def _finish(acc, m, n, M, N, bias_ptr, out_ptr, ws_ptr, stride_om, pid_k, splits, HAS_BIAS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One split: the output (+ bias) in its dtype; more: this split's float32 partial sums."""
+    mask = (m < M)[:, None] & (n < N)[None, :]
+    if splits == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + n, mask=n < N, other=0.0)[None, :]
+        out_ptrs = out_ptr + m.to(tl.int64)[:, None] * stride_om + n[None, :]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        ws_ptrs = ws_ptr + (pid_k * M + m).to(tl.int64)[:, None] * N + n[None, :]
+        tl.store(ws_ptrs, acc, mask=mask)
+
+
+@triton.jit
+def _block_gemv_kernel(  # type: ignore[no-untyped-def]
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    offs_ptr,
+    bias_ptr,
+    out_ptr,
+    ws_ptr,
+    N,
+    K,
+    L,
+    LS,
+    chunks,
+    tail_pairs,
+    offset_factor,
+    BITS: tl.constexpr,
+    OFFSETS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    VECS: tl.constexpr,  # 64-byte vectors of a chunk per step (a chunk has 4 at 4 bits, 8 at 8)
+) -> None:
+    # grid (N / BLOCK_N, splits): one activation row; per step and row, the sum over the step's vectors
+    # of codes x activations per lane (a lane's codes are all of one block), then scale x sum + offset x
+    # the activations' sum, accumulated per lane in float32 and summed over lanes at the end
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    splits = tl.num_programs(1)
+    SEG: tl.constexpr = 256 if BITS == 4 else 512
+    cbase, sbase, r, height = _rows(pid_n * BLOCK_N, N, L, LS, BLOCK_N)
+    v = tl.arange(0, VECS)
+    lane = tl.arange(0, 64)
+    per_chunk = SEG // (64 * VECS)
+    steps = chunks * per_chunk
+    per = tl.cdiv(steps, splits)
+    acc = tl.zeros([BLOCK_N, 64], dtype=tl.float32)
+    for step in range(pid_k * per, tl.minimum(steps, pid_k * per + per)):
+        s = step // per_chunk
+        vec = (step % per_chunk) * VECS + v  # the step's vectors p
+        row = cbase + (s * height + r) * SEG
+        c = tl.load(codes_ptr + row[:, None, None] + (vec * 64)[None, :, None] + lane[None, None, :])
+        k = s * 512 + (lane // 4 * 32 + lane % 4)[None, :] + (vec * 4)[:, None]  # (VECS, 64)
+        x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+        if BITS == 4:
+            x_hi = tl.load(x_ptr + k + 16, mask=k + 16 < K, other=0.0).to(tl.float32)
+            qx = tl.sum((c & 15).to(tl.float32) * x[None] + (c >> 4).to(tl.float32) * x_hi[None], 1)
+            xs = tl.sum(x + x_hi, 0)
+        else:
+            qx = tl.sum(c.to(tl.float32) * x[None], 1)
+            xs = tl.sum(x, 0)
+        sp = (sbase + (s * height + r) * 16)[:, None] + (lane // 4)[None, :]
+        d = tl.load(scales_ptr + sp).to(tl.float32)
+        acc += d * qx + _offset(d, offs_ptr + sp, offset_factor, OFFSETS) * xs[None, :]
+    y = tl.sum(acc, 1)
+    if pid_k == splits - 1:  # the blocks past the last whole chunk, in pairs
+        TB: tl.constexpr = 32 if BITS == 4 else 64
+        i = tl.arange(0, TB)
+        ctail = cbase + chunks * SEG * height + r * (L - chunks * SEG)
+        stail = sbase + chunks * 16 * height + r * (LS - chunks * 16)
+        for a in range(tail_pairs):
+            c = tl.load(codes_ptr + (ctail + a * TB)[:, None] + i[None, :])
+            k = chunks * 512 + a * 64 + i
+            x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+            if BITS == 4:
+                x_hi = tl.load(x_ptr + k + 32, mask=k + 32 < K, other=0.0).to(tl.float32)
+                sp = stail + 2 * a
+                d = tl.load(scales_ptr + sp).to(tl.float32)
+                y += d * tl.sum((c & 15).to(tl.float32) * x[None, :], 1)
+                y += _offset(d, offs_ptr + sp, offset_factor, OFFSETS) * tl.sum(x, 0)
+                d = tl.load(scales_ptr + sp + 1).to(tl.float32)
+                y += d * tl.sum((c >> 4).to(tl.float32) * x_hi[None, :], 1)
+                y += _offset(d, offs_ptr + sp + 1, offset_factor, OFFSETS) * tl.sum(x_hi, 0)
+            else:
+                sp = (stail + 2 * a)[:, None] + (i // 32)[None, :]
+                d = tl.load(scales_ptr + sp).to(tl.float32)
+                w = c.to(tl.float32) * d + _offset(d, offs_ptr + sp, offset_factor, OFFSETS)
+                y += tl.sum(w * x[None, :], 1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if splits == 1:
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + n, mask=n < N, other=0.0)
+        tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=n < N)
+    else:
+        tl.store(ws_ptr + pid_k.to(tl.int64) * N + n, y, mask=n < N)
+
+
+@triton.jit
+def _split_sum_kernel(  # type: ignore[no-untyped-def]
+    ws_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    stride_om,
+    splits,
+    HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+) -> None:
+    # grid (M, N / BLOCK): the splits' partial sums in order, + bias, in the output's dtype
+    m = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = n < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in range(splits):
+        acc += tl.load(ws_ptr + (k * M + m).to(tl.int64) * N + n, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=mask, other=0.0)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# -- host side -----------------------------------------------------------------------------------------
+MAX_SPLITS = 16
+DECODE_ROWS = 16  # up to this many rows (a decode step) take the split-K tiles
+
+
+@dataclass(frozen=True)
+class MmTiles:
+    block_m: int
+    block_n: int  # a multiple of 16: whole row tiles
+    step: int  # code bytes per row per step
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class GemvTiles:
+    block_n: int
+    vecs: int
+    num_warps: int
+    num_stages: int
+
+
+def mm_tiles(rows: int, bits: int, dtype: torch.dtype, capability: tuple[int, int]) -> MmTiles:
+    """The dot kernel's tiles for ``rows`` activation rows of ``dtype`` (float32: the exact FMA dot, its
+    operands in registers: small tiles)."""
+    if dtype.itemsize > 2:
+        return MmTiles(16 if rows <= 16 else 32, 32, 64, 4, 1)
+    if rows <= DECODE_ROWS:
+        return MmTiles(16, 64, 64 if bits == 4 else 128, 4, 3)
+    return MmTiles(64 if rows <= 64 else 128, 128, 64, 8, 3)
+
+
+def gemv_tiles(bits: int, dtype: torch.dtype) -> GemvTiles:
+    """One activation row: 16 weight rows (one tile) x a 4-bit chunk or half an 8-bit one per step."""
+    return GemvTiles(16, 4, 4, 3)
+
+
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def _num_sms(device: torch.device) -> int:
+    """Multiprocessors of ``device``; 1 for a CPU device (triton's interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _splits(programs: int, steps: int, device: torch.device) -> int:
+    """K splits: enough programs for 4 per SM, at most one per step (a fixed function of the shapes, so a
+    captured CUDA graph keeps its launch valid)."""
+    want = -(-4 * _num_sms(device) // max(1, programs))
+    return max(1, min(MAX_SPLITS, steps, want))
+
+
+def block_matmul(
+    x: torch.Tensor,  # (M, K), contiguous rows
+    codes: torch.Tensor,  # (N, L) uint8, tiled
+    scales: torch.Tensor,  # (N, Kp / 32) float16, tiled
+    offsets: torch.Tensor | None,  # (N, Kp / 32) float16, tiled (Q4_1)
+    zeros: torch.Tensor | None,  # (N, Kp / 32) uint8, tiled (GPTQ, AWQ)
+    offset_factor: float,
+    bits: int,
+    bias: torch.Tensor | None,  # (N,) float32
+    decode: bool,  # a decode step: one row takes the GEMV, up to DECODE_ROWS the split-K tiles
+    splits: int | None = None,  # K splits (None: from the SMs; tests force them)
+) -> torch.Tensor:
+    """x W^T + bias, (M, N) in x's dtype."""
+    m, k = x.shape
+    n, length = codes.shape
+    blocks = scales.shape[1]
+    chunks = blocks // 16
+    assert x.stride(1) == 1 and blocks * BLOCK >= k and length * (8 // bits) == blocks * BLOCK
+    kind = 1 if offsets is not None else 2 if zeros is not None else 0
+    offs = offsets if offsets is not None else zeros if zeros is not None else scales
+    bias_arg = bias if bias is not None else scales
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    seg = 256 if bits == 4 else 512
+    if decode and m == 1:
+        gt = gemv_tiles(bits, x.dtype)
+        programs = triton.cdiv(n, gt.block_n)
+        steps = chunks * seg // (64 * gt.vecs)
+        s = splits or _splits(programs, steps, x.device)
+        ws = torch.empty(s, 1, n, dtype=torch.float32, device=x.device) if s > 1 else out
+        _block_gemv_kernel[(programs, s)](
+            x, codes, scales, offs, bias_arg, out, ws, n, k, length, blocks, chunks, (blocks - chunks * 16) // 2,
+            offset_factor, BITS=bits, OFFSETS=kind, HAS_BIAS=bias is not None, BLOCK_N=gt.block_n,
+            VECS=gt.vecs, num_warps=gt.num_warps, num_stages=gt.num_stages,
+        )  # fmt: skip
+    else:
+        t = mm_tiles(m, bits, x.dtype, device_capability(x.device))
+        grid_mn = triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n)
+        one_split = not decode or m > DECODE_ROWS
+        s = 1 if one_split else splits or _splits(grid_mn, chunks * seg // t.step, x.device)
+        ws = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if s > 1 else out
+        _block_mm_kernel[(triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), s)](
+            x, codes, scales, offs, bias_arg, out, ws, m, n, k, x.stride(0), out.stride(0), length, blocks,
+            chunks, (blocks - chunks * 16) // 2, offset_factor, BITS=bits, OFFSETS=kind,
+            HAS_BIAS=bias is not None, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STEP=t.step,
+            IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages,
+        )  # fmt: skip
+    if s > 1:
+        _split_sum_kernel[(m, triton.cdiv(n, 1024))](
+            ws, bias_arg, out, m, n, out.stride(0), s, HAS_BIAS=bias is not None, BLOCK=1024, num_warps=4
+        )
+    return out
