@@ -289,7 +289,7 @@ def test_unsupported_settings_name_their_key(root: Path, override: dict[str, Any
 
 def test_other_dtypes_and_act_order_gaps_are_refused(root: Path) -> None:
     qdir, _ = quantized_model(root, "gptq-v1-g128")
-    with pytest.raises(ValueError, match="GPTQ weights run on the CPU only so far"):
+    with pytest.raises(ValueError, match="GPTQ weights run on the CPU in bf16 or float32"):
         LLM(str(qdir), dtype="float16", device="cpu")
     layer = Layer(96, 16, 32, 4, act_order=False, zmin=1, seed=0)
     layer.g_idx = np.array([0] * 40 + [1] * 24 + [2] * 32)  # group 0: 40 channels, not whole blocks

@@ -37,13 +37,13 @@ class Checkpoint:
     gguf: GGUFCheckpoint | None = None
 
     def weights(
-        self, keep_packed: bool, device: torch.device, dtype: torch.dtype
+        self, keep_packed: bool, device: torch.device, dtype: torch.dtype, kquants: bool = True
     ) -> tuple[Tensors, dict[str, Packed]]:
         """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
-        tensors of the packed types (layers/block_quant.py, layers/kquant.py) stay in their blocks; a
-        GPTQ/AWQ, NVFP4 or MXFP4 checkpoint's layers always do (ValueError off the CPU or in a dtype other
-        than bf16/float32, or for settings the loader cannot run), and an FP8 checkpoint's stay 8-bit (any
-        device and dtype); all else is float."""
+        tensors of the packed types (layers/block_quant.py; layers/kquant.py's too with ``kquants``: the
+        CPU's) stay in their blocks; a GPTQ/AWQ, NVFP4 or MXFP4 checkpoint's layers always do (ValueError
+        where no kernels run them: gptq_awq.check_runs, fp4_checkpoint; or for settings the loader cannot
+        run), and an FP8 checkpoint's stay 8-bit (any device and dtype); all else is float."""
         if self.gguf is None:
             fp4 = read_fp4(self.source.path, self.facts.quantization_config, device, dtype)
             if fp4 is not None:
@@ -61,7 +61,8 @@ class Checkpoint:
         gguf = self.gguf
         packed: dict[str, Packed] = {}
         if keep_packed:
-            for name, ggml_type, raw, shape in gguf.stored_tensors({*GGUF_TYPES, *kquant.KQUANT_TYPES}):
+            types = {*GGUF_TYPES, *(kquant.KQUANT_TYPES if kquants else ())}
+            for name, ggml_type, raw, shape in gguf.stored_tensors(types):
                 k_quant = ggml_type in kquant.KQUANT_TYPES
                 packed[name] = (kquant.from_gguf if k_quant else from_gguf)(ggml_type, raw, shape)
 

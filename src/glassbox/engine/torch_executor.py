@@ -40,7 +40,7 @@ from glassbox.engine.step_inputs import decode_rows, flatten, metadata
 from glassbox.engine.step_sampling import DevicePendingStep, SamplePlan
 from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
-from glassbox.layers.block_linear import KERNEL_ROWS, block_kernel_rows, block_weights
+from glassbox.layers.block_linear import KERNEL_ROWS, block_kernel_rows, block_weights, to_device
 from glassbox.layers.kv_quant import row_width
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
@@ -82,7 +82,8 @@ class TorchExecutor:
         )
         self.kv_width = row_width(model_config.head_dim, self.kv_dtype)  # a cache row: D, or D + 4 for 8 bits
         self.block_size = config.block_size
-        self.attn_backend = "triton" if triton_usable(self.device) else "torch"
+        triton = triton_usable(self.device)
+        self.attn_backend = "triton" if triton else "torch"
         if self.attn_backend == "triton" and self.kv_dtype.itemsize == 1 and model_config.head_dim % 4:
             logger.warning(
                 "the triton kernels read an 8-bit KV cache for head dims divisible by 4: torch path"
@@ -104,17 +105,19 @@ class TorchExecutor:
             tp_model.check_run(self.tp.world, self.device, config, checkpoint, model_config)
             self.attn_backend = "torch"
         bits = QUANTIZED_AT_LOAD.get(config.quantization or "")
-        if bits is not None and self.device.type != "cpu":
-            raise ValueError(
-                f"--quantization {config.quantization} runs on the CPU only so far (not on CUDA)"
-            )
-        # GGUF Q4_0/Q4_1/Q8_0 and K-quants stay in their blocks where the C kernels run them (CPU, bf16 activations);
-        # GPTQ/AWQ layers always do (CPU only)
-        keep_packed = (
-            config.quantization is None and self.attn_backend == "native" and self.dtype == torch.bfloat16
-        )
+        # block weights on CUDA run the Triton kernels (layers/block_linear.to_device)
+        on_triton = triton and self.tp is None
+        if bits is not None and self.device.type != "cpu" and not (isinstance(bits, int) and on_triton):
+            needs = "needs triton on CUDA" if isinstance(bits, int) else "runs on the CPU only so far"
+            raise ValueError(f"--quantization {config.quantization} {needs} (not on {self.device.type})")
+        # GGUF Q4_0/Q4_1/Q8_0 stay in their blocks where kernels run them: the CPU's C kernels (bf16
+        # activations; the K-quants too) and the Triton kernels (any dtype); GPTQ/AWQ layers always do
+        native_bf16 = self.attn_backend == "native" and self.dtype == torch.bfloat16
+        keep_packed = config.quantization is None and (native_bf16 or on_triton)
         weights, packed = (
-            checkpoint.weights(keep_packed, self.device, self.dtype) if checkpoint is not None else (None, {})
+            checkpoint.weights(keep_packed, self.device, self.dtype, kquants=self.device.type == "cpu")
+            if checkpoint is not None
+            else (None, {})
         )
         if self.tp is not None and checkpoint is not None:
             weights = tp_model.weights(self.tp, checkpoint, model_config)
@@ -133,6 +136,8 @@ class TorchExecutor:
             from glassbox.layers.quantization import quantize_model
 
             quantize_model(self.model, bits)
+        if self.device.type == "cuda" and (moved := to_device(self.model, self.device)):
+            logger.info("%d block-quantized linears on the Triton kernels", moved)
         in_blocks = block_weights(self.model)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + sum(
             b.nbytes for b in in_blocks

@@ -1,9 +1,11 @@
 """The modules that run ``BlockWeights`` (layers/block_quant.py) and ``KQuantWeights`` (layers/kquant.py):
 a linear layer and an embedding table.
 
-Decode rows run the kernels' int8-activation GEMV (llama.cpp's arithmetic); other rows, and float32
-models, multiply the dequantized weight (exact in float32), so a float32 model gives what the dequantized
-model gives.
+On the CPU, decode rows run the kernels' int8-activation GEMV (llama.cpp's arithmetic); other rows, and
+float32 models, multiply the dequantized weight (exact in float32), so a float32 model gives what the
+dequantized model gives. On CUDA (``to_device``) the blocks move to the device as they are and the linears
+run kernels/triton_block_linear.py (decode rows: a GEMV or split-K kernel; prompt rows: a tiled GEMM; both
+dequantize in registers); an embedding table dequantizes the rows it looks up with the PyTorch ops.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class BlockQuantLinear(nn.Module):
         )
         self.nbytes = weights.nbytes
         self._call: tuple[Any, tuple[Any, ...]] | None = None  # the kernel and the weight's arguments
+        self.triton = False  # run the Triton kernels (to_device; the tests set it under the interpreter)
 
     @property
     def _bias_ptr(self) -> int | None:
@@ -128,6 +131,9 @@ class BlockQuantLinear(nn.Module):
         rows = x2.shape[0]
         step = _STEP_KERNEL.get()
         kernel = rows <= self.kernel_rows if step is None else step
+        if self.triton:
+            assert isinstance(self.w, BlockWeights)
+            return _triton_linear(x2, self.w, self.bias, kernel).view(*lead, self.out_features)
         unbuilt = self._call is None and native_library() is None  # no C kernels
         if not kernel or x.dtype != torch.bfloat16 or x.device.type != "cpu" or unbuilt:
             bias = None if self.bias is None else self.bias.to(x.dtype)
@@ -154,6 +160,39 @@ class BlockQuantLinear(nn.Module):
         fn(x.data_ptr(), m, self.in_features, *weight_args, out.data_ptr(), int(x.dtype == torch.bfloat16),
            torch.get_num_threads())  # fmt: skip
         return out
+
+
+@torch.compiler.disable  # a launch, not a graph: torch.compile of the MLP around it breaks here
+def _triton_linear(x: torch.Tensor, w: BlockWeights, bias: torch.Tensor | None, decode: bool) -> torch.Tensor:
+    from glassbox.kernels.triton_block_linear import block_matmul
+
+    return block_matmul(
+        x.contiguous(), w.codes, w.tiled_scales, w.tiled_offsets, w.tiled_zeros, w.offset_factor, w.bits,
+        bias, decode,
+    )  # fmt: skip
+
+
+def to_device(model: nn.Module, device: torch.device) -> int:
+    """Move every block linear's and embedding's ``BlockWeights`` (a tied table once) and biases to
+    ``device`` as they are, the linears to run the Triton kernels; returns how many linears. ValueError for
+    K-quants (no GPU kernels: the checkpoint reader dequantizes them off the CPU)."""
+    moved: dict[int, tuple[BlockWeights, BlockWeights]] = {}  # id -> (weights, moved): the ids stay taken
+    count = 0
+    for m in model.modules():
+        if not isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
+            continue
+        if not isinstance(m.w, BlockWeights):
+            raise ValueError(f"{m.w.label} weights have no kernels on {device.type}")
+        if id(m.w) not in moved:
+            moved[id(m.w)] = (m.w, m.w.to(device))
+        m.w = moved[id(m.w)][1]
+        _register(m, m.w)
+        if isinstance(m, BlockQuantLinear):
+            if m.bias is not None:
+                m.bias = nn.Parameter(m.bias.detach().to(device), requires_grad=False)
+            m.triton = True
+            count += 1
+    return count
 
 
 class BlockQuantEmbedding(nn.Module):

@@ -17,6 +17,7 @@ kernels' dequantization;
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,7 +140,7 @@ class BlockWeights:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(N, K) in ``dtype`` (float32 or bf16): the kernels' dequantization, else the reference."""
         lib = native_library()
-        if lib is None or dtype not in (torch.float32, torch.bfloat16):
+        if lib is None or dtype not in (torch.float32, torch.bfloat16) or self.codes.device.type != "cpu":
             return self.dequantize_reference(dtype)
         out = torch.empty(self.out_features, self.in_features, dtype=dtype)
         lib.gb_dequant_blocks(
@@ -147,6 +148,14 @@ class BlockWeights:
             int(dtype == torch.bfloat16), torch.get_num_threads(),
         )  # fmt: skip
         return out
+
+    def to(self, device: torch.device) -> BlockWeights:
+        """The same weights with their tensors on ``device``."""
+        moved = {name: t.to(device) for name, t in self.stored().items()}
+        return dataclasses.replace(
+            self, codes=moved["codes"], tiled_scales=moved["scales"], tiled_offsets=moved.get("offsets"),
+            tiled_zeros=moved.get("zeros"), perm=moved.get("perm"),
+        )  # fmt: skip
 
     def dense(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(N, K) in ``dtype`` with the columns in input-channel order (``perm`` undone)."""
@@ -170,20 +179,20 @@ def _padded(k: int) -> int:
 CHUNK = 16  # blocks per interleaved chunk (kernels/cpu_quant.c): 512 codes
 
 
-def _interleave(codes: np.ndarray, bits: int) -> np.ndarray:
+def _interleave(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """(N, Kp) codes in value order to the kernels' bytes: whole chunks of 16 blocks with vector p, lane j
     holding block j's codes 4p..4p+3 (4 bits: vectors 0-3 in the low nibbles, 4-7 in the high), then the
     remaining blocks in order (4 bits: 64 codes per 32 bytes, codes 0..31 low, 32..63 high)."""
     n, kp = codes.shape
     chunks = kp // BLOCK // CHUNK
     cut = chunks * CHUNK * BLOCK
-    c = codes[:, :cut].reshape(n, chunks, CHUNK, 8, 4).transpose(0, 1, 3, 2, 4)  # (n, chunk, p, j, t)
+    c = codes[:, :cut].reshape(n, chunks, CHUNK, 8, 4).permute(0, 1, 3, 2, 4)  # (n, chunk, p, j, t)
     tail = codes[:, cut:]
     if bits == 8:
-        return np.concatenate([c.reshape(n, cut), tail], axis=1)
+        return torch.cat([c.reshape(n, cut), tail], dim=1)
     head = (c[:, :, :4] | (c[:, :, 4:] << 4)).reshape(n, cut // 2)
     t = tail.reshape(n, -1, 2, BLOCK)
-    return np.concatenate([head, (t[:, :, 0] | (t[:, :, 1] << 4)).reshape(n, -1)], axis=1)
+    return torch.cat([head, (t[:, :, 0] | (t[:, :, 1] << 4)).reshape(n, -1)], dim=1)
 
 
 def _deinterleave(packed: torch.Tensor, kp: int, bits: int) -> torch.Tensor:
@@ -201,44 +210,51 @@ def _deinterleave(packed: torch.Tensor, kp: int, bits: int) -> torch.Tensor:
     return torch.cat([c.permute(0, 1, 3, 2, 4).reshape(n, cut), tail], dim=1)
 
 
+Array = np.ndarray | torch.Tensor
+
+
+def _tensor(a: Array, dtype: torch.dtype) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
+    return t.to(dtype)
+
+
 def _pack(
-    q: np.ndarray,
-    scales: np.ndarray,
-    offsets: np.ndarray | None,
+    q: Array,
+    scales: Array,
+    offsets: Array | None,
     factor: float,
     bits: int,
     k: int,
     label: str,
-    zeros: np.ndarray | None = None,
+    zeros: Array | None = None,
 ) -> BlockWeights:
     """From codes (N, nb, 32) uint8 and per-block float16 scales (and offsets, or uint8 zero codes)
-    (N, nb): pad to Kp, pack nibbles."""
+    (N, nb), NumPy arrays or tensors (on any device: the blocks are made there): pad to Kp, pack nibbles."""
     n, nb = scales.shape
     kp = _padded(k)
     pad = kp // BLOCK - nb
-    if pad:  # zero blocks: scale and offset 0, so any code gives 0
-        q = np.concatenate([q, np.zeros((n, pad, BLOCK), np.uint8)], axis=1)
-        scales = np.concatenate([scales, np.zeros((n, pad), np.float16)], axis=1)
-        if offsets is not None:
-            offsets = np.concatenate([offsets, np.zeros((n, pad), np.float16)], axis=1)
-        if zeros is not None:
-            zeros = np.concatenate([zeros, np.zeros((n, pad), np.uint8)], axis=1)
-    codes = _interleave(q.reshape(n, kp), bits)
+    codes_t = _tensor(q, torch.uint8)
 
-    def tensor(a: np.ndarray, dtype: type) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
+    def padded(a: Array | None, dtype: torch.dtype) -> torch.Tensor | None:
+        """A per-block array padded with zero blocks: scale and offset 0, so any code gives 0."""
+        if a is None:
+            return None
+        t = _tensor(a, dtype)
+        return torch.cat([t, t.new_zeros(n, pad)], dim=1) if pad else t
 
+    if pad:
+        codes_t = torch.cat([codes_t, codes_t.new_zeros(n, pad, BLOCK)], dim=1)
+    codes = _interleave(codes_t.reshape(n, kp), bits)
     chunks = kp // BLOCK // CHUNK
     seg = 256 if bits == 4 else 512
 
-    def tiled(a: np.ndarray | None, dtype: type) -> torch.Tensor | None:  # per-block arrays
-        return None if a is None else to_tiles(tensor(a, dtype), CHUNK, chunks * CHUNK)
+    def tiled(a: Array | None, dtype: torch.dtype) -> torch.Tensor | None:  # per-block arrays
+        t = padded(a, dtype)
+        return None if t is None else to_tiles(t, CHUNK, chunks * CHUNK)
 
-    d, off, z = tiled(scales, np.float16), tiled(offsets, np.float16), tiled(zeros, np.uint8)
+    d, off, z = tiled(scales, torch.float16), tiled(offsets, torch.float16), tiled(zeros, torch.uint8)
     assert d is not None
-    return BlockWeights(
-        to_tiles(tensor(codes, np.uint8), seg, chunks * seg), d, off, factor, bits, k, label, z
-    )
+    return BlockWeights(to_tiles(codes, seg, chunks * seg), d, off, factor, bits, k, label, z)
 
 
 def from_zero_codes(
@@ -288,7 +304,7 @@ def quantize(weight: torch.Tensor, bits: int) -> BlockWeights:
         d = blocks.abs().amax(-1) / 127.0
         s = torch.where(d[..., None] > 0, blocks / d[..., None], 0.0).round().clamp(-127, 127)
         q = (s + 128).to(torch.uint8)  # the scale is stored in float16, as GGUF does
-        return _pack(q.numpy(), d.half().numpy(), None, -128.0, 8, k, "int8")
+        return _pack(q, d.half(), None, -128.0, 8, k, "int8")
     if bits != 4:
         raise ValueError(f"--quantization: block weights are 4 or 8 bits, got {bits}")
     idx = blocks.abs().argmax(-1, keepdim=True)
@@ -296,7 +312,7 @@ def quantize(weight: torch.Tensor, bits: int) -> BlockWeights:
     d = extreme / -8.0
     inv = torch.where(d != 0, 1.0 / d, 0.0)
     q = (blocks * inv[..., None] + 8.5).floor().clamp(0, 15).to(torch.uint8)
-    return _pack(q.numpy(), d.half().numpy(), None, -8.0, 4, k, "int4")
+    return _pack(q, d.half(), None, -8.0, 4, k, "int4")
 
 
 def concat(parts: list[BlockWeights]) -> BlockWeights | None:

@@ -66,7 +66,7 @@ def gather_rows(a: torch.Tensor, rows: torch.Tensor, seg: int, cut: int) -> torc
     size = (n - t * TILE).clamp(max=TILE)  # rows in the row's tile
     at = t * TILE * length
     segments = flat[: flat.numel() // seg * seg].view(-1, seg)
-    s = torch.arange(cut // seg).reshape(1, -1)
+    s = torch.arange(cut // seg, device=a.device).reshape(1, -1)
     head = segments[(at + (s * size + r) * seg) // seg].reshape(len(rows), cut)
-    tail = flat[at + cut * size + r * (length - cut) + torch.arange(length - cut).reshape(1, -1)]
+    tail = flat[at + cut * size + r * (length - cut) + torch.arange(length - cut, device=a.device).reshape(1, -1)]
     return torch.cat([head, tail], dim=1)

@@ -15,6 +15,7 @@ permutation (the linear applies it to its input).
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,9 +132,16 @@ def read_group_quant(model_dir: Path, spec: GroupQuant) -> tuple[dict[str, Block
 
 
 def check_runs(spec: GroupQuant, device: torch.device, dtype: torch.dtype) -> None:
-    """ValueError unless the engine runs on the CPU in bf16 or float32 (the block kernels' ground)."""
+    """ValueError unless the block kernels run here: the CPU in bf16 or float32, CUDA with triton (the
+    Triton kernels, kernels/triton_block_linear.py) in bf16, float16 or float32."""
+    if device.type == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            raise ValueError(f"{spec.method.upper()} weights on CUDA need triton (pip install triton)")
+        if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"{spec.method.upper()} weights run in bf16, float16 or float32, got {dtype}")
+        return
     if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(
-            f"{spec.method.upper()} weights run on the CPU only so far, in bf16 or float32 "
-            f"(got {device.type}, {dtype}): use --device cpu"
+            f"{spec.method.upper()} weights run on the CPU in bf16 or float32 and on CUDA "
+            f"(got {device.type}, {dtype})"
         )
