@@ -136,8 +136,8 @@ class TorchExecutor:
             from glassbox.layers.quantization import quantize_model
 
             quantize_model(self.model, bits)
-        if self.device.type == "cuda" and (moved := to_device(self.model, self.device)):
-            logger.info("%d block-quantized linears on the Triton kernels", moved)
+        if self.device.type == "cuda" and on_triton and (moved := to_device(self.model, self.device)):
+            logger.info("%d linears in blocks or FP8 on the Triton kernels", moved)
         in_blocks = block_weights(self.model)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + sum(
             b.nbytes for b in in_blocks

@@ -174,11 +174,16 @@ def _triton_linear(x: torch.Tensor, w: BlockWeights, bias: torch.Tensor | None, 
 
 def to_device(model: nn.Module, device: torch.device) -> int:
     """Move every block linear's and embedding's ``BlockWeights`` (a tied table once) and biases to
-    ``device`` as they are, the linears to run the Triton kernels; returns how many linears. ValueError for
-    K-quants (no GPU kernels: the checkpoint reader dequantizes them off the CPU)."""
+    ``device`` as they are, the linears to run the Triton kernels, and so other modules with Triton kernels
+    (a ``triton`` attribute: layers/fp8_linear.py); returns how many linears. ValueError for K-quants (no
+    GPU kernels: the checkpoint reader dequantizes them off the CPU)."""
     moved: dict[int, tuple[BlockWeights, BlockWeights]] = {}  # id -> (weights, moved): the ids stay taken
     count = 0
     for m in model.modules():
+        if getattr(m, "triton", None) is False and not isinstance(m, BlockQuantLinear):
+            m.to(device)
+            m.triton = True
+            count += 1
         if not isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
             continue
         if not isinstance(m.w, BlockWeights):

@@ -3,9 +3,11 @@
 On the CPU (float32 or bf16 activations, C kernels built): decode rows run kernels/cpu_fp8.c's GEMV
 (E4M3 widened in registers, float32 sums per scale block); more rows multiply the weight dequantized a tile
 of rows at a time (to the activations' dtype, exact in float32) in a GEMM, so no full-size copy of the
-weight is ever held. Elsewhere (CUDA, float16, no C compiler) the weight is dequantized by PyTorch ops
-(``w.to(float32) * scale``) for each call: correct on any device, but with no FP8 compute (on CUDA,
-``torch._scaled_mm`` would need FP8 activations too, W8A8: not done here). Activations are never quantized.
+weight is ever held. On CUDA with triton (``triton`` set by layers/block_linear.to_device) the codes are
+read by kernels/triton_fp8_linear.py (a GEMV for one decode row, dots of the dequantized steps for more;
+that file says why not ``torch._scaled_mm``). Elsewhere (float16 on the CPU, no C compiler, CUDA without
+triton) the weight is dequantized by PyTorch ops (``w.to(float32) * scale``) for each call. Activations
+are never quantized.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glassbox.layers.block_linear import step_kernel_choice
+from glassbox.layers.block_linear import kernel_chosen, step_kernel_choice
 from glassbox.layers.block_quant import native_library
 from glassbox.layers.fp8_weights import Fp8Weights, concat
 
@@ -51,6 +53,7 @@ class Fp8Linear(nn.Module):
             None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
         )
         self._args: tuple[Any, ...] | None = None  # the GEMV's weight arguments, taken at the first call
+        self.triton = False  # run the Triton kernels (CUDA; block_linear.to_device sets it)
 
     @property
     def w(self) -> Fp8Weights:
@@ -70,6 +73,8 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        if self.triton:
+            return _triton_fp8(x2, self, kernel_chosen(x2.shape[0])).view(*lead, self.out_features)
         on_kernels = x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
         if not on_kernels or native_library() is None:
             bias = None if self.bias is None else self.bias.to(x.dtype)
@@ -107,6 +112,13 @@ class Fp8Linear(nn.Module):
         if bias is not None:
             out += bias
         return out
+
+
+@torch.compiler.disable  # a launch, not a graph: torch.compile of the MLP around it breaks here
+def _triton_fp8(x: torch.Tensor, lin: Fp8Linear, decode: bool) -> torch.Tensor:
+    from glassbox.kernels.triton_fp8_linear import fp8_matmul
+
+    return fp8_matmul(x.contiguous(), lin.codes, lin.scales, lin.block_rows, lin.block_cols, lin.bias, decode)
 
 
 def concat_fp8(linears: list[Fp8Linear]) -> Fp8Linear | None:

@@ -1,0 +1,102 @@
+"""The launches kernels/triton_block_linear.py's host code makes, collected on CPU tensors as on a target GPU
+(its compute capability and multiprocessors), for tests/test_triton_compile.py, and a sweep of them all:
+
+    PYTHONPATH=src python tests/triton_linear_launches.py [h100,dgx-spark]
+
+prints the registers, stack and shared memory of every launch configuration (bits x offset kind x bias x
+dtype x row count: each compiles apart) on those targets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from triton_aot import CAPABILITY, SMS
+
+from glassbox.kernels import triton_block_linear as tbl
+
+Launch = tuple[Any, tuple[Any, ...], dict[str, Any]]  # (kernel, args, kwargs)
+OFFSETS = ("factor", "stored", "zeros")  # Q4_0/Q8_0/int, Q4_1, GPTQ/AWQ
+# one row: the GEMV; 4: split-K decode tiles; 48 and 200: the prompt tiles (64 and 128 rows; float32: 32)
+ROWS = (1, 4, 48, 200)
+KERNELS = ("_block_gemv_kernel", "_block_mm_kernel", "_split_sum_kernel")
+
+
+@contextlib.contextmanager
+def _recording(target: str) -> Iterator[list[Launch]]:
+    """Within: the module's kernels record their launches instead of running, on ``target``'s shapes."""
+    calls: list[Launch] = []
+    saved = {name: getattr(tbl, name) for name in (*KERNELS, "device_capability", "_num_sms")}
+
+    def recorder(fn: Any) -> Any:
+        class _Kernel:
+            def __getitem__(self, grid: Any) -> Any:
+                return lambda *args, **kwargs: calls.append((fn, args, kwargs))
+
+        return _Kernel()
+
+    for name in KERNELS:
+        setattr(tbl, name, recorder(saved[name]))
+    tbl.device_capability = lambda device: CAPABILITY[target]  # type: ignore[assignment]
+    tbl._num_sms = lambda device: SMS[target]  # type: ignore[assignment]
+    try:
+        yield calls
+    finally:
+        for name, value in saved.items():
+            setattr(tbl, name, value)
+
+
+def linear_launches(
+    target: str, bits: int, offsets: str, bias: bool, dtype: torch.dtype, rows: tuple[int, ...] = ROWS
+) -> list[Launch]:
+    """The launches of a 4096 x 4096 block linear (Llama-3.1-8B's o_proj) at each row count in ``rows``:
+    as a decode step where it has at most 16 rows, as a prompt step beyond."""
+    n, k = 4096, 4096
+    blocks = k // 32
+    codes = torch.zeros(n, k * bits // 8, dtype=torch.uint8)
+    scales = torch.zeros(n, blocks, dtype=torch.float16)
+    offs = torch.zeros(n, blocks, dtype=torch.float16) if offsets == "stored" else None
+    zeros = torch.zeros(n, blocks, dtype=torch.uint8) if offsets == "zeros" else None
+    b = torch.zeros(n) if bias else None
+    with _recording(target) as calls:
+        for m in rows:
+            x = torch.zeros(m, k, dtype=dtype)
+            tbl.block_matmul(x, codes, scales, offs, zeros, -8.0 if offsets == "factor" else 0.0, bits, b, m <= 16)
+    return calls
+
+
+def _sweep(targets: list[str]) -> None:
+    from triton_aot import TARGETS, compile_like_jit, resources
+
+    print("target    kernel              bits offsets bias dtype    tiles                                 regs stack spillI shared")
+    for target, bits, offsets, bias, dtype in itertools.product(
+        targets, (4, 8), OFFSETS, (False, True), (torch.bfloat16, torch.float16, torch.float32)
+    ):
+        seen = set()
+        for fn, args, kwargs in linear_launches(target, bits, offsets, bias, dtype):
+            consts = {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}
+            key = (fn.fn.__name__, str(consts))
+            if key in seen:
+                continue
+            seen.add(key)
+            r = resources(compile_like_jit(fn, args, kwargs, TARGETS[target]))
+            tiles = " ".join(
+                f"{k.removeprefix('BLOCK_').removeprefix('num_')[:5].lower()}{int(v)}"
+                for k, v in consts.items()
+                if k not in ("BITS", "OFFSETS", "HAS_BIAS")
+            )
+            print(
+                f"{target:9s} {fn.fn.__name__:19s} {bits:4d} {offsets:7s} {bias!s:5s} {str(dtype)[6:]:8s} "
+                f"{tiles:37s} {r.registers:4d} {r.stack:5d} {r.spill_instructions!s:>6} {r.shared:6d}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    import sys
+
+    _sweep(sys.argv[1].split(",") if len(sys.argv) > 1 else ["h100", "dgx-spark"])
