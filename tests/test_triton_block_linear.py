@@ -91,7 +91,9 @@ def test_block_linear_matches_reference(variant: str, shape: tuple[int, int]) ->
     n, k = shape
     w, ref_w = _weights(variant, n, k, seed=n * k)
     k = w.in_features
-    bias = torch.randn(n, generator=torch.Generator().manual_seed(1)) if variant in ("Q8_0", "gptq4") else None
+    bias = (
+        torch.randn(n, generator=torch.Generator().manual_seed(1)) if variant in ("Q8_0", "gptq4") else None
+    )
     lin = _linear(w, bias)
     g = torch.Generator().manual_seed(k)
     for m in (1, 3, 16, 17, 70):

@@ -169,3 +169,81 @@ def test_the_jit_specialization_reaches_the_compile() -> None:
     ttir = [compile_like_jit(fn, a, {**k, "num_warps": 4}, TARGETS["h100"]).asm["ttir"] for fn, a, k in calls]
     # out_ptr at +16 bytes and stride_oh 80: both divisible; at +4 bytes and 17: neither
     assert ttir[0].count("tt.divisibility = 16") == ttir[1].count("tt.divisibility = 16") + 2
+
+
+# -- the block-weight and FP8 linears (kernels/triton_block_linear.py, triton_fp8_linear.py) ----------------
+# Each kernel at each tile shape the host code picks (rows 1: the GEMV; 4: the split-K decode tiles and the
+# split sum; 48 and 200: the 64- and 128-row prompt tiles; float32: its own), 4-bit block weights on both
+# targets with the offset kind that loads most (Q4_1's stored offsets), 8-bit ones (GPTQ's zero codes) on
+# the DGX Spark (the tighter target: 99 KiB of shared memory, no wgmma), FP8 (128 x 128 blocks, a bias)
+# on the H100, float32 (the interpreter tests' dtype) on the DGX Spark: ~22 compiles, ~45 s of the two
+# workers on a loaded 2-core machine. The full matrix (both targets, bits x offset kinds x bias x bf16,
+# float16, float32 x rows; FP8 block and per-channel scales) is tests/triton_linear_launches.py's sweep:
+# no spill anywhere, figures in kernels/triton_block_linear.py's docstring.
+from triton_linear_launches import fp8_launches, linear_launches  # noqa: E402
+
+BF16 = torch.bfloat16
+LINEAR_CASES: list[tuple[str, str, Any]] = [  # (id, target, launches)
+    *((f"{t}-bf16-q4-stored", t, lambda t=t: linear_launches(t, 4, "stored", False, BF16)) for t in TARGETS),
+    ("dgx-spark-bf16-q8-zeros", "dgx-spark", lambda: linear_launches("dgx-spark", 8, "zeros", False, BF16)),
+    ("h100-bf16-fp8-bias", "h100", lambda: fp8_launches("h100", (128, 128), True, BF16)),
+    (
+        "dgx-spark-fp32-q4",
+        "dgx-spark",
+        lambda: linear_launches("dgx-spark", 4, "factor", False, torch.float32, rows=(1, 4, 48)),
+    ),
+]
+_LINEAR_LAUNCHES: list[tuple[str, str, Any, tuple[Any, ...], dict[str, Any]]] = []
+
+
+def _compile_linear(i: int) -> tuple[bool, str, bool, bool]:
+    """(has a cubin, what, fits shared memory, spills) of linear launch ``i`` (in a forked worker)."""
+    _, target, fn, args, kwargs = _LINEAR_LAUNCHES[i]
+    compiled = compile_like_jit(fn, args, kwargs, TARGETS[target])
+    r = resources(compiled)
+    consts = {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}
+    what = f"{target} {fn.fn.__name__} {consts} {args[0].dtype}: {r}"
+    return bool(compiled.asm["cubin"]), what, r.shared <= SMEM_LIMIT[target], bool(r.spills)
+
+
+@pytest.fixture(scope="module")
+def compiled_linears() -> dict[str, list[tuple[str, bool, str, bool, bool]]]:
+    """Each case's distinct launches compiled: case id -> [(kernel name, cubin, what, fits, spills)]."""
+    seen = set()
+    for case, target, launches in LINEAR_CASES:
+        for fn, args, kwargs in launches():
+            spec = [(a == 1, a % 16 == 0) if isinstance(a, int) else getattr(a, "dtype", a) for a in args]
+            key = (target, fn.fn.__name__, str(kwargs), str(spec))  # as the JIT specializes
+            if key not in seen:
+                seen.add(key)
+                _LINEAR_LAUNCHES.append((case, target, fn, args, kwargs))
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        results = pool.map(_compile_linear, range(len(_LINEAR_LAUNCHES)), chunksize=1)
+    out: dict[str, list[tuple[str, bool, str, bool, bool]]] = {case: [] for case, _, _ in LINEAR_CASES}
+    for (case, _, fn, _, _), res in zip(_LINEAR_LAUNCHES, results, strict=True):
+        out[case].append((fn.fn.__name__, *res))
+    return out
+
+
+@pytest.mark.parametrize("case", [c for c, _, _ in LINEAR_CASES])
+def test_linear_launches_compile_without_spills(
+    compiled_linears: dict[str, list[tuple[str, bool, str, bool, bool]]], case: str
+) -> None:
+    assert compiled_linears[case], "a case with no launch of its own"
+    for name, cubin, what, fits, spills in compiled_linears[case]:
+        assert cubin, name
+        assert fits, what
+        assert not spills, what
+
+
+def test_every_linear_kernel_compiles(
+    compiled_linears: dict[str, list[tuple[str, bool, str, bool, bool]]],
+) -> None:
+    names = {name for launches in compiled_linears.values() for name, *_ in launches}
+    assert names == {
+        "_block_gemv_kernel",
+        "_block_mm_kernel",
+        "_fp8_gemv_kernel",
+        "_fp8_mm_kernel",
+        "_split_sum_kernel",
+    }

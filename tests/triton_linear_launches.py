@@ -1,10 +1,11 @@
-"""The launches kernels/triton_block_linear.py's host code makes, collected on CPU tensors as on a target GPU
-(its compute capability and multiprocessors), for tests/test_triton_compile.py, and a sweep of them all:
+"""The launches the host code of kernels/triton_block_linear.py and triton_fp8_linear.py makes, collected on
+CPU tensors as on a target GPU (its compute capability and multiprocessors), for
+tests/test_triton_compile.py, and a sweep of them all:
 
     PYTHONPATH=src python tests/triton_linear_launches.py [h100,dgx-spark]
 
-prints the registers, stack and shared memory of every launch configuration (bits x offset kind x bias x
-dtype x row count: each compiles apart) on those targets.
+prints the registers, stack and shared memory of every launch configuration (block weights: bits x offset
+kind x bias x dtype x row count; FP8: scale grid x bias x dtype x row count; each compiles apart).
 """
 
 from __future__ import annotations
@@ -18,19 +19,22 @@ import torch
 from triton_aot import CAPABILITY, SMS
 
 from glassbox.kernels import triton_block_linear as tbl
+from glassbox.kernels import triton_fp8_linear as tfl
 
 Launch = tuple[Any, tuple[Any, ...], dict[str, Any]]  # (kernel, args, kwargs)
 OFFSETS = ("factor", "stored", "zeros")  # Q4_0/Q8_0/int, Q4_1, GPTQ/AWQ
 # one row: the GEMV; 4: split-K decode tiles; 48 and 200: the prompt tiles (64 and 128 rows; float32: 32)
 ROWS = (1, 4, 48, 200)
 KERNELS = ("_block_gemv_kernel", "_block_mm_kernel", "_split_sum_kernel")
+FP8_KERNELS = ("_fp8_gemv_kernel", "_fp8_mm_kernel", "_split_sum_kernel")
 
 
 @contextlib.contextmanager
 def _recording(target: str) -> Iterator[list[Launch]]:
-    """Within: the module's kernels record their launches instead of running, on ``target``'s shapes."""
+    """Within: the modules' kernels record their launches instead of running, on ``target``'s shapes."""
     calls: list[Launch] = []
     saved = {name: getattr(tbl, name) for name in (*KERNELS, "device_capability", "_num_sms")}
+    saved_fp8 = {name: getattr(tfl, name) for name in FP8_KERNELS}
 
     def recorder(fn: Any) -> Any:
         class _Kernel:
@@ -41,6 +45,8 @@ def _recording(target: str) -> Iterator[list[Launch]]:
 
     for name in KERNELS:
         setattr(tbl, name, recorder(saved[name]))
+    for name in FP8_KERNELS:
+        setattr(tfl, name, recorder(saved_fp8[name]))
     tbl.device_capability = lambda device: CAPABILITY[target]  # type: ignore[assignment]
     tbl._num_sms = lambda device: SMS[target]  # type: ignore[assignment]
     try:
@@ -48,6 +54,8 @@ def _recording(target: str) -> Iterator[list[Launch]]:
     finally:
         for name, value in saved.items():
             setattr(tbl, name, value)
+        for name, value in saved_fp8.items():
+            setattr(tfl, name, value)
 
 
 def linear_launches(
@@ -65,19 +73,48 @@ def linear_launches(
     with _recording(target) as calls:
         for m in rows:
             x = torch.zeros(m, k, dtype=dtype)
-            tbl.block_matmul(x, codes, scales, offs, zeros, -8.0 if offsets == "factor" else 0.0, bits, b, m <= 16)
+            tbl.block_matmul(
+                x, codes, scales, offs, zeros, -8.0 if offsets == "factor" else 0.0, bits, b, m <= 16
+            )
+    return calls
+
+
+def fp8_launches(
+    target: str, block: tuple[int, int], bias: bool, dtype: torch.dtype, rows: tuple[int, ...] = ROWS
+) -> list[Launch]:
+    """The launches of a 4096 x 4096 FP8 linear with scales per ``block`` (rows, cols) at each row count."""
+    n, k = 4096, 4096
+    codes = torch.zeros(n, k, dtype=torch.uint8)
+    scales = torch.zeros(-(-n // block[0]), -(-k // block[1]))
+    b = torch.zeros(n) if bias else None
+    with _recording(target) as calls:
+        for m in rows:
+            tfl.fp8_matmul(torch.zeros(m, k, dtype=dtype), codes, scales, *block, b, m <= 16)
     return calls
 
 
 def _sweep(targets: list[str]) -> None:
     from triton_aot import TARGETS, compile_like_jit, resources
 
-    print("target    kernel              bits offsets bias dtype    tiles                                 regs stack spillI shared")
-    for target, bits, offsets, bias, dtype in itertools.product(
-        targets, (4, 8), OFFSETS, (False, True), (torch.bfloat16, torch.float16, torch.float32)
-    ):
+    print(
+        "target    kernel              bits offsets bias dtype    tiles                                 regs stack spillI shared"
+    )
+    dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    cases = [
+        (t, str(bits), offsets, bias, dtype, linear_launches(t, bits, offsets, bias, dtype))
+        for t, bits, offsets, bias, dtype in itertools.product(
+            targets, (4, 8), OFFSETS, (False, True), dtypes
+        )
+    ]
+    cases += [
+        (t, "fp8", f"{bn}x{bk}", bias, dtype, fp8_launches(t, (bn, bk), bias, dtype))
+        for t, (bn, bk), bias, dtype in itertools.product(
+            targets, ((128, 128), (1, 4096)), (False, True), dtypes
+        )
+    ]
+    for target, bits, offsets, bias, dtype, launches in cases:
         seen = set()
-        for fn, args, kwargs in linear_launches(target, bits, offsets, bias, dtype):
+        for fn, args, kwargs in launches:
             consts = {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}
             key = (fn.fn.__name__, str(consts))
             if key in seen:
@@ -90,7 +127,7 @@ def _sweep(targets: list[str]) -> None:
                 if k not in ("BITS", "OFFSETS", "HAS_BIAS")
             )
             print(
-                f"{target:9s} {fn.fn.__name__:19s} {bits:4d} {offsets:7s} {bias!s:5s} {str(dtype)[6:]:8s} "
+                f"{target:9s} {fn.fn.__name__:19s} {bits:>4s} {offsets:8s} {bias!s:5s} {str(dtype)[6:]:8s} "
                 f"{tiles:37s} {r.registers:4d} {r.stack:5d} {r.spill_instructions!s:>6} {r.shared:6d}",
                 flush=True,
             )

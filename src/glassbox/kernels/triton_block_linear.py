@@ -143,7 +143,9 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
                 d = tl.load(scales_ptr + sp).to(tl.float32)[:, None]
                 o = _offset(d, offs_ptr + sp[:, None], offset_factor, OFFSETS)
                 acc = _dot(x, ((c & 15).to(tl.float32) * d + o).to(x.dtype), acc, IEEE)
-                x = tl.load(x_row + (k + 32)[None, :], mask=m_mask[:, None] & (k + 32 < K)[None, :], other=0.0)
+                x = tl.load(
+                    x_row + (k + 32)[None, :], mask=m_mask[:, None] & (k + 32 < K)[None, :], other=0.0
+                )
                 d = tl.load(scales_ptr + sp + 1).to(tl.float32)[:, None]
                 o = _offset(d, offs_ptr + sp[:, None] + 1, offset_factor, OFFSETS)
                 acc = _dot(x, ((c >> 4).to(tl.float32) * d + o).to(x.dtype), acc, IEEE)

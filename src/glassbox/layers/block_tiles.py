@@ -68,5 +68,7 @@ def gather_rows(a: torch.Tensor, rows: torch.Tensor, seg: int, cut: int) -> torc
     segments = flat[: flat.numel() // seg * seg].view(-1, seg)
     s = torch.arange(cut // seg, device=a.device).reshape(1, -1)
     head = segments[(at + (s * size + r) * seg) // seg].reshape(len(rows), cut)
-    tail = flat[at + cut * size + r * (length - cut) + torch.arange(length - cut, device=a.device).reshape(1, -1)]
+    tail = flat[
+        at + cut * size + r * (length - cut) + torch.arange(length - cut, device=a.device).reshape(1, -1)
+    ]
     return torch.cat([head, tail], dim=1)
