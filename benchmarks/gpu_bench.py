@@ -1,7 +1,9 @@
 """GPU benchmark: glassbox vs transformers on one CUDA device, dummy weights of real model shapes.
 
 (a) batch-1 decode, Llama-3.1-8B shape, bf16: tok/s, bytes read per token, a copy-probe bandwidth and
-    the roofline fraction, with transformers (static cache; compiled with --hf-compile) beside it;
+    the roofline fraction, with transformers (static cache; compiled with --hf-compile) beside it; the
+    same in 4-bit blocks (--quantization int4: Q4_0's layout, 4.5 bits a weight, on the Triton kernels),
+    and those kernels alone (part block_kernels: each 8B linear shape at 1 and 16 rows, bf16 beside it);
 (b) throughput, Qwen3-0.6B shape: N requests, prompt and output lengths uniform in [100, 1024],
     ignore_eos, glassbox vs transformers (padded batches sorted by length; continuous batching too);
     (part gb_throughput_sync: glassbox again without async output, to see what the overlap buys);
@@ -127,12 +129,16 @@ def engine_for(name: str, root: Path, **kw: Any) -> Any:
     return LLM(str(model_dir(root, name)), load_format="dummy", dtype="bfloat16", device=DEVICE, **kw)
 
 
-def part_gb_decode(args: argparse.Namespace) -> dict[str, Any]:
+def part_gb_decode(args: argparse.Namespace, quantization: str | None = None) -> dict[str, Any]:
     from glassbox import SamplingParams
+    from glassbox.layers.block_linear import BlockQuantEmbedding
 
     root = Path(args.models)
     t0 = time.perf_counter()
-    llm = engine_for("llama-3.1-8b", root, max_model_len=16384, max_num_seqs=16, enforce_eager=args.eager)
+    llm = engine_for(
+        "llama-3.1-8b", root, max_model_len=16384, max_num_seqs=16, enforce_eager=args.eager,
+        quantization=quantization,
+    )  # fmt: skip
     load_s = time.perf_counter() - t0
     ex = llm.engine.executor
     rng = random.Random(1)
@@ -146,11 +152,14 @@ def part_gb_decode(args: argparse.Namespace) -> dict[str, Any]:
     assert m is not None
     steps = [r.duration_s for r in llm.engine.step_records if r.phase == "decode"]
     mc = llm.engine.model_config
-    emb = mc.vocab_size * mc.hidden_size * 2
+    table = ex.model.get_submodule("model.embed_tokens")
+    emb = table.w.nbytes if isinstance(table, BlockQuantEmbedding) else mc.vocab_size * mc.hidden_size * 2
     weights_read = ex.weight_bytes - (0 if mc.tie_word_embeddings else emb)  # one embedding row is read
     ctx_mean = args.prompt_len + args.decode_tokens / 2
     bytes_per_token = weights_read + llm.engine.facts.kv_bytes_per_token(ex.kv_dtype.itemsize) * ctx_mean
     res: dict[str, Any] = {
+        "quantization": quantization,
+        "block_formats": ex.block_formats,
         "load_s": load_s,
         "tok_s": m.decode_tok_s,
         "step_ms_median": 1e3 * statistics.median(steps),
@@ -413,10 +422,53 @@ def part_kernels(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def part_block_kernels(args: argparse.Namespace) -> dict[str, Any]:
+    """The block-weight Triton kernels alone on Llama-3.1-8B's linear shapes (N, K), int4 (Q4_0's layout)
+    and int8: microseconds and the weight bytes read per second at 1 row (the GEMV) and 16 (split-K), bf16
+    ``F.linear`` beside them. The weights rotate among enough copies to read 4x the L2 per round."""
+    import torch.nn.functional as F
+
+    from glassbox.kernels.triton_block_linear import block_matmul
+    from glassbox.layers.block_quant import quantize
+
+    if SMOKE:
+        return {"skipped": "the Triton kernels need CUDA"}
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    res: dict[str, Any] = {"l2_bytes": l2}
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)):
+        dense = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        for bits in (4, 8):
+            w = quantize(dense, bits)
+            nbytes = w.nbytes
+            copies = [w] + [quantize(dense, bits) for _ in range(max(0, -(-4 * l2 // nbytes) - 1))]
+            for m in (1, 16):
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                turn = itertools.cycle(copies)
+
+                def run(x: torch.Tensor = x, turn: Any = turn) -> None:
+                    c = next(turn)
+                    block_matmul(x, c.codes, c.tiled_scales, None, None, c.offset_factor, c.bits, None, True)
+
+                ms = cuda_ms(run, 50)
+                res[f"int{bits}_{n}x{k}_m{m}"] = {"us": 1e3 * ms, "GBps": nbytes / ms / 1e6}
+            del copies, w
+        dense_copies = [dense] + [dense.clone() for _ in range(max(0, -(-4 * l2 // dense.nbytes) - 1))]
+        for m in (1, 16):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            turn = itertools.cycle(dense_copies)
+            ms = cuda_ms(lambda x=x, turn=turn: F.linear(x, next(turn)), 50)
+            res[f"bf16_{n}x{k}_m{m}"] = {"us": 1e3 * ms, "GBps": dense.nbytes / ms / 1e6}
+        del dense, dense_copies
+        torch.cuda.empty_cache()
+    return res
+
+
 PARTS = {
     "probe": part_probe,
     "kernels": part_kernels,
+    "block_kernels": part_block_kernels,
     "gb_decode": part_gb_decode,
+    "gb_decode_int4": lambda args: part_gb_decode(args, quantization="int4"),
     "hf_decode": part_hf_decode,
     "gb_throughput": part_gb_throughput,
     # the same with each step's text work done in the step instead of during the next one
@@ -456,7 +508,10 @@ def run_isolated(name: str, cmd: list[str], timeout: float) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--parts", default="probe,gb_decode,hf_decode,gb_throughput,hf_throughput")
+    ap.add_argument(
+        "--parts",
+        default="probe,gb_decode,gb_decode_int4,block_kernels,hf_decode,gb_throughput,hf_throughput",
+    )
     ap.add_argument("--models", default=str(Path(tempfile.gettempdir()) / "glassbox-bench-models"))
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--decode-tokens", type=int, default=256)
@@ -492,6 +547,8 @@ def write_summary(parts: dict[str, dict[str, Any]], args: argparse.Namespace) ->
     bw = get("probe", "copy_GBps")
     dec = parts.get("gb_decode", {})
     bpt, tok_s = dec.get("bytes_per_token"), dec.get("tok_s")
+    q4 = parts.get("gb_decode_int4", {})
+    q4_bpt, q4_tok_s = q4.get("bytes_per_token"), q4.get("tok_s")
     gb_tp, hf_tp = get("gb_throughput", "tok_s"), get("hf_throughput", "tok_s")
     summary: dict[str, Any] = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -507,6 +564,14 @@ def write_summary(parts: dict[str, dict[str, Any]], args: argparse.Namespace) ->
             "roofline_tok_s": bw * 1e9 / bpt if bw and bpt else None,
             "roofline_fraction": tok_s * bpt / (bw * 1e9) if bw and bpt and tok_s else None,
             "hf_tok_s": get("hf_decode", "tok_s"),
+        },
+        "decode_b1_int4": {
+            "model": "Llama-3.1-8B shape, dummy weights, --quantization int4 (Q4_0 layout), bf16 activations",
+            "tok_s": q4_tok_s,
+            "bytes_per_token": q4_bpt,
+            "roofline_tok_s": bw * 1e9 / q4_bpt if bw and q4_bpt else None,
+            "roofline_fraction": q4_tok_s * q4_bpt / (bw * 1e9) if bw and q4_bpt and q4_tok_s else None,
+            "speedup_vs_bf16": q4_tok_s / tok_s if q4_tok_s and tok_s else None,
         },
         "throughput": {
             "model": "Qwen3-0.6B shape, dummy weights, bf16",
@@ -525,7 +590,8 @@ def write_summary(parts: dict[str, dict[str, Any]], args: argparse.Namespace) ->
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gpu-{summary['date']}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps({k: summary[k] for k in ("device", "decode_b1", "throughput", "prefill")}, indent=1))
+    keys = ("device", "decode_b1", "decode_b1_int4", "throughput", "prefill")
+    print(json.dumps({k: summary[k] for k in keys}, indent=1))
     print(f"wrote {path}")
 
 
