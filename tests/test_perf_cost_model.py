@@ -132,6 +132,9 @@ def test_compute_dtype_rules() -> None:
     assert compute_dtype(FORMATS["fp8"], PRESETS["h100-sxm"], vllm) == "fp8"
     assert compute_dtype(FORMATS["q4_k_m"], SPARK, cpp) == "int8"  # ggml MMQ
     assert compute_dtype(FORMATS["bf16"], SPARK, cpp) == "bf16"
+    glassbox = PROFILES["glassbox"]  # Triton kernels: weight-only, every format in 16-bit dots
+    for fmt in ("q4_0", "q8_0", "fp8", "int4"):
+        assert compute_dtype(FORMATS[fmt], PRESETS["h100-sxm"], glassbox) == "bf16"
     assert SPARK.peak_flops("fp4") == 500e12  # 1 PFLOP sparse halved
     assert PRESETS["m4-max"].peak_flops("int8") == PRESETS["m4-max"].peak_flops("bf16")
 

@@ -46,6 +46,8 @@ def compute_dtype(fmt: QuantFormat, hw: HardwareSpec, engine: EngineProfile) -> 
     """Dtype of the matmuls for weights stored in ``fmt`` (widened when no native path exists)."""
     if fmt.is_16bit:
         return fmt.compute
+    if engine.weight_only:
+        return "bf16"  # glassbox on CUDA: the weights dequantized in registers into bf16/fp16 dots
     if engine.gguf:
         return "int8"  # ggml MMQ: activations quantized to 8 bits, int8 dot products
     if fmt.compute == "fp4":

@@ -32,6 +32,8 @@ class EngineProfile:
     runtime_gib: memory beyond weights/KV/activations: CUDA context, workspaces, graphs.
     gguf: loads GGUF files; quantized matmuls run on the int8 (MMQ) path.
     native_fp4: uses FP4 tensor cores for NVFP4/MXFP4 where the chip and kernels allow.
+    weight_only: quantized weights are dequantized into 16-bit dots (glassbox's Triton kernels: 4/8-bit
+        blocks, GPTQ/AWQ and FP8 weight-only), never int8/FP8 tensor cores; bytes per weight unchanged.
     mixed_rest_format: how its files store the 16-bit part of a mixed checkpoint (llama.cpp: q8_0).
     kernel_factors: apply each format's decode_kernel_factor (dequantization cost); off for ceilings.
     kv_row_scales: an fp8/int8 KV cache keeps a float32 scale per token and head (glassbox's layout);
@@ -50,6 +52,7 @@ class EngineProfile:
     runtime_gib: float
     gguf: bool = False
     native_fp4: bool = False
+    weight_only: bool = False
     mixed_rest_format: str | None = None
     kernel_factors: bool = True  # apply formats' decode_kernel_factor (off for ceilings)
     layer_overhead_s: float = 0.0
@@ -89,6 +92,7 @@ PROFILES: dict[str, EngineProfile] = {
             max_num_seqs=256,
             runtime_gib=1.0,
             kv_row_scales=True,
+            weight_only=True,
             fitted_on="not fitted: engineering guess until `glassbox trace` on a GPU calibrates it",
         ),
         EngineProfile(
