@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 
-from glassbox.layers.block_linear import BlockQuantLinear, block_kernel_rows, to_device
+from glassbox.layers.block_linear import BlockQuantLinear, block_kernel_rows, to_triton
 from glassbox.layers.block_quant import BLOCK, BlockWeights, from_gguf, from_zero_codes, quantize
 
 CUDA = torch.cuda.is_available()
@@ -71,7 +71,7 @@ def _weights(variant: str, n: int, k: int, seed: int) -> tuple[BlockWeights, tor
 def _linear(w: BlockWeights, bias: torch.Tensor | None) -> BlockQuantLinear:
     lin = BlockQuantLinear(w, bias)
     model = torch.nn.Sequential(lin)
-    assert to_device(model, DEV) == 1 and lin.triton
+    assert to_triton(model, DEV) == 1 and lin.triton
     return lin
 
 
@@ -125,7 +125,7 @@ def test_to_device_keeps_a_tied_table_once() -> None:
 
     w, ref_w = _weights("int4", 24, 64, seed=3)
     model = torch.nn.ModuleDict({"embed": BlockQuantEmbedding(w, torch.float32), "head": BlockQuantLinear(w)})
-    assert to_device(model, DEV) == 1
+    assert to_triton(model, DEV) == 1
     embed, head = model["embed"], model["head"]
     assert isinstance(embed, BlockQuantEmbedding) and isinstance(head, BlockQuantLinear)
     assert embed.w is head.w and head.w.codes.device.type == DEV.type and head.triton
@@ -146,14 +146,14 @@ def _prompts(vocab: int) -> list[list[int]]:
 
 def _on_triton(graphs: bool, model: Callable[[Any], Any] | None = None) -> Callable[[Any], list[list[int]]]:
     """Use the engine as CUDA runs it: its model (or ``model(llm)``'s) with the block weights on the
-    Triton kernels (to_device), the triton attention, and the decode graph runner when ``graphs``."""
+    Triton kernels (to_triton), the triton attention, and the decode graph runner when ``graphs``."""
     from test_gpu import _use_triton
 
     def use(llm: Any) -> list[list[int]]:
         ex = llm.engine.executor
         if model is not None:
             ex.model = model(llm)
-        assert to_device(ex.model, ex.device) > 0
+        assert to_triton(ex.model, ex.device) > 0
         _use_triton(llm, graphs)
         return _tokens(llm)
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from glassbox.layers.block_linear import block_kernel_rows, to_device
+from glassbox.layers.block_linear import block_kernel_rows, to_triton
 from glassbox.layers.fp8_linear import Fp8Linear
 from glassbox.layers.fp8_weights import Fp8Weights
 
@@ -52,7 +52,7 @@ def test_fp8_linear_matches_reference(case: tuple[int, int, int, int]) -> None:
     w = _weights(n, k, bn, bk, seed=n)
     bias = torch.randn(n) if bn == 128 else None
     lin = Fp8Linear(w, bias)
-    assert to_device(torch.nn.Sequential(lin), DEV) == 1 and lin.triton
+    assert to_triton(torch.nn.Sequential(lin), DEV) == 1 and lin.triton
     g = torch.Generator().manual_seed(k)
     for m in (1, 3, 16, 17, 70):
         for dtype in (torch.float32, LOW) if m in (1, 3, 17) else (torch.float32,):

@@ -40,7 +40,7 @@ from glassbox.engine.step_inputs import decode_rows, flatten, metadata
 from glassbox.engine.step_sampling import DevicePendingStep, SamplePlan
 from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
-from glassbox.layers.block_linear import KERNEL_ROWS, block_kernel_rows, block_weights, to_device
+from glassbox.layers.block_linear import KERNEL_ROWS, block_kernel_rows, block_weights, to_triton
 from glassbox.layers.kv_quant import row_width
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
@@ -105,7 +105,7 @@ class TorchExecutor:
             tp_model.check_run(self.tp.world, self.device, config, checkpoint, model_config)
             self.attn_backend = "torch"
         bits = QUANTIZED_AT_LOAD.get(config.quantization or "")
-        # block weights on CUDA run the Triton kernels (layers/block_linear.to_device)
+        # block weights on CUDA run the Triton kernels (layers/block_linear.to_triton)
         on_triton = triton and self.tp is None
         if bits is not None and self.device.type != "cpu" and not (isinstance(bits, int) and on_triton):
             needs = "needs triton on CUDA" if isinstance(bits, int) else "runs on the CPU only so far"
@@ -136,7 +136,7 @@ class TorchExecutor:
             from glassbox.layers.quantization import quantize_model
 
             quantize_model(self.model, bits)
-        if self.device.type == "cuda" and on_triton and (moved := to_device(self.model, self.device)):
+        if self.device.type == "cuda" and on_triton and (moved := to_triton(self.model, self.device)):
             logger.info("%d linears in blocks or FP8 on the Triton kernels", moved)
         in_blocks = block_weights(self.model)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + sum(

@@ -3,7 +3,7 @@ a linear layer and an embedding table.
 
 On the CPU, decode rows run the kernels' int8-activation GEMV (llama.cpp's arithmetic); other rows, and
 float32 models, multiply the dequantized weight (exact in float32), so a float32 model gives what the
-dequantized model gives. On CUDA (``to_device``) the blocks move to the device as they are and the linears
+dequantized model gives. On CUDA (``to_triton``) the blocks move to the device as they are and the linears
 run kernels/triton_block_linear.py (decode rows: a GEMV or split-K kernel; prompt rows: a tiled GEMM; both
 dequantize in registers); an embedding table dequantizes the rows it looks up with the PyTorch ops.
 """
@@ -117,7 +117,7 @@ class BlockQuantLinear(nn.Module):
         )
         self.nbytes = weights.nbytes
         self._call: tuple[Any, tuple[Any, ...]] | None = None  # the kernel and the weight's arguments
-        self.triton = False  # run the Triton kernels (to_device; the tests set it under the interpreter)
+        self.triton = False  # run the Triton kernels (to_triton; the tests set it under the interpreter)
 
     @property
     def _bias_ptr(self) -> int | None:
@@ -172,7 +172,7 @@ def _triton_linear(x: torch.Tensor, w: BlockWeights, bias: torch.Tensor | None, 
     )  # fmt: skip
 
 
-def to_device(model: nn.Module, device: torch.device) -> int:
+def to_triton(model: nn.Module, device: torch.device) -> int:
     """Move every block linear's and embedding's ``BlockWeights`` (a tied table once) and biases to
     ``device`` as they are, the linears to run the Triton kernels, and so other modules with Triton kernels
     (a ``triton`` attribute: layers/fp8_linear.py); returns how many linears. ValueError for K-quants (no
@@ -182,7 +182,7 @@ def to_device(model: nn.Module, device: torch.device) -> int:
     for m in model.modules():
         if getattr(m, "triton", None) is False and not isinstance(m, BlockQuantLinear):
             m.to(device)
-            m.triton = True
+            setattr(m, "triton", True)  # noqa: B010 (any module with Triton kernels: no type to name)
             count += 1
         if not isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
             continue

@@ -3,7 +3,7 @@
 On the CPU (float32 or bf16 activations, C kernels built): decode rows run kernels/cpu_fp8.c's GEMV
 (E4M3 widened in registers, float32 sums per scale block); more rows multiply the weight dequantized a tile
 of rows at a time (to the activations' dtype, exact in float32) in a GEMM, so no full-size copy of the
-weight is ever held. On CUDA with triton (``triton`` set by layers/block_linear.to_device) the codes are
+weight is ever held. On CUDA with triton (``triton`` set by layers/block_linear.to_triton) the codes are
 read by kernels/triton_fp8_linear.py (a GEMV for one decode row, dots of the dequantized steps for more;
 that file says why not ``torch._scaled_mm``). Elsewhere (float16 on the CPU, no C compiler, CUDA without
 triton) the weight is dequantized by PyTorch ops (``w.to(float32) * scale``) for each call. Activations
@@ -53,7 +53,7 @@ class Fp8Linear(nn.Module):
             None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
         )
         self._args: tuple[Any, ...] | None = None  # the GEMV's weight arguments, taken at the first call
-        self.triton = False  # run the Triton kernels (CUDA; block_linear.to_device sets it)
+        self.triton = False  # run the Triton kernels (CUDA; block_linear.to_triton sets it)
 
     @property
     def w(self) -> Fp8Weights:
