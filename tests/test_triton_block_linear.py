@@ -4,7 +4,8 @@ N not a multiple of 16; K with blocks past the last whole chunk, or not a multip
 70 rows, on each kernel (GEMV, split-K, tiled GEMM), against an independent reference: gguf.quants'
 dequantization for GGUF's Q4_0/Q4_1/Q8_0, d (q - z) from the codes for zero codes, the format's PyTorch
 dequantization for ``--quantization int4|int8``, then F.linear in float64. Then the engine on the triton
-path with ``--quantization int4`` and a GGUF Q4_0 file: the greedy tokens of the CPU's dequantized model.
+path with ``--quantization int4|int8``, a GGUF Q4_0 file and a GPTQ act-order checkpoint: the greedy tokens
+of the CPU's dequantized model.
 
 Skipped unless CUDA, or ``TRITON_INTERPRET=1`` with triton (the interpreter runs the kernels on CPU
 tensors; float32 and float16: its bf16 dot is wrong).
@@ -211,3 +212,15 @@ def test_interpreted_engine_gguf_q4_0(tmp_path: Path) -> None:
     ref = with_engine(path, _tokens, **kw)
     assert with_engine(path, _on_triton(True, packed_model), **kw) == ref
     assert with_engine(path, _on_triton(False, packed_model), **kw, max_num_batched_tokens=24) == ref
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1, triton, and no CUDA")
+def test_interpreted_engine_gptq_act_order(tmp_path: Path) -> None:
+    """A GPTQ act-order checkpoint (zero codes, the input permutation) on the triton path with the decode
+    graphs: the greedy tokens of the CPU's float32 path."""
+    from test_gptq_awq import quantized_model
+    from test_gpu import with_engine
+
+    qdir, _ = quantized_model(tmp_path, "gptq-v2-g128-act")
+    kw: dict[str, Any] = dict(dtype="float32", device="cpu", max_num_seqs=4)
+    assert with_engine(qdir, _on_triton(True), **kw) == with_engine(qdir, _tokens, **kw)
