@@ -1,8 +1,8 @@
 """The launches the host code of kernels/triton_block_linear.py and triton_fp8_linear.py makes, collected on
-CPU tensors as on a target GPU (its compute capability and multiprocessors), for
+CPU tensors as on a target GPU (its multiprocessors: the K splits), for
 tests/test_triton_compile.py, and a sweep of them all:
 
-    PYTHONPATH=src python tests/triton_linear_launches.py [h100,dgx-spark]
+    PYTHONPATH=src python tests/triton_linear_launches.py [h100,dgx-spark] [bfloat16,float16,float32] [block,fp8]
 
 prints the registers, stack and shared memory of every launch configuration (block weights: bits x offset
 kind x bias x dtype x row count; FP8: scale grid x bias x dtype x row count; each compiles apart).
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from triton_aot import CAPABILITY, SMS
+from triton_aot import SMS
 
 from glassbox.kernels import triton_block_linear as tbl
 from glassbox.kernels import triton_fp8_linear as tfl
@@ -33,7 +33,7 @@ FP8_KERNELS = ("_fp8_gemv_kernel", "_fp8_mm_kernel", "_split_sum_kernel")
 def _recording(target: str) -> Iterator[list[Launch]]:
     """Within: the modules' kernels record their launches instead of running, on ``target``'s shapes."""
     calls: list[Launch] = []
-    saved = {name: getattr(tbl, name) for name in (*KERNELS, "device_capability", "_num_sms")}
+    saved = {name: getattr(tbl, name) for name in (*KERNELS, "_num_sms")}
     saved_fp8 = {name: getattr(tfl, name) for name in FP8_KERNELS}
 
     def recorder(fn: Any) -> Any:
@@ -47,7 +47,6 @@ def _recording(target: str) -> Iterator[list[Launch]]:
         setattr(tbl, name, recorder(saved[name]))
     for name in FP8_KERNELS:
         setattr(tfl, name, recorder(saved_fp8[name]))
-    tbl.device_capability = lambda device: CAPABILITY[target]  # type: ignore[assignment]
     tbl._num_sms = lambda device: SMS[target]  # type: ignore[assignment]
     try:
         yield calls
@@ -93,25 +92,24 @@ def fp8_launches(
     return calls
 
 
-def _sweep(targets: list[str]) -> None:
+def _sweep(targets: list[str], dtype_names: list[str], kinds: list[str]) -> None:
     from triton_aot import TARGETS, compile_like_jit, resources
 
     print(
         "target    kernel              bits offsets bias dtype    tiles                                 regs stack spillI shared"
     )
-    dtypes = (torch.bfloat16, torch.float16, torch.float32)
-    cases = [
-        (t, str(bits), offsets, bias, dtype, linear_launches(t, bits, offsets, bias, dtype))
+    dtypes = [getattr(torch, name) for name in dtype_names]
+    cases: list[tuple[str, str, str, bool, torch.dtype, list[Launch]]] = []
+    if "block" in kinds:
         for t, bits, offsets, bias, dtype in itertools.product(
             targets, (4, 8), OFFSETS, (False, True), dtypes
-        )
-    ]
-    cases += [
-        (t, "fp8", f"{bn}x{bk}", bias, dtype, fp8_launches(t, (bn, bk), bias, dtype))
+        ):
+            cases.append((t, str(bits), offsets, bias, dtype, linear_launches(t, bits, offsets, bias, dtype)))
+    if "fp8" in kinds:
         for t, (bn, bk), bias, dtype in itertools.product(
             targets, ((128, 128), (1, 4096)), (False, True), dtypes
-        )
-    ]
+        ):
+            cases.append((t, "fp8", f"{bn}x{bk}", bias, dtype, fp8_launches(t, (bn, bk), bias, dtype)))
     for target, bits, offsets, bias, dtype, launches in cases:
         seen = set()
         for fn, args, kwargs in launches:
@@ -136,4 +134,9 @@ def _sweep(targets: list[str]) -> None:
 if __name__ == "__main__":
     import sys
 
-    _sweep(sys.argv[1].split(",") if len(sys.argv) > 1 else ["h100", "dgx-spark"])
+    argv = [*sys.argv[1:], "", "", ""][:3]
+    _sweep(
+        (argv[0] or "h100,dgx-spark").split(","),
+        (argv[1] or "bfloat16,float16,float32").split(","),
+        (argv[2] or "block,fp8").split(","),
+    )

@@ -1,5 +1,5 @@
 """Triton linears for block weights (layers/block_quant.py ``BlockWeights``) on CUDA: y = x W^T + b with W
-read as stored, 4 or 8 bits a weight, dequantized in registers (W16A16-free: no dequantized copy).
+read as stored, 4 or 8 bits a weight, dequantized in registers (W4A16, W8A16: no dequantized copy).
 
 The kernels read the CPU's own bytes, moved to the device as they are: rows in 16-row tiles, each 16-block
 chunk's codes interleaved (layers/block_tiles.py, block_quant._interleave). A program takes 16 x T rows (T
@@ -17,7 +17,7 @@ sum), and ``_block_mm_kernel`` for more (each step's weights dequantized in floa
 activations' dtype, then a tensor-core dot; the reference's arithmetic). Either may split K over programs
 (enough programs for the SMs when there are few rows): the splits' float32 partial sums go to a workspace
 and ``_split_sum_kernel`` adds them in a fixed order (deterministic) with the bias. The launches read no
-host value (CUDA graphs capture them). Tiles per launch come from ``gemv_tiles`` / ``mm_tiles``; every one
+host value (CUDA graphs capture them). Tiles per launch come from ``GEMV_TILES`` / ``mm_tiles``; every one
 compiles without a register spill for sm_90 and sm_121 (tests/test_triton_compile.py).
 
 Offsets (constexpr OFFSETS): 0 a constant times the scale (Q4_0, Q8_0, int4/int8), 1 stored float16 (Q4_1),
@@ -34,10 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glassbox.kernels.attention_tiles import device_capability
-
 BLOCK = 32
-CHUNK_VALUES = 512  # 16 blocks
 
 
 @triton.jit
@@ -307,24 +304,24 @@ class MmTiles:
 @dataclass(frozen=True)
 class GemvTiles:
     block_n: int
-    vecs: int
+    vecs: int  # 64-byte vectors per step
     num_warps: int
     num_stages: int
 
 
-def mm_tiles(rows: int, bits: int, dtype: torch.dtype, capability: tuple[int, int]) -> MmTiles:
+# One activation row: 16 weight rows (one tile) x a 4-bit chunk or half an 8-bit one per step
+GEMV_TILES = GemvTiles(16, 4, 4, 3)
+
+
+def mm_tiles(rows: int, bits: int, dtype: torch.dtype) -> MmTiles:
     """The dot kernel's tiles for ``rows`` activation rows of ``dtype`` (float32: the exact FMA dot, its
-    operands in registers: small tiles)."""
+    operands in registers: small tiles on 8 warps; on 4, sm_121 puts 32-40 bytes of 4-bit ones on the
+    stack)."""
     if dtype.itemsize > 2:
-        return MmTiles(16 if rows <= 16 else 32, 32, 64, 4, 1)
+        return MmTiles(16 if rows <= 16 else 32, 32, 64, 8, 1)
     if rows <= DECODE_ROWS:
         return MmTiles(16, 64, 64 if bits == 4 else 128, 4, 3)
     return MmTiles(64 if rows <= 64 else 128, 128, 64, 8, 3)
-
-
-def gemv_tiles(bits: int, dtype: torch.dtype) -> GemvTiles:
-    """One activation row: 16 weight rows (one tile) x a 4-bit chunk or half an 8-bit one per step."""
-    return GemvTiles(16, 4, 4, 3)
 
 
 @functools.cache
@@ -370,7 +367,7 @@ def block_matmul(
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     seg = 256 if bits == 4 else 512
     if decode and m == 1:
-        gt = gemv_tiles(bits, x.dtype)
+        gt = GEMV_TILES
         programs = triton.cdiv(n, gt.block_n)
         steps = chunks * seg // (64 * gt.vecs)
         s = splits or _splits(programs, steps, x.device)
@@ -381,7 +378,7 @@ def block_matmul(
             VECS=gt.vecs, num_warps=gt.num_warps, num_stages=gt.num_stages,
         )  # fmt: skip
     else:
-        t = mm_tiles(m, bits, x.dtype, device_capability(x.device))
+        t = mm_tiles(m, bits, x.dtype)
         grid_mn = triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n)
         one_split = not decode or m > DECODE_ROWS
         s = 1 if one_split else splits or _splits(grid_mn, chunks * seg // t.step, x.device)
