@@ -224,3 +224,50 @@ def test_interpreted_engine_gptq_act_order(tmp_path: Path) -> None:
     qdir, _ = quantized_model(tmp_path, "gptq-v2-g128-act")
     kw: dict[str, Any] = dict(dtype="float32", device="cpu", max_num_seqs=4)
     assert with_engine(qdir, _on_triton(True), **kw) == with_engine(qdir, _tokens, **kw)
+
+
+# -- on a GPU (not run yet: no GPU in this project's CI) -----------------------------------------------------
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("quantization", ["int4", "int8", "Q4_0"])
+def test_cuda_engine_matches_the_cpu(tmp_path: Path, quantization: str) -> None:
+    """The executor's CUDA path (blocks kept or quantized on the device, to_triton, graphs): float32
+    greedy tokens equal to the CPU's float32 path on the same weights; bf16 graphs equal bf16 eager; an
+    eager step's launch never synchronizes."""
+    from gguf_factory import Spec, write_model
+    from test_gpu import with_engine
+    from tiny_models import build_tiny_model
+
+    if quantization == "Q4_0":
+        model: Path = tmp_path / "q4_0.gguf"
+        write_model(model, Spec(qtype=Q.Q4_0, hidden=64, ffn=544, vocab=96, tie=True))
+        kw: dict[str, Any] = {}
+    else:
+        model = build_tiny_model("qwen3", tmp_path, intermediate_size=544)
+        kw = dict(quantization=quantization)
+    ref = with_engine(model, _tokens, dtype="float32", device="cpu", **kw)
+
+    def on_gpu(llm: Any) -> list[list[int]]:
+        ex = llm.engine.executor
+        assert ex.block_formats and all(f in ("int4", "int8", "Q4_0") for f in ex.block_formats)
+        lin = [m for m in ex.model.modules() if isinstance(m, BlockQuantLinear)]
+        assert lin and all(m.triton and m.w.codes.is_cuda for m in lin)
+        return _tokens(llm)
+
+    assert with_engine(model, on_gpu, dtype="float32", device="cuda", max_num_seqs=4, **kw) == ref
+
+    def no_sync(llm: Any) -> list[list[int]]:
+        launch = llm.engine.executor.launch
+
+        def checked(batch: Any) -> Any:
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return launch(batch)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+
+        llm.engine.executor.launch = checked
+        return _tokens(llm)
+
+    bf16: dict[str, Any] = dict(dtype="bfloat16", device="cuda", max_num_seqs=4, **kw)
+    eager = with_engine(model, no_sync, enforce_eager=True, **bf16)
+    assert with_engine(model, _tokens, **bf16) == eager
