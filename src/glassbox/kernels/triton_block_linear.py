@@ -11,10 +11,11 @@ nibble; the high nibble is value + 16), so the activations are loaded in that or
 activations are a few KiB). Blocks past the last whole chunk (K not a multiple of 512) follow row after row
 in pairs (4 bits: byte i of pair a holds block 2a's code i low, block 2a + 1's high; 8 bits: in order).
 
-Two kernels: ``_block_gemv_kernel`` for one activation row (batch-1 decode: codes times activations summed
-per block in float32, then each block's sum times its scale, plus its offset times the block's activation
-sum), and ``_block_mm_kernel`` for more (each step's weights dequantized in float32, rounded to the
-activations' dtype, then a tensor-core dot; the reference's arithmetic). Either may split K over programs
+Both kernels dequantize each weight in float32 exactly as the reference does (``_dequant``: no
+int-to-float conversion instruction). ``_block_gemv_kernel`` takes one activation row (batch-1 decode: the
+weights times the activations accumulated elementwise in float32, the weight never rounded, summed across
+lanes once at the end), ``_block_mm_kernel`` more (each step's weights rounded to the activations' dtype,
+then a tensor-core dot: the reference's arithmetic). Either may split K over programs
 (enough programs for the SMs when there are few rows): the splits' float32 partial sums go to a workspace
 and ``_split_sum_kernel`` adds them in a fixed order (deterministic) with the bias. The launches read no
 host value (CUDA graphs capture them). Tiles per launch come from ``GEMV_TILES`` / ``mm_tiles``; every one
@@ -44,15 +45,83 @@ def _chunk_value(b):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _offset(d, offs_ptrs, offset_factor, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Per-block offsets o beside scales d (float32): factor x d, stored float16, or -zero code x d."""
+def _dequant(c, d, offs_ptrs, offset_factor, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Codes c (0..255, any integer type) of blocks with scales d (float32) and their offsets (from
+    ``offs_ptrs``), dequantized in float32: d (q + f) for the constant f (an integer: -8, -128), d (q - z) for
+    zero codes z, d q + m for stored offsets m: the reference's d q + o to the bit (q d and o d are exact in
+    float32: at most 8 + 11 significant bits, so is their sum). The code becomes a float as the low mantissa
+    bits of 2^23 (2^23 + q, exact), less 2^23 and the integer offset in one subtraction: no int-to-float
+    conversion instruction (quarter rate on recent GPUs: it would bound a 4-bit GEMV)."""
+    f = (c.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
     if OFFSETS == 0:
-        o = offset_factor * d
+        w = (f - (8388608.0 - offset_factor)) * d
     elif OFFSETS == 1:
-        o = tl.load(offs_ptrs).to(tl.float32)
+        w = (f - 8388608.0) * d + tl.load(offs_ptrs).to(tl.float32)
     else:
-        o = -tl.load(offs_ptrs).to(tl.float32) * d
-    return o
+        w = (f - (8388608.0 + tl.load(offs_ptrs).to(tl.float32))) * d
+    return w
+
+
+@triton.jit
+def _field(w, SHIFT: tl.constexpr, BITS: tl.constexpr, OFFSETS: tl.constexpr, offset_factor):  # type: ignore[no-untyped-def]
+    """The code q in bits SHIFT.. of words w (SHIFT + BITS <= 16) as q + f (f the integer offset factor,
+    OFFSETS 0) or q, in float32, exact: the field masked in place under the exponent of 2^(23 - SHIFT) (so
+    that its unit is 1), less 2^(23 - SHIFT): one logic op and one add, no shift, no int-to-float
+    conversion (quarter rate on recent GPUs: it would bound a 4-bit GEMV)."""
+    mask: tl.constexpr = ((1 << BITS) - 1) << SHIFT
+    exponent: tl.constexpr = (150 - SHIFT) << 23
+    base: tl.constexpr = float(1 << (23 - SHIFT))
+    f = ((w & mask) | exponent).to(tl.float32, bitcast=True)
+    if OFFSETS == 0:
+        return f - (base - offset_factor)
+    return f - base
+
+
+@triton.jit
+def _byte_dot(
+    word,
+    SHIFT: tl.constexpr,
+    x_ptr,
+    k,
+    K,
+    offset_factor,
+    qx,
+    xs,
+    BITS: tl.constexpr,
+    OFFSETS: tl.constexpr,
+    MASK_K: tl.constexpr,
+):  # type: ignore[no-untyped-def]
+    """(qx, xs) + (codes x activations, activations) of the byte at bits SHIFT.. (0 or 8) of ``word``: value
+    k of a block (4 bits: and value k + 16 in the high nibble), products fused into the running sum."""
+    if MASK_K:
+        x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + k).to(tl.float32)
+    qx = tl.fma(_field(word, SHIFT, BITS if BITS == 8 else 4, OFFSETS, offset_factor), x, qx)
+    xs += x
+    if BITS == 4:
+        if MASK_K:
+            x = tl.load(x_ptr + k + 16, mask=k + 16 < K, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + k + 16).to(tl.float32)
+        qx = tl.fma(_field(word, SHIFT + 4, 4, OFFSETS, offset_factor), x, qx)
+        xs += x
+    return qx, xs
+
+
+@triton.jit
+def _word_dot(w, x_ptr, k, K, offset_factor, BITS: tl.constexpr, OFFSETS: tl.constexpr, MASK_K: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Per word of codes (4 bytes: values k..k+3 of a block; 4 bits: the high nibbles k+16..k+19): the sum
+    of its codes (plus the offset factor, OFFSETS 0) times their activations, and the activations' sum
+    (``_byte_dot`` per byte; the upper two bytes after one shift of the word)."""
+    hi = w >> 16
+    qx = tl.zeros(w.shape, dtype=tl.float32)
+    xs = tl.zeros(k.shape, dtype=tl.float32)
+    qx, xs = _byte_dot(w, 0, x_ptr, k, K, offset_factor, qx, xs, BITS, OFFSETS, MASK_K)
+    qx, xs = _byte_dot(w, 8, x_ptr, k + 1, K, offset_factor, qx, xs, BITS, OFFSETS, MASK_K)
+    qx, xs = _byte_dot(hi, 0, x_ptr, k + 2, K, offset_factor, qx, xs, BITS, OFFSETS, MASK_K)
+    qx, xs = _byte_dot(hi, 8, x_ptr, k + 3, K, offset_factor, qx, xs, BITS, OFFSETS, MASK_K)
+    return qx, xs
 
 
 @triton.jit
@@ -115,16 +184,15 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
         blk = (s * height + r) * 16
         sp = (sbase + blk)[:, None] + ((bb % 64) // 4)[None, :]
         d = tl.load(scales_ptr + sp).to(tl.float32)
-        o = _offset(d, offs_ptr + sp, offset_factor, OFFSETS)
         k = s * 512 + _chunk_value(bb)
         x = tl.load(x_row + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
         if BITS == 4:
-            w = ((c & 15).to(tl.float32) * d + o).to(x.dtype)
+            w = _dequant(c & 15, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
             acc = _dot(x, w, acc, IEEE)
             x = tl.load(x_row + (k + 16)[None, :], mask=m_mask[:, None] & (k + 16 < K)[None, :], other=0.0)
-            w = ((c >> 4).to(tl.float32) * d + o).to(x.dtype)
+            w = _dequant(c >> 4, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
         else:
-            w = (c.to(tl.float32) * d + o).to(x.dtype)
+            w = _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
         acc = _dot(x, w, acc, IEEE)
     if pid_k == splits - 1:  # the blocks past the last whole chunk, in pairs
         TB: tl.constexpr = 32 if BITS == 4 else 64  # code bytes per pair per row
@@ -136,21 +204,20 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
             k = chunks * 512 + a * 64 + i
             x = tl.load(x_row + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
             if BITS == 4:  # low nibbles: block 2a, high: block 2a + 1
-                sp = stail + 2 * a
-                d = tl.load(scales_ptr + sp).to(tl.float32)[:, None]
-                o = _offset(d, offs_ptr + sp[:, None], offset_factor, OFFSETS)
-                acc = _dot(x, ((c & 15).to(tl.float32) * d + o).to(x.dtype), acc, IEEE)
+                sp = (stail + 2 * a)[:, None]
+                d = tl.load(scales_ptr + sp).to(tl.float32)
+                w = _dequant(c & 15, d, offs_ptr + sp, offset_factor, OFFSETS)
+                acc = _dot(x, w.to(x.dtype), acc, IEEE)
                 x = tl.load(
                     x_row + (k + 32)[None, :], mask=m_mask[:, None] & (k + 32 < K)[None, :], other=0.0
                 )
-                d = tl.load(scales_ptr + sp + 1).to(tl.float32)[:, None]
-                o = _offset(d, offs_ptr + sp[:, None] + 1, offset_factor, OFFSETS)
-                acc = _dot(x, ((c >> 4).to(tl.float32) * d + o).to(x.dtype), acc, IEEE)
+                d = tl.load(scales_ptr + sp + 1).to(tl.float32)
+                w = _dequant(c >> 4, d, offs_ptr + sp + 1, offset_factor, OFFSETS)
+                acc = _dot(x, w.to(x.dtype), acc, IEEE)
             else:
                 sp = (stail + 2 * a)[:, None] + (i // 32)[None, :]
                 d = tl.load(scales_ptr + sp).to(tl.float32)
-                o = _offset(d, offs_ptr + sp, offset_factor, OFFSETS)
-                acc = _dot(x, (c.to(tl.float32) * d + o).to(x.dtype), acc, IEEE)
+                acc = _dot(x, _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype), acc, IEEE)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     _finish(acc, m, n, M, N, bias_ptr, out_ptr, ws_ptr, stride_om, pid_k, splits, HAS_BIAS)
 
@@ -198,39 +265,39 @@ def _block_gemv_kernel(  # type: ignore[no-untyped-def]
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     VECS: tl.constexpr,  # 64-byte vectors of a chunk per step (a chunk has 4 at 4 bits, 8 at 8)
+    MASK_K: tl.constexpr,  # K ends inside the whole chunks (K < 512 x chunks): mask the activations
 ) -> None:
-    # grid (N / BLOCK_N, splits): one activation row; per step and row, the sum over the step's vectors
-    # of codes x activations per lane (a lane's codes are all of one block), then scale x sum + offset x
-    # the activations' sum, accumulated per lane in float32 and summed over lanes at the end
+    # grid (N / BLOCK_N, splits): one activation row. A step reads VECS 64-byte vectors of each row's chunk
+    # as 32-bit words: word j of vector p holds block j's values 4p..4p+3 (one a byte; 4 bits: the high
+    # nibbles 16 + 4p..), so (BLOCK_N, VECS, 16) words are (row, p, block) and each word's codes sum with
+    # their activations in float32 before the block's scale multiplies them (``_word_dot``).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     splits = tl.num_programs(1)
     SEG: tl.constexpr = 256 if BITS == 4 else 512
     cbase, sbase, r, height = _rows(pid_n * BLOCK_N, N, L, LS, BLOCK_N)
-    v = tl.arange(0, VECS)
-    lane = tl.arange(0, 64)
+    words_ptr = codes_ptr.to(tl.pointer_type(tl.int32))  # rows and chunks start on 32-byte boundaries
+    v = tl.arange(0, VECS)[None, :, None]
+    j = tl.arange(0, 16)[None, None, :]
     per_chunk = SEG // (64 * VECS)
     steps = chunks * per_chunk
     per = tl.cdiv(steps, splits)
-    acc = tl.zeros([BLOCK_N, 64], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, VECS, 16], dtype=tl.float32)
     for step in range(pid_k * per, tl.minimum(steps, pid_k * per + per)):
         s = step // per_chunk
         vec = (step % per_chunk) * VECS + v  # the step's vectors p
-        row = cbase + (s * height + r) * SEG
-        c = tl.load(codes_ptr + row[:, None, None] + (vec * 64)[None, :, None] + lane[None, None, :])
-        k = s * 512 + (lane // 4 * 32 + lane % 4)[None, :] + (vec * 4)[:, None]  # (VECS, 64)
-        x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-        if BITS == 4:
-            x_hi = tl.load(x_ptr + k + 16, mask=k + 16 < K, other=0.0).to(tl.float32)
-            qx = tl.sum((c & 15).to(tl.float32) * x[None] + (c >> 4).to(tl.float32) * x_hi[None], 1)
-            xs = tl.sum(x + x_hi, 0)
-        else:
-            qx = tl.sum(c.to(tl.float32) * x[None], 1)
-            xs = tl.sum(x, 0)
-        sp = (sbase + (s * height + r) * 16)[:, None] + (lane // 4)[None, :]
+        w = tl.load(words_ptr + ((cbase + (s * height + r) * SEG) // 4)[:, None, None] + vec * 16 + j)
+        k = s * 512 + j * 32 + vec * 4  # (1, VECS, 16): value 4p of block j
+        qx, xs = _word_dot(w, x_ptr, k, K, offset_factor, BITS, OFFSETS, MASK_K)
+        sp = (sbase + (s * height + r) * 16)[:, None, None] + j  # (BLOCK_N, 1, 16)
         d = tl.load(scales_ptr + sp).to(tl.float32)
-        acc += d * qx + _offset(d, offs_ptr + sp, offset_factor, OFFSETS) * xs[None, :]
-    y = tl.sum(acc, 1)
+        if OFFSETS == 0:  # d (q + f): the factor is in the codes
+            acc = tl.fma(qx, d, acc)
+        elif OFFSETS == 1:  # + the block's offset times its activations' sum
+            acc = tl.fma(qx, d, tl.fma(tl.load(offs_ptr + sp).to(tl.float32), xs, acc))
+        else:
+            acc = tl.fma(qx - tl.load(offs_ptr + sp).to(tl.float32) * xs, d, acc)
+    y = tl.sum(tl.sum(acc, 2), 1)
     if pid_k == splits - 1:  # the blocks past the last whole chunk, in pairs
         TB: tl.constexpr = 32 if BITS == 4 else 64
         i = tl.arange(0, TB)
@@ -239,21 +306,19 @@ def _block_gemv_kernel(  # type: ignore[no-untyped-def]
         for a in range(tail_pairs):
             c = tl.load(codes_ptr + (ctail + a * TB)[:, None] + i[None, :])
             k = chunks * 512 + a * 64 + i
-            x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-            if BITS == 4:
-                x_hi = tl.load(x_ptr + k + 32, mask=k + 32 < K, other=0.0).to(tl.float32)
-                sp = stail + 2 * a
+            x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+            if BITS == 4:  # low nibbles: block 2a, high: block 2a + 1
+                x_hi = tl.load(x_ptr + k + 32, mask=k + 32 < K, other=0.0).to(tl.float32)[None, :]
+                sp = (stail + 2 * a)[:, None]
                 d = tl.load(scales_ptr + sp).to(tl.float32)
-                y += d * tl.sum((c & 15).to(tl.float32) * x[None, :], 1)
-                y += _offset(d, offs_ptr + sp, offset_factor, OFFSETS) * tl.sum(x, 0)
+                w = _dequant(c & 15, d, offs_ptr + sp, offset_factor, OFFSETS) * x
                 d = tl.load(scales_ptr + sp + 1).to(tl.float32)
-                y += d * tl.sum((c >> 4).to(tl.float32) * x_hi[None, :], 1)
-                y += _offset(d, offs_ptr + sp + 1, offset_factor, OFFSETS) * tl.sum(x_hi, 0)
+                w += _dequant(c >> 4, d, offs_ptr + sp + 1, offset_factor, OFFSETS) * x_hi
             else:
                 sp = (stail + 2 * a)[:, None] + (i // 32)[None, :]
                 d = tl.load(scales_ptr + sp).to(tl.float32)
-                w = c.to(tl.float32) * d + _offset(d, offs_ptr + sp, offset_factor, OFFSETS)
-                y += tl.sum(w * x[None, :], 1)
+                w = _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS) * x
+            y += tl.sum(w, 1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if splits == 1:
         if HAS_BIAS:
@@ -309,8 +374,8 @@ class GemvTiles:
     num_stages: int
 
 
-# One activation row: 16 weight rows (one tile) x a 4-bit chunk or half an 8-bit one per step
-GEMV_TILES = GemvTiles(16, 4, 4, 3)
+# One activation row: 64 weight rows (4 tiles) x a 4-bit chunk or half an 8-bit one per step (16 KiB)
+GEMV_TILES = GemvTiles(64, 4, 4, 3)
 
 
 def mm_tiles(rows: int, bits: int, dtype: torch.dtype) -> MmTiles:
@@ -362,6 +427,7 @@ def block_matmul(
     chunks = blocks // 16
     assert x.stride(1) == 1 and blocks * BLOCK >= k and length * (8 // bits) == blocks * BLOCK
     kind = 1 if offsets is not None else 2 if zeros is not None else 0
+    assert kind or offset_factor == int(offset_factor), "_dequant folds an integer offset factor"
     offs = offsets if offsets is not None else zeros if zeros is not None else scales
     bias_arg = bias if bias is not None else scales
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -375,7 +441,7 @@ def block_matmul(
         _block_gemv_kernel[(programs, s)](
             x, codes, scales, offs, bias_arg, out, ws, n, k, length, blocks, chunks, (blocks - chunks * 16) // 2,
             offset_factor, BITS=bits, OFFSETS=kind, HAS_BIAS=bias is not None, BLOCK_N=gt.block_n,
-            VECS=gt.vecs, num_warps=gt.num_warps, num_stages=gt.num_stages,
+            VECS=gt.vecs, MASK_K=k < chunks * 512, num_warps=gt.num_warps, num_stages=gt.num_stages,
         )  # fmt: skip
     else:
         t = mm_tiles(m, bits, x.dtype)
