@@ -35,13 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
+from glassbox.kernels.attention_tiles import device_capability
+
 BLOCK = 32
-
-
-@triton.jit
-def _chunk_value(b):  # type: ignore[no-untyped-def]
-    """The value (within its chunk) of the code at byte b: 32 j + 4 p + t (4 bits: the low nibble's)."""
-    return ((b % 64) // 4) * 32 + (b // 64) * 4 + b % 4
 
 
 @triton.jit
@@ -172,28 +168,39 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
     m_mask = m < M
     x_row = x_ptr + m.to(tl.int64)[:, None] * stride_xm
     cbase, sbase, r, height = _rows(pid_n * BLOCK_N, N, L, LS, BLOCK_N)
-    b = tl.arange(0, STEP)
+    W: tl.constexpr = STEP // 4  # words per row per step: (vector, block) pairs, 16 per 64-byte vector
+    idx = tl.arange(0, W)
+    words_ptr = codes_ptr.to(tl.pointer_type(tl.int32))  # rows and chunks start on 32-byte boundaries
     per_chunk = SEG // STEP
     steps = chunks * per_chunk
     per = tl.cdiv(steps, splits)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for step in range(pid_k * per, tl.minimum(steps, pid_k * per + per)):
         s = step // per_chunk
-        bb = (step % per_chunk) * STEP + b  # bytes within the chunk
-        c = tl.load(codes_ptr + (cbase + (s * height + r) * SEG)[:, None] + bb[None, :])
-        blk = (s * height + r) * 16
-        sp = (sbase + blk)[:, None] + ((bb % 64) // 4)[None, :]
+        word = (step % per_chunk) * W + idx  # word j + 16 p of the chunk: block j's values 4p..4p+3
+        w = tl.load(words_ptr + ((cbase + (s * height + r) * SEG) // 4)[:, None] + word[None, :])
+        sp = (sbase + (s * height + r) * 16)[:, None] + (word % 16)[None, :]
         d = tl.load(scales_ptr + sp).to(tl.float32)
-        k = s * 512 + _chunk_value(bb)
-        x = tl.load(x_row + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
-        if BITS == 4:
-            w = _dequant(c & 15, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
-            acc = _dot(x, w, acc, IEEE)
-            x = tl.load(x_row + (k + 16)[None, :], mask=m_mask[:, None] & (k + 16 < K)[None, :], other=0.0)
-            w = _dequant(c >> 4, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
+        if OFFSETS == 0:
+            o = d  # unused: the factor is in the codes
         else:
-            w = _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
-        acc = _dot(x, w, acc, IEEE)
+            o = tl.load(offs_ptr + sp).to(tl.float32)
+        k = s * 512 + (word % 16) * 32 + (word // 16) * 4  # (W,): the word's first value
+        hi = w >> 16
+        if BITS == 4:  # byte t of a word: values 4p + t (low nibble) and 16 + 4p + t (high)
+            acc = _mm_field(acc, w, 0, 4, d, o, x_row, k, m_mask, K, offset_factor, OFFSETS, IEEE)
+            acc = _mm_field(acc, w, 4, 4, d, o, x_row, k + 16, m_mask, K, offset_factor, OFFSETS, IEEE)
+            acc = _mm_field(acc, w, 8, 4, d, o, x_row, k + 1, m_mask, K, offset_factor, OFFSETS, IEEE)
+            acc = _mm_field(acc, w, 12, 4, d, o, x_row, k + 17, m_mask, K, offset_factor, OFFSETS, IEEE)
+            acc = _mm_field(acc, hi, 0, 4, d, o, x_row, k + 2, m_mask, K, offset_factor, OFFSETS, IEEE)
+            acc = _mm_field(acc, hi, 4, 4, d, o, x_row, k + 18, m_mask, K, offset_factor, OFFSETS, IEEE)
+            acc = _mm_field(acc, hi, 8, 4, d, o, x_row, k + 3, m_mask, K, offset_factor, OFFSETS, IEEE)
+            acc = _mm_field(acc, hi, 12, 4, d, o, x_row, k + 19, m_mask, K, offset_factor, OFFSETS, IEEE)
+        else:
+            acc = _mm_field(acc, w, 0, 8, d, o, x_row, k, m_mask, K, offset_factor, OFFSETS, IEEE)
+            acc = _mm_field(acc, w, 8, 8, d, o, x_row, k + 1, m_mask, K, offset_factor, OFFSETS, IEEE)
+            acc = _mm_field(acc, hi, 0, 8, d, o, x_row, k + 2, m_mask, K, offset_factor, OFFSETS, IEEE)
+            acc = _mm_field(acc, hi, 8, 8, d, o, x_row, k + 3, m_mask, K, offset_factor, OFFSETS, IEEE)
     if pid_k == splits - 1:  # the blocks past the last whole chunk, in pairs
         TB: tl.constexpr = 32 if BITS == 4 else 64  # code bytes per pair per row
         i = tl.arange(0, TB)
@@ -220,6 +227,36 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
                 acc = _dot(x, _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype), acc, IEEE)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     _finish(acc, m, n, M, N, bias_ptr, out_ptr, ws_ptr, stride_om, pid_k, splits, HAS_BIAS)
+
+
+@triton.jit
+def _mm_field(
+    acc,
+    w,
+    SHIFT: tl.constexpr,
+    BITS: tl.constexpr,
+    d,
+    o,
+    x_row,
+    k,
+    m_mask,
+    K,
+    offset_factor,
+    OFFSETS: tl.constexpr,
+    IEEE: tl.constexpr,
+):  # type: ignore[no-untyped-def]
+    """acc + x w^T for the field at bits SHIFT.. of each word (BLOCK_N, W) of codes, value k (W,) of its
+    block: dequantized as ``_dequant`` does, to the bit (d (q + f), d q + m, d (q - z)), rounded to the
+    activations' dtype, then a dot of the activations at k."""
+    q = _field(w, SHIFT, BITS, OFFSETS, offset_factor)
+    if OFFSETS == 0:
+        wv = q * d
+    elif OFFSETS == 1:
+        wv = q * d + o
+    else:
+        wv = (q - o) * d
+    x = tl.load(x_row + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
+    return _dot(x, wv.to(x.dtype), acc, IEEE)
 
 
 @triton.jit
@@ -374,19 +411,25 @@ class GemvTiles:
     num_stages: int
 
 
-# One activation row: 64 weight rows (4 tiles) x a 4-bit chunk or half an 8-bit one per step (16 KiB)
-GEMV_TILES = GemvTiles(64, 4, 4, 3)
+# One activation row: 32 weight rows (2 tiles) x a 4-bit chunk or half an 8-bit one per step (8 KiB), 4
+# warps: 94-167 registers (64 rows on 4 warps spilled Q4_1's on sm_90 at 168)
+GEMV_TILES = GemvTiles(32, 4, 4, 3)
 
 
-def mm_tiles(rows: int, bits: int, dtype: torch.dtype) -> MmTiles:
-    """The dot kernel's tiles for ``rows`` activation rows of ``dtype`` (float32: the exact FMA dot, its
-    operands in registers: small tiles on 8 warps; on 4, sm_121 puts 32-40 bytes of 4-bit ones on the
-    stack)."""
+def mm_tiles(rows: int, bits: int, dtype: torch.dtype, capability: tuple[int, int]) -> MmTiles:
+    """The dot kernel's tiles for ``rows`` activation rows of ``dtype`` on ``capability``. float32 (the
+    exact FMA dot, its operands in registers): small tiles on 8 warps (on 4, sm_121 put 4-bit ones on the
+    stack). Decode rows: 16-row dots, a 64-byte step a row at 4 bits, 128 at 8. Prompt rows: 128 x 128 (64
+    x 128 up to 64 rows) on 8 warps where wgmma keeps the accumulators out of the registers (sm_90); elsewhere
+    (mma.sync: sm_121, and the targets not measured) 128 x 128 spills (255 registers, 56-528 bytes of
+    stack), so 128 x 64 on 8 warps, 2 stages (222-233 registers), or 64 x 64 on 4 warps (210-223)."""
     if dtype.itemsize > 2:
         return MmTiles(16 if rows <= 16 else 32, 32, 64, 8, 1)
     if rows <= DECODE_ROWS:
         return MmTiles(16, 64, 64 if bits == 4 else 128, 4, 3)
-    return MmTiles(64 if rows <= 64 else 128, 128, 64, 8, 3)
+    if capability[0] == 9:
+        return MmTiles(64 if rows <= 64 else 128, 128, 64, 8, 3)
+    return MmTiles(64, 64, 64, 4, 3) if rows <= 64 else MmTiles(128, 64, 64, 8, 2)
 
 
 @functools.cache
@@ -444,7 +487,7 @@ def block_matmul(
             VECS=gt.vecs, MASK_K=k < chunks * 512, num_warps=gt.num_warps, num_stages=gt.num_stages,
         )  # fmt: skip
     else:
-        t = mm_tiles(m, bits, x.dtype)
+        t = mm_tiles(m, bits, x.dtype, device_capability(x.device))
         grid_mn = triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n)
         one_split = not decode or m > DECODE_ROWS
         s = 1 if one_split else splits or _splits(grid_mn, chunks * seg // t.step, x.device)
