@@ -1,5 +1,5 @@
 """The launches the host code of kernels/triton_block_linear.py and triton_fp8_linear.py makes, collected on
-CPU tensors as on a target GPU (its compute capability and multiprocessors: the tiles and the K splits), for
+CPU tensors as on a target GPU (its multiprocessors: the K splits), for
 tests/test_triton_compile.py, and a sweep of them all:
 
     PYTHONPATH=src python tests/triton_linear_launches.py [h100,dgx-spark] [bfloat16,float16,float32] [block,fp8]
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from triton_aot import CAPABILITY, SMS
+from triton_aot import SMS
 
 from glassbox.kernels import triton_block_linear as tbl
 from glassbox.kernels import triton_fp8_linear as tfl
@@ -33,7 +33,7 @@ FP8_KERNELS = ("_fp8_gemv_kernel", "_fp8_mm_kernel", "_split_sum_kernel")
 def _recording(target: str) -> Iterator[list[Launch]]:
     """Within: the modules' kernels record their launches instead of running, on ``target``'s shapes."""
     calls: list[Launch] = []
-    saved = {name: getattr(tbl, name) for name in (*KERNELS, "device_capability", "_num_sms")}
+    saved = {name: getattr(tbl, name) for name in (*KERNELS, "_num_sms")}
     saved_fp8 = {name: getattr(tfl, name) for name in FP8_KERNELS}
 
     def recorder(fn: Any) -> Any:
@@ -47,7 +47,6 @@ def _recording(target: str) -> Iterator[list[Launch]]:
         setattr(tbl, name, recorder(saved[name]))
     for name in FP8_KERNELS:
         setattr(tfl, name, recorder(saved_fp8[name]))
-    tbl.device_capability = lambda device: CAPABILITY[target]  # type: ignore[assignment]
     tbl._num_sms = lambda device: SMS[target]  # type: ignore[assignment]
     try:
         yield calls

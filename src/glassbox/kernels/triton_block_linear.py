@@ -11,15 +11,28 @@ nibble; the high nibble is value + 16), so the activations are loaded in that or
 activations are a few KiB). Blocks past the last whole chunk (K not a multiple of 512) follow row after row
 in pairs (4 bits: byte i of pair a holds block 2a's code i low, block 2a + 1's high; 8 bits: in order).
 
-Both kernels dequantize each weight in float32 exactly as the reference does (``_dequant``: no
-int-to-float conversion instruction). ``_block_gemv_kernel`` takes one activation row (batch-1 decode: the
-weights times the activations accumulated elementwise in float32, the weight never rounded, summed across
-lanes once at the end), ``_block_mm_kernel`` more (each step's weights rounded to the activations' dtype,
-then a tensor-core dot: the reference's arithmetic). Either may split K over programs
-(enough programs for the SMs when there are few rows): the splits' float32 partial sums go to a workspace
-and ``_split_sum_kernel`` adds them in a fixed order (deterministic) with the bias. The launches read no
-host value (CUDA graphs capture them). Tiles per launch come from ``GEMV_TILES`` / ``mm_tiles``; every one
-compiles without a register spill for sm_90 and sm_121 (tests/test_triton_compile.py).
+Both kernels make each code a float32 without an int-to-float conversion (quarter rate on recent GPUs: two
+a byte bounded a 4-bit GEMV below the H100's bandwidth): the code masked in place under a float's exponent,
+less that float (``_field``, ``_dequant``; exact). ``_block_gemv_kernel`` takes one activation row
+(batch-1 decode): it reads the codes as 32-bit words (word j of a 64-byte vector p: block j's values
+4p..4p+3, and 16 + 4p.. in the high nibbles), sums each word's codes times their activations in float32
+(fused multiply-adds), then times the block's scale; the weight is never rounded. ``_block_mm_kernel``
+takes more rows: each step's weights dequantized in float32 (d q + o to the bit), rounded to the
+activations' dtype, then a tensor-core dot (the reference path's arithmetic). Either splits K over
+programs when there are few rows (enough programs for 4 per SM): the splits' float32 partial sums go to a
+workspace that ``_split_sum_kernel`` adds in a fixed order (deterministic) with the bias. No launch reads
+a host value (CUDA graphs capture them).
+
+Instructions in the sm_90 SASS of the main loops (cuobjdump; per weight per thread): the GEMV 5.1 at 4
+bits, 6.0 at 8 (with two int-to-float conversions a byte it took 8.6 at 4 bits); the decode dot kernel 11.2
+at 4 bits, 17.4 at 8. An H100 SXM streams ~12.8 bytes a cycle per SM and issues 128 thread-instructions,
+so a 4-bit GEMV keeps up with its memory at up to ~5 instructions a weight: the GEMV is near that line, the
+decode dot kernel (2-16 rows) is issue-bound at roughly half the bandwidth (a DGX Spark's 273 GB/s leaves
+either far from it). Estimates from the SASS, not measurements: benchmarks/gpu_bench.py's block_kernels
+part times them. Tiles (``GEMV_TILES``, ``mm_tiles``) compile for sm_90 and sm_121 in every variant
+(bits, offsets, bias, bf16/float16/float32) without a spill and within shared memory
+(tests/triton_linear_launches.py's sweep; a subset in tests/test_triton_compile.py), registers:
+REGISTERS_TABLE
 
 Offsets (constexpr OFFSETS): 0 a constant times the scale (Q4_0, Q8_0, int4/int8), 1 stored float16 (Q4_1),
 2 uint8 zero codes, o = -z d (GPTQ, AWQ). As in triton_attention.py, the @triton.jit parameters carry no
@@ -35,9 +48,13 @@ import torch
 import triton
 import triton.language as tl
 
-from glassbox.kernels.attention_tiles import device_capability
-
 BLOCK = 32
+
+
+@triton.jit
+def _chunk_value(b):  # type: ignore[no-untyped-def]
+    """The value (within its chunk) of the code at byte b: 32 j + 4 p + t (4 bits: the low nibble's)."""
+    return ((b % 64) // 4) * 32 + (b // 64) * 4 + b % 4
 
 
 @triton.jit
@@ -168,39 +185,28 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
     m_mask = m < M
     x_row = x_ptr + m.to(tl.int64)[:, None] * stride_xm
     cbase, sbase, r, height = _rows(pid_n * BLOCK_N, N, L, LS, BLOCK_N)
-    W: tl.constexpr = STEP // 4  # words per row per step: (vector, block) pairs, 16 per 64-byte vector
-    idx = tl.arange(0, W)
-    words_ptr = codes_ptr.to(tl.pointer_type(tl.int32))  # rows and chunks start on 32-byte boundaries
+    b = tl.arange(0, STEP)
     per_chunk = SEG // STEP
     steps = chunks * per_chunk
     per = tl.cdiv(steps, splits)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for step in range(pid_k * per, tl.minimum(steps, pid_k * per + per)):
         s = step // per_chunk
-        word = (step % per_chunk) * W + idx  # word j + 16 p of the chunk: block j's values 4p..4p+3
-        w = tl.load(words_ptr + ((cbase + (s * height + r) * SEG) // 4)[:, None] + word[None, :])
-        sp = (sbase + (s * height + r) * 16)[:, None] + (word % 16)[None, :]
+        bb = (step % per_chunk) * STEP + b  # bytes within the chunk
+        c = tl.load(codes_ptr + (cbase + (s * height + r) * SEG)[:, None] + bb[None, :])
+        blk = (s * height + r) * 16
+        sp = (sbase + blk)[:, None] + ((bb % 64) // 4)[None, :]
         d = tl.load(scales_ptr + sp).to(tl.float32)
-        if OFFSETS == 0:
-            o = d  # unused: the factor is in the codes
+        k = s * 512 + _chunk_value(bb)
+        x = tl.load(x_row + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
+        if BITS == 4:
+            w = _dequant(c & 15, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
+            acc = _dot(x, w, acc, IEEE)
+            x = tl.load(x_row + (k + 16)[None, :], mask=m_mask[:, None] & (k + 16 < K)[None, :], other=0.0)
+            w = _dequant(c >> 4, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
         else:
-            o = tl.load(offs_ptr + sp).to(tl.float32)
-        k = s * 512 + (word % 16) * 32 + (word // 16) * 4  # (W,): the word's first value
-        hi = w >> 16
-        if BITS == 4:  # byte t of a word: values 4p + t (low nibble) and 16 + 4p + t (high)
-            acc = _mm_field(acc, w, 0, 4, d, o, x_row, k, m_mask, K, offset_factor, OFFSETS, IEEE)
-            acc = _mm_field(acc, w, 4, 4, d, o, x_row, k + 16, m_mask, K, offset_factor, OFFSETS, IEEE)
-            acc = _mm_field(acc, w, 8, 4, d, o, x_row, k + 1, m_mask, K, offset_factor, OFFSETS, IEEE)
-            acc = _mm_field(acc, w, 12, 4, d, o, x_row, k + 17, m_mask, K, offset_factor, OFFSETS, IEEE)
-            acc = _mm_field(acc, hi, 0, 4, d, o, x_row, k + 2, m_mask, K, offset_factor, OFFSETS, IEEE)
-            acc = _mm_field(acc, hi, 4, 4, d, o, x_row, k + 18, m_mask, K, offset_factor, OFFSETS, IEEE)
-            acc = _mm_field(acc, hi, 8, 4, d, o, x_row, k + 3, m_mask, K, offset_factor, OFFSETS, IEEE)
-            acc = _mm_field(acc, hi, 12, 4, d, o, x_row, k + 19, m_mask, K, offset_factor, OFFSETS, IEEE)
-        else:
-            acc = _mm_field(acc, w, 0, 8, d, o, x_row, k, m_mask, K, offset_factor, OFFSETS, IEEE)
-            acc = _mm_field(acc, w, 8, 8, d, o, x_row, k + 1, m_mask, K, offset_factor, OFFSETS, IEEE)
-            acc = _mm_field(acc, hi, 0, 8, d, o, x_row, k + 2, m_mask, K, offset_factor, OFFSETS, IEEE)
-            acc = _mm_field(acc, hi, 8, 8, d, o, x_row, k + 3, m_mask, K, offset_factor, OFFSETS, IEEE)
+            w = _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
+        acc = _dot(x, w, acc, IEEE)
     if pid_k == splits - 1:  # the blocks past the last whole chunk, in pairs
         TB: tl.constexpr = 32 if BITS == 4 else 64  # code bytes per pair per row
         i = tl.arange(0, TB)
@@ -227,36 +233,6 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
                 acc = _dot(x, _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype), acc, IEEE)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     _finish(acc, m, n, M, N, bias_ptr, out_ptr, ws_ptr, stride_om, pid_k, splits, HAS_BIAS)
-
-
-@triton.jit
-def _mm_field(
-    acc,
-    w,
-    SHIFT: tl.constexpr,
-    BITS: tl.constexpr,
-    d,
-    o,
-    x_row,
-    k,
-    m_mask,
-    K,
-    offset_factor,
-    OFFSETS: tl.constexpr,
-    IEEE: tl.constexpr,
-):  # type: ignore[no-untyped-def]
-    """acc + x w^T for the field at bits SHIFT.. of each word (BLOCK_N, W) of codes, value k (W,) of its
-    block: dequantized as ``_dequant`` does, to the bit (d (q + f), d q + m, d (q - z)), rounded to the
-    activations' dtype, then a dot of the activations at k."""
-    q = _field(w, SHIFT, BITS, OFFSETS, offset_factor)
-    if OFFSETS == 0:
-        wv = q * d
-    elif OFFSETS == 1:
-        wv = q * d + o
-    else:
-        wv = (q - o) * d
-    x = tl.load(x_row + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
-    return _dot(x, wv.to(x.dtype), acc, IEEE)
 
 
 @triton.jit
@@ -416,20 +392,15 @@ class GemvTiles:
 GEMV_TILES = GemvTiles(32, 4, 4, 3)
 
 
-def mm_tiles(rows: int, bits: int, dtype: torch.dtype, capability: tuple[int, int]) -> MmTiles:
-    """The dot kernel's tiles for ``rows`` activation rows of ``dtype`` on ``capability``. float32 (the
-    exact FMA dot, its operands in registers): small tiles on 8 warps (on 4, sm_121 put 4-bit ones on the
-    stack). Decode rows: 16-row dots, a 64-byte step a row at 4 bits, 128 at 8. Prompt rows: 128 x 128 (64
-    x 128 up to 64 rows) on 8 warps where wgmma keeps the accumulators out of the registers (sm_90); elsewhere
-    (mma.sync: sm_121, and the targets not measured) 128 x 128 spills (255 registers, 56-528 bytes of
-    stack), so 128 x 64 on 8 warps, 2 stages (222-233 registers), or 64 x 64 on 4 warps (210-223)."""
+def mm_tiles(rows: int, bits: int, dtype: torch.dtype) -> MmTiles:
+    """The dot kernel's tiles for ``rows`` activation rows of ``dtype``. float32 (the exact FMA dot, its
+    operands in registers; the tests' dtype): 16 x 32 tiles, 32-byte steps, 8 warps (32 x 32 put 8-40 bytes
+    on the stack in some variants on both targets)."""
     if dtype.itemsize > 2:
-        return MmTiles(16 if rows <= 16 else 32, 32, 64, 8, 1)
+        return MmTiles(16, 32, 32, 8, 1)
     if rows <= DECODE_ROWS:
         return MmTiles(16, 64, 64 if bits == 4 else 128, 4, 3)
-    if capability[0] == 9:
-        return MmTiles(64 if rows <= 64 else 128, 128, 64, 8, 3)
-    return MmTiles(64, 64, 64, 4, 3) if rows <= 64 else MmTiles(128, 64, 64, 8, 2)
+    return MmTiles(64 if rows <= 64 else 128, 128, 64, 8, 3)
 
 
 @functools.cache
@@ -487,7 +458,7 @@ def block_matmul(
             VECS=gt.vecs, MASK_K=k < chunks * 512, num_warps=gt.num_warps, num_stages=gt.num_stages,
         )  # fmt: skip
     else:
-        t = mm_tiles(m, bits, x.dtype, device_capability(x.device))
+        t = mm_tiles(m, bits, x.dtype)
         grid_mn = triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n)
         one_split = not decode or m > DECODE_ROWS
         s = 1 if one_split else splits or _splits(grid_mn, chunks * seg // t.step, x.device)
