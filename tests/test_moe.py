@@ -151,7 +151,7 @@ def test_bfloat16_stays_close_to_float32_reference(models: dict, arch: str) -> N
     d, prompts, _ = models[arch]
     llm = LLM(str(d), dtype="bfloat16", max_num_seqs=4)
     experts = [m for m in llm.engine.executor.model.modules() if isinstance(m, MoEExperts)]
-    assert experts and all(bool(m.packed) == packing_available(torch.bfloat16) for m in experts)
+    assert experts and all(bool(m.linears) == packing_available(torch.bfloat16) for m in experts)
     outs = llm.generate(prompts[:6], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0))
     for prompt, out in zip(prompts[:6], outs, strict=True):
         ref = _hf_logprobs(d, prompt + out.token_ids, len(prompt))
