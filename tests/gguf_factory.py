@@ -322,11 +322,14 @@ def _moe_metadata(writer: gguf.GGUFWriter, cfg: dict[str, Any], arch: str) -> No
             writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
 
 
-def write_moe_model(path: Path, model_dir: Path, qtype: Q = Q.F32, expert_type: Q | None = None) -> None:
+def write_moe_model(
+    path: Path, model_dir: Path, qtype: Q = Q.F32, expert_type: Q | dict[str, Q] | None = None
+) -> None:
     """Write the transformers MoE checkpoint in ``model_dir`` as llama.cpp's converter would (names from
     glassbox's table, models/gguf_names.py; layouts: ``moe_tensors``): 1-D tensors, biases, norms and the
-    routers in F32 (as the converter forces them), the routed experts in ``expert_type`` (default
-    ``qtype``), the other weights in ``qtype``; the tiny vocabulary of write_model."""
+    routers in F32 (as the converter forces them), the routed experts in ``expert_type`` (one type, or
+    one per projection: "gate_proj", "up_proj", "down_proj"; default ``qtype``), the other weights in
+    ``qtype``; the tiny vocabulary of write_model."""
     import json
 
     from safetensors.numpy import load_file
@@ -345,7 +348,10 @@ def write_moe_model(path: Path, model_dir: Path, qtype: Q = Q.F32, expert_type: 
         if values.ndim == 1 or name.endswith(".bias") or router:
             writer.add_tensor(gguf_tensor_name(name, arch), values)
             continue
-        want = expert_type if (expert_type is not None and ".experts." in name) else qtype
+        want = qtype
+        if expert_type is not None and ".experts." in name:
+            proj = name.split(".")[-2]
+            want = expert_type[proj] if isinstance(expert_type, dict) else expert_type
         lead = values.shape[:-1]
         data, raw = encode_tensor(values.reshape(-1, values.shape[-1]), want, rng)
         writer.add_tensor(gguf_tensor_name(name, arch), data.reshape(*lead, -1), raw_dtype=raw)
