@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -323,13 +324,13 @@ def _moe_metadata(writer: gguf.GGUFWriter, cfg: dict[str, Any], arch: str) -> No
 
 
 def write_moe_model(
-    path: Path, model_dir: Path, qtype: Q = Q.F32, expert_type: Q | dict[str, Q] | None = None
+    path: Path, model_dir: Path, qtype: Q = Q.F32, expert_type: Q | Callable[[str], Q] | None = None
 ) -> None:
     """Write the transformers MoE checkpoint in ``model_dir`` as llama.cpp's converter would (names from
     glassbox's table, models/gguf_names.py; layouts: ``moe_tensors``): 1-D tensors, biases, norms and the
     routers in F32 (as the converter forces them), the routed experts in ``expert_type`` (one type, or
-    one per projection: "gate_proj", "up_proj", "down_proj"; default ``qtype``), the other weights in
-    ``qtype``; the tiny vocabulary of write_model."""
+    a type per tensor from its name, ``model.layers.N.mlp.experts.gate_proj.weight``; default ``qtype``),
+    the other weights in ``qtype``; the tiny vocabulary of write_model."""
     import json
 
     from safetensors.numpy import load_file
@@ -350,8 +351,7 @@ def write_moe_model(
             continue
         want = qtype
         if expert_type is not None and ".experts." in name:
-            proj = name.split(".")[-2]
-            want = expert_type[proj] if isinstance(expert_type, dict) else expert_type
+            want = expert_type if isinstance(expert_type, Q) else expert_type(name)
         lead = values.shape[:-1]
         data, raw = encode_tensor(values.reshape(-1, values.shape[-1]), want, rng)
         writer.add_tensor(gguf_tensor_name(name, arch), data.reshape(*lead, -1), raw_dtype=raw)
