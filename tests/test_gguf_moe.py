@@ -243,8 +243,12 @@ def test_held_experts_are_the_files_and_run_exactly_in_float32(
     assert held == sum(int(t.n_bytes) for t in tensors if "_exps.weight" in t.name and t.tensor_type in kept)
     formats = {"qwen3_moe": {"Q4_0", "Q4_K", "Q6_K", "Q8_0"}, "gpt_oss": {"MXFP4"}}[arch]
     assert set(llm.engine.executor.block_formats) == formats
-    prompts = _prompts(ref.config.vocab_size)
-    _check(llm, prompts, [greedy_continuation(ref, p, MAX_NEW) for p in prompts])
+    prompts = _prompts(ref.config.vocab_size, (1, 17, 40, 90))  # through 3 slots
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
+    for prompt, out in zip(prompts, llm.generate(prompts, params), strict=True):
+        toks, lps = greedy_continuation(ref, prompt, 6)
+        assert out.token_ids == toks and out.logprobs is not None
+        assert [step[t] for step, t in zip(out.logprobs, toks, strict=True)] == pytest.approx(lps, abs=1e-3)
 
 
 @needs_cc
