@@ -219,6 +219,25 @@ def export_moe_gguf(model_dir: Path, out_path: Path) -> Path:
     return out_path
 
 
+def quantize_gguf(src: Path, out: Path, ftype: str, threads: int = 2) -> Path:
+    """``src`` quantized by llama.cpp's own quantizer (llama-cpp-python's ``llama_model_quantize``) to
+    ``ftype``, a llama.cpp file type name ("Q4_K_M", "Q4_0", "MXFP4_MOE", ...): the file llama.cpp and
+    glassbox then both load. Kept when already there."""
+    import llama_cpp
+
+    if out.is_file():
+        return out
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = threads
+    tmp = out.with_suffix(".partial")
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src.name} -> {ftype}) returned {rc}")
+    tmp.rename(out)
+    return out
+
+
 if __name__ == "__main__":
     import sys
 
