@@ -24,7 +24,12 @@ Bytes per token (batch 1) = the weights one token reads, counted from the checkp
 attention (+ biases, sinks), norms, router, k of E experts, the LM head and one embedding row; times 2
 (bf16); plus the KV cache read (mean over the decode steps). Roofline = read bandwidth / that.
 
+With ``--gguf SHAPE=FTYPE+FTYPE,...`` the bf16 GGUF is quantized by llama.cpp's own quantizer
+(benchmarks/moe_gguf.quantize_gguf: Q4_K_M, Q4_0, MXFP4_MOE, ...) and glassbox loads THAT file too: only
+the paired batch-1 bursts run, per file type (``--llamacpp-no-amx`` where ggml's AMX kernels crash).
+
     PYTHONPATH=src .venv/bin/python benchmarks/moe_compare.py [--rounds 3] [--layers qwen3-30b-a3b=4,gpt-oss-20b=2]
+    ... --gguf qwen3-30b-a3b=Q4_K_M+Q4_0,gpt-oss-20b=MXFP4_MOE --llamacpp-no-amx --threads 1
 """
 
 from __future__ import annotations

@@ -199,7 +199,7 @@ def from_ggml_mxfp4(raw: np.ndarray, shape: tuple[int, ...]) -> FP4Weights:
     """A GGUF MXFP4 tensor's blocks (N, K/32 * 17 bytes: per block the E8M0 byte, then 16 bytes whose low
     nibbles hold values 0-15 and high nibbles 16-31, ggml's block_mxfp4), HF shape (N, K)."""
     n, k = shape
-    blocks = torch.from_numpy(np.ascontiguousarray(raw).reshape(n, k // BLOCK, 1 + BLOCK // 2))
+    blocks = torch.from_numpy(np.array(raw, dtype=np.uint8).reshape(n, k // BLOCK, 1 + BLOCK // 2))  # a copy
     e, qs = blocks[..., 0].contiguous(), blocks[..., 1:]
     if bool((e == 255).any()):
         raise ValueError("MXFP4 scale 255 (E8M0's NaN) in a GGUF tensor")

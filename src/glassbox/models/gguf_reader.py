@@ -5,7 +5,8 @@ config (see :mod:`glassbox.models.gguf_config`) and maps each tensor name to its
 ``GGUFCheckpoint.tensors()`` then dequantizes one tensor at a time to float32, in the Hugging Face shape and
 row order (llama.cpp stores the Q/K projections of llama-family models with the rotary pairs interleaved;
 they are put back in the half-split order transformers uses; Gemma's (1 + w) norm weights, stored with the 1
-added, get it taken off again).
+added, get it taken off again). Names: models/gguf_names.py (a MoE layer's experts are 3-D, stacked per
+projection); ``stored_tensors`` hands out the packable tensors' raw blocks (engine/checkpoint.py).
 """
 
 from __future__ import annotations

@@ -124,6 +124,7 @@ class MoEExperts(nn.Module):
         self.kept = nn.ModuleList()
         self.experts_read = 0  # experts whose weights a forward ran, summed over forwards (trace.py reads it)
         self.bytes_read = 0  # their weights' bytes as held
+        self._bytes: list[int] = []  # each expert's bytes as held, once it runs as linears
 
     def hold(self, held: HeldExperts) -> None:
         """Keep the experts' matrices ``held`` as stored; the float parameters they replace are freed (the
