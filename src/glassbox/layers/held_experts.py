@@ -37,10 +37,6 @@ class HeldExperts:
     gate_up: Sequence[tuple[ExpertMatrix, ...]] | None = None
     down: Sequence[ExpertMatrix] | None = None
 
-    @property
-    def matrices(self) -> list[ExpertMatrix]:
-        return [w for parts in self.gate_up or [] for w in parts] + list(self.down or [])
-
 
 class ExpertSlice(nn.Module):
     """One expert's matrix of a fused float parameter, as a linear (``F.linear``)."""
