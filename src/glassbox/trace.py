@@ -53,15 +53,15 @@ def run_trace(
     proposer = engine.scheduler.proposer
     draft = proposer if isinstance(proposer, DraftModelProposer) else None  # what the draft model did
     draft_before = replace(draft.stats) if draft is not None else None
-    reads = {
-        "prefill": 0,
-        "decode": 0,
-    }  # expert weight reads (over all MoE layers) by the steps of each phase
+    # expert weight reads (over all MoE layers) by the steps of each phase: experts run, bytes read
+    reads = {"prefill": 0, "decode": 0, "prefill_bytes": 0, "decode_bytes": 0}
     while final is None:
         phase = "decode" if seq.num_output_tokens else "prefill"
         before = sum(m.experts_read for m in experts)
+        before_bytes = sum(m.bytes_read for m in experts)
         outs = engine.step()
         reads[phase] += sum(m.experts_read for m in experts) - before
+        reads[f"{phase}_bytes"] += sum(m.bytes_read for m in experts) - before_bytes
         step += 1
         if not seq.is_finished and (not growth or growth[-1]["blocks"] != len(seq.block_table)):
             growth.append(
@@ -152,10 +152,11 @@ def _moe_reads(
     prefill_tokens: int,
     decode_tokens: int,
 ) -> dict[str, Any]:
-    """The expert weights the request's steps actually read (each chosen expert once per step and layer),
-    beside what the planner expects of uniform routing (perf/cost_model.expected_distinct_experts)."""
+    """The expert weights the request's steps actually read (each chosen expert once per step and layer, its
+    bytes as held: a GGUF file's types, FP4, bf16), beside what the planner expects of uniform routing
+    (perf/cost_model.expected_distinct_experts)."""
     facts, layers = engine.facts, len(experts)
-    per_expert = experts[0].expert_bytes()
+    per_expert = sum(m.expert_bytes() for m in experts) // layers  # a layer's experts share their types
     decode_steps = max(1, decode_tokens)
     return {
         "layers": layers,
@@ -167,11 +168,11 @@ def _moe_reads(
             "expected_per_layer": expected_distinct_experts(
                 facts.num_experts, facts.experts_per_token, prefill_tokens
             ),
-            "bytes": reads["prefill"] * per_expert,
+            "bytes": reads["prefill_bytes"],
         },
         "decode": {
             "experts_read_per_layer_per_token": reads["decode"] / layers / decode_steps,
-            "expert_bytes_per_token": reads["decode"] * per_expert / decode_steps,
+            "expert_bytes_per_token": reads["decode_bytes"] / decode_steps,
         },
     }
 
