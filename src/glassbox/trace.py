@@ -13,6 +13,7 @@ from glassbox.engine.llm_engine import LLMEngine
 from glassbox.engine.sequence import RequestMetrics
 from glassbox.models.model_config import dtype_name
 from glassbox.models.moe import MoEExperts
+from glassbox.models.moe_triton import experts_read
 from glassbox.perf.cost_model import expected_distinct_experts
 from glassbox.perf.hardware import HardwareSpec
 from glassbox.perf.quant import resolve_scheme
@@ -59,9 +60,9 @@ def run_trace(
     }  # expert weight reads (over all MoE layers) by the steps of each phase
     while final is None:
         phase = "decode" if seq.num_output_tokens else "prefill"
-        before = sum(m.experts_read for m in experts)
+        before = sum(experts_read(m) for m in experts)
         outs = engine.step()
-        reads[phase] += sum(m.experts_read for m in experts) - before
+        reads[phase] += sum(experts_read(m) for m in experts) - before
         step += 1
         if not seq.is_finished and (not growth or growth[-1]["blocks"] != len(seq.block_table)):
             growth.append(

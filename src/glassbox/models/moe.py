@@ -44,15 +44,21 @@ ROUTERS = ("softmax_topk", "topk_softmax")
 Glu = Callable[[torch.Tensor], torch.Tensor]
 
 
+class Gated:
+    """``act(gate) * up`` over rows holding [gate | up]; ``act`` is the config's name (the fused CUDA
+    kernels read it)."""
+
+    def __init__(self, act: str) -> None:
+        self.act, self.fn = act, get_activation(act)
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.fn(gate) * up
+
+
 def gated(act: str) -> Glu:
     """``act(gate) * up`` over rows holding [gate | up]."""
-    fn = get_activation(act)
-
-    def glu(gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return fn(gate) * up
-
-    return glu
+    return Gated(act)
 
 
 class ClampedSwiGLU:
@@ -104,6 +110,9 @@ class MoEExperts(nn.Module):
         # per expert (gate_up, down) in 4-bit floats (layers/fp4_quant.py), run by layers/fp4_linear.py
         self.fp4: FP4Experts = []
         self.experts_read = 0  # experts whose weights a forward ran, summed over forwards (trace.py reads it)
+        # CUDA with triton: set by models/moe_triton.use_triton_experts to a device counter (int64) of the
+        # experts the fused kernels read; the forward then runs them
+        self.fused: torch.Tensor | None = None
 
     def hold_fp4(self, experts: FP4Experts) -> None:
         """Keep each expert's (gate_up (2I x H), down (H x I)) packed in 4-bit floats (gpt-oss's MXFP4
@@ -177,8 +186,13 @@ class MoEExperts(nn.Module):
         return F.linear(h, self.down_proj[e], self._bias(self.down_proj_bias, e))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """x (T, H), ids (T, k), weights (T, k) in x's dtype -> (T, H). Grouped; on CUDA while a graph
-        is being captured, dense (the grouped path reads the counts on the host)."""
+        """x (T, H), ids (T, k), weights (T, k) in x's dtype -> (T, H). Grouped; on CUDA the fused triton
+        kernels (models/moe_triton.py, eager and in graphs), else while a graph is being captured, dense
+        (the grouped path reads the counts on the host)."""
+        if self.fused is not None:
+            from glassbox.models.moe_triton import fused_forward
+
+            return fused_forward(self, x, ids, weights)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return self.dense(x, ids, weights)
         return self.grouped(x, ids, weights)
