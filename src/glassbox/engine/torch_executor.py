@@ -138,6 +138,8 @@ class TorchExecutor:
             from glassbox.models.moe_triton import use_triton_experts
 
             self.triton_experts = use_triton_experts(self.model)
+            if self.triton_experts:
+                logger.info("routed experts of %d MoE layers on the fused triton MoE", self.triton_experts)
         in_blocks = block_weights(self.model)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + sum(
             b.nbytes for b in in_blocks

@@ -14,8 +14,9 @@ every token runs, scaled by sigmoid(``shared_expert_gate``(x)).
 Execution is grouped (:meth:`MoEExperts.grouped`): the (token, choice) pairs sorted by expert, each
 expert that some token chose runs its two GEMMs once on its gathered rows, and the rows go back weighted
 by their routing weights (one ``index_add_``). A batch-1 decode step thus reads k experts' weights, not E.
-:meth:`MoEExperts.dense` runs every expert on every row (no data-dependent shapes: what a CUDA graph
-captures) and :meth:`MoEExperts.reference` one (token, choice) at a time (for tests).
+On CUDA with triton the forward runs the fused kernels instead (models/moe_triton.py: no host read of the
+counts, eager and in CUDA graphs). :meth:`MoEExperts.dense` runs every expert on every row (no
+data-dependent shapes) and :meth:`MoEExperts.reference` one (token, choice) at a time (for tests).
 """
 
 from __future__ import annotations
