@@ -324,12 +324,14 @@ def test_graphs_and_eager_agree_bf16(tiny_root: Path, kv: str) -> None:
 
 
 @needs_cuda
-@pytest.mark.parametrize("kv", ["auto", "int8"])  # an 8-bit cache: the quantizing write too
-def test_eager_launches_never_synchronize(tiny_root: Path, kv: str) -> None:
+@pytest.mark.parametrize(  # an 8-bit cache: the quantizing write too; MoE: the fused experts
+    "arch,kv", [("llama", "auto"), ("llama", "int8"), ("qwen3_moe", "auto"), ("gpt_oss", "auto")]
+)
+def test_eager_launches_never_synchronize(tiny_root: Path, arch: str, kv: str) -> None:
     """An eager step's launch (inputs, metadata, forward, sampling) queues device work without waiting for
     the stream: every host value goes through pinned non-blocking copies. Mixed steps (a chunked prefill
     beside decodes), top-k/top-p, a seeded request, logprobs; only reading the draws may synchronize."""
-    d = build_tiny_model("llama", tiny_root)
+    d = build_tiny_model(arch, tiny_root)
 
     def use(llm: LLM) -> None:
         eng = llm.engine
@@ -409,6 +411,7 @@ def _use_triton(llm: LLM, graphs: bool) -> None:
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1, triton, and no CUDA")
+@pytest.mark.timeout(900)  # the interpreter: 2-6 minutes an architecture on 2 busy cores
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "gemma3", "qwen2_moe", "qwen3_moe", "gpt_oss"])
 def test_interpreted_triton_engine_parity(tiny_root: Path, arch: str) -> None:
     d = build_tiny_model(arch, tiny_root)

@@ -37,11 +37,17 @@ def _experts(e: int, h: int, i: int, swiglu: bool, bias: bool, seed: int) -> MoE
 
 
 def _check(
-    m: MoEExperts, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, dtype: torch.dtype, small: bool | None
+    m: MoEExperts,
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    w: torch.Tensor,
+    dtype: torch.dtype,
+    small: bool | None,
+    align_kernel: bool | None = None,
 ) -> None:
-    """The fused kernels in ``dtype`` (decode or prefill tiles where ``small`` says) against the float32
-    reference on the same (rounded) weights; counts the experts read. Experts no pair chose hold NaN: a
-    kernel that read one would spread it."""
+    """The fused kernels in ``dtype`` (decode or prefill tiles where ``small`` says, the alignment's path
+    where ``align_kernel`` does) against the float32 reference on the same (rounded) weights; counts the
+    experts read. Experts no pair chose hold NaN: a kernel that read one would spread it."""
     from glassbox.kernels import triton_moe as tm
     from glassbox.models.moe_triton import kernel_activation
 
@@ -60,7 +66,7 @@ def _check(
     b1, b2 = md.gate_up_proj_bias, md.down_proj_bias
     out = tm.fused_moe(
         x.to(dtype), ids, w.to(dtype), w1, w2, None if b1 is None else b1.detach(),
-        None if b2 is None else b2.detach(), *spec, tiles=tiles, reads=reads,
+        None if b2 is None else b2.detach(), *spec, tiles=tiles, reads=reads, align_kernel=align_kernel,
     )  # fmt: skip
     assert out.dtype == dtype and out.shape == x.shape
     out = out.float()
@@ -119,7 +125,7 @@ def test_fused_moe_routing_edges(kind: str, small: bool) -> None:
     m = _experts(e, h, i, swiglu=False, bias=True, seed=3)
     w, ids = _routing(kind, t, e, k)
     x = torch.randn(t, h, generator=torch.Generator().manual_seed(8)).to(DEV)
-    _check(m, x, ids.to(DEV), w.to(DEV), LOW, small)
+    _check(m, x, ids.to(DEV), w.to(DEV), LOW, small, align_kernel=not small)  # both alignment paths
 
 
 def test_the_block_bound_is_reached() -> None:
@@ -137,3 +143,39 @@ def test_the_block_bound_is_reached() -> None:
             if sum(counts) == pairs
         )
         assert worst == max_blocks(pairs, e, bm), (pairs, e, bm)
+
+
+@needs_triton
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_both_alignments_lay_out_the_pairs_alike(block_m: int) -> None:
+    """align()'s kernel and its torch path give the same layout, and it is the one asked for: every pair
+    once, in a block of its expert, each expert's pairs in order and in as few blocks as its count needs,
+    the blocks in expert order, none past them live; the experts used counted."""
+    from glassbox.kernels.triton_moe import align
+
+    for kind, t, e, k in [
+        ("ties", 1, 4, 1),
+        ("random", 3, 8, 2),
+        ("lopsided", 70, 12, 2),
+        ("random", 700, 16, 4),
+    ]:
+        w, ids = _routing(kind, t, e, k)
+        ids = ids.to(DEV)
+        got = []
+        for kernel in (True, False):
+            reads = torch.zeros((), dtype=torch.int64, device=DEV)
+            rows, experts, live = align(ids, e, block_m, reads, kernel)
+            assert reads.item() == len(set(ids.flatten().tolist()))
+            layout = [
+                (int(experts[b]), rows[b * block_m : b * block_m + int(live[b])].tolist())
+                for b in range(experts.shape[0])
+            ]
+            got.append(layout)
+        assert got[0] == got[1], kind
+        flat = ids.flatten().tolist()
+        want = []
+        for x in range(e):
+            mine = [p for p in range(len(flat)) if flat[p] == x]
+            want += [(x, mine[i : i + block_m]) for i in range(0, len(mine), block_m)]
+        want += [(-1, [])] * (len(got[0]) - len(want))
+        assert got[0] == want, kind

@@ -1,12 +1,15 @@
 """Triton fused mixture-of-experts FFN for CUDA: grouped GEMMs over the (token, choice) pairs by expert.
 
 The experts are the fused tensors models/moe.py holds: ``w1`` (E, 2I, H) gate and up rows, ``w2`` (E, H, I),
-optional biases (E, 2I) and (E, H), in the activations' dtype (bf16, fp16 or float32). Three launches, none
-of which waits for the host, so an eager step never synchronizes and a CUDA graph captures them:
+optional biases (E, 2I) and (E, H), in the activations' dtype (bf16, fp16 or float32). Three launches (in
+decode batches), none of which waits for the host, so an eager step never synchronizes and a CUDA graph
+captures them:
 
-1. ``_align_kernel`` (one program): the M = T k expert ids counted per expert, each expert's rows padded
-   to whole ``block_m`` blocks, its blocks laid out in expert order; every pair gets its padded row (stable:
-   an expert's pairs in token order) and every block its expert and live row count. The grid of the GEMMs
+1. :func:`align`: the M = T k expert ids counted per expert, each expert's rows padded to whole
+   ``block_m`` blocks, its blocks laid out in expert order; every pair gets its padded row (stable: an
+   expert's pairs in token order) and every block its expert and live row count. Decode batches take one
+   program (``_align_kernel``, one launch); more pairs the same layout from torch's sort and scans (a dozen
+   launches, but no serial loop over the pairs), on the device either way. The grid of the GEMMs
    is sized on the host from shapes alone: with nz = min(E, M) experts used at most, the blocks number at
    most nz + (M - nz) // block_m (an expert of c rows takes 1 + (c - 1) // block_m); programs past the
    blocks in use return at once, and an expert no pair chose has no block: its weights are never read.
@@ -32,7 +35,7 @@ import triton.language as tl
 
 from glassbox.kernels.attention_tiles import device_capability
 
-__all__ = ["ACTIVATIONS", "MoeTiles", "fused_moe", "max_blocks", "moe_tiles"]
+__all__ = ["ACTIVATIONS", "MoeTiles", "align", "fused_moe", "max_blocks", "moe_tiles"]
 
 ACTIVATIONS = ("silu", "swiglu")  # act(gate) * up with act = SiLU; gpt-oss's clamped SwiGLU, interleaved
 
@@ -267,6 +270,56 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+ALIGN_KERNEL_PAIRS = 1024  # up to here _align_kernel (one launch); beyond, torch's sort (many programs)
+
+
+def align(
+    ids: torch.Tensor,  # (T, k) expert ids
+    num_experts: int,
+    block_m: int,
+    reads: torch.Tensor | None = None,  # int64 scalar: the experts used are added to it
+    kernel: bool | None = None,  # None: the kernel up to ALIGN_KERNEL_PAIRS pairs
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(each padded row's pair (int32, max_blocks x block_m; rows past a block's live ones unset), each
+    block's expert (int32; -1 past the blocks in use), each block's live rows (int32)), on the device without
+    a host read. One program (``_align_kernel``) for decode batches; for more pairs, where its serial loop
+    over them would outlast the GEMMs, the same layout from torch's stable sort and scans."""
+    pairs = ids.numel()
+    nblocks = max_blocks(pairs, num_experts, block_m)
+    dev = ids.device
+    flat = ids.reshape(-1).contiguous()
+    if kernel if kernel is not None else pairs <= ALIGN_KERNEL_PAIRS:
+        rows = torch.empty(nblocks * block_m, dtype=torch.int32, device=dev)
+        block_expert = torch.empty(nblocks, dtype=torch.int32, device=dev)
+        block_rows = torch.empty(nblocks, dtype=torch.int32, device=dev)
+        e_pad = _pow2(max(num_experts, 2))
+        _align_kernel[(1,)](
+            flat, rows, block_expert, block_rows, rows if reads is None else reads, pairs, nblocks,
+            E_PAD=e_pad, BLOCK_M=block_m, CHUNK=max(16, min(128, 4096 // e_pad)),
+            COUNT_READS=reads is not None, num_warps=4,
+        )  # fmt: skip
+        return rows, block_expert, block_rows
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    if reads is not None:
+        reads.add_((counts > 0).sum())
+    blocks = (counts + block_m - 1) // block_m
+    block_end = blocks.cumsum(0)
+    block_start = block_end - blocks
+    order = torch.argsort(flat, stable=True)  # the pairs by expert, each expert's in token order
+    expert_of = flat[order]
+    rank = torch.arange(pairs, device=dev) - (counts.cumsum(0) - counts)[expert_of]
+    rows = torch.empty(nblocks * block_m, dtype=torch.int32, device=dev)
+    rows.scatter_(0, block_start[expert_of] * block_m + rank, order.to(torch.int32))
+    b = torch.arange(nblocks, device=dev)
+    expert = torch.searchsorted(block_end, b, right=True)  # the first expert whose blocks end past b
+    live = expert < num_experts
+    e = expert.clamp(max=num_experts - 1)
+    left = (counts[e] - (b - block_start[e]) * block_m).clamp(max=block_m)
+    block_expert = torch.where(live, expert, -1).to(torch.int32)
+    return rows, block_expert, torch.where(live, left, 0).to(torch.int32)
+
+
 def fused_moe(
     x: torch.Tensor,  # (T, H)
     ids: torch.Tensor,  # (T, k) expert ids
@@ -280,6 +333,7 @@ def fused_moe(
     limit: float = 0.0,
     tiles: MoeTiles | None = None,  # None: moe_tiles for the device
     reads: torch.Tensor | None = None,  # an int64 scalar on the device: the experts read are added to it
+    align_kernel: bool | None = None,  # align()'s path; None: by the pair count
 ) -> torch.Tensor:  # (T, H) in x's dtype
     """sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) for every token t, without a host synchronization."""
     if act not in ACTIVATIONS:
@@ -296,17 +350,8 @@ def fused_moe(
         return torch.zeros_like(x)
     tiles = tiles or moe_tiles(pairs, num_experts, x.dtype, device_capability(x.device))
     bm = tiles.block_m
-    nblocks = max_blocks(pairs, num_experts, bm)
-    dev = x.device
-    rows = torch.empty(nblocks * bm, dtype=torch.int32, device=dev)  # each padded row's pair
-    block_expert = torch.empty(nblocks, dtype=torch.int32, device=dev)
-    block_rows = torch.empty(nblocks, dtype=torch.int32, device=dev)
-    e_pad = _pow2(max(num_experts, 2))
-    _align_kernel[(1,)](
-        ids.reshape(-1).contiguous(), rows, block_expert, block_rows, rows if reads is None else reads, pairs,
-        nblocks, E_PAD=e_pad, BLOCK_M=bm, CHUNK=max(16, min(128, 4096 // e_pad)),
-        COUNT_READS=reads is not None, num_warps=4,
-    )  # fmt: skip
+    rows, block_expert, block_rows = align(ids, num_experts, bm, reads, align_kernel)
+    nblocks, dev = block_expert.shape[0], x.device
     ieee = x.dtype == torch.float32
     h = torch.empty(nblocks * bm, inter, dtype=x.dtype, device=dev)
     up = tiles.gate_up
