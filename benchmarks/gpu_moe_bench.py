@@ -1,13 +1,14 @@
-"""GPU benchmark of the fused triton MoE (kernels/triton_moe.py): Qwen3-30B-A3B's experts, bf16, dummy weights,
-decode at batch 1 and 32. Meant to fit a short GPU session (about 2-3 minutes, each part in its own process
-with its own timeout).
+"""GPU benchmark of the fused triton MoE (kernels/triton_moe.py): Qwen3-30B-A3B's experts, bf16, dummy
+weights, decode at batch 1 and 32. Meant to fit a short GPU session (about 2-3 minutes, each part in its
+own process with its own timeout).
 
 (a) kernels: one layer's experts (E=128, top-8, H=2048, I=768: 9.4 MB an expert) at T = 1 and 32 rows,
     softmax top-k routing of random logits, the calls rotating among enough layers' weights that each reads
     device memory, not the L2 the previous call filled: median microseconds, the bytes of the experts the
     call chose (distinct experts x expert bytes: what it must read), GB/s and the fraction of a read probe's
     bandwidth; beside it MoEExperts.dense (all E experts on every row: what the decode graphs ran before)
-    and MoEExperts.grouped (one GEMM pair per chosen expert after a host read of the counts).
+    and MoEExperts.grouped (one GEMM pair per chosen expert after a host read of the counts); and
+    triton_moe.align alone by both paths from 1 to 2048 tokens (where ALIGN_KERNEL_PAIRS should sit).
 (b) engine: the same shape with --layers layers through LLM (dummy weights, bf16, CUDA graphs), batch 1
     and 32: the decode graph's replay time, the experts it reads per layer (the fused kernels' device
     counter), the weight and KV bytes a step reads and their GB/s; and the engine's own decode step times.
@@ -88,7 +89,8 @@ def part_kernels(args: argparse.Namespace) -> dict[str, Any]:
     from glassbox.models.moe import MoEExperts, gated, route
 
     cfg = {**QWEN3_30B_A3B, **(TINY if SMOKE else {})}
-    e, k, h, i = cfg["num_experts"], cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+    e, k = cfg["num_experts"], cfg["num_experts_per_tok"]
+    h, i = cfg["hidden_size"], cfg["moe_intermediate_size"]
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # the interpreter's bf16 dot is wrong
     expert_bytes = 3 * h * i * dtype.itemsize
     res: dict[str, Any] = {"read_GBps": read_probe_gbps(), "expert_bytes": expert_bytes}
@@ -130,6 +132,16 @@ def part_kernels(args: argparse.Namespace) -> dict[str, Any]:
             if res["read_GBps"] == res["read_GBps"]:  # not NaN
                 row[kind]["fraction_of_read_bw"] = read / ms / 1e6 / res["read_GBps"]
         res[f"T{t}"] = row
+    from glassbox.kernels.triton_moe import ALIGN_KERNEL_PAIRS, align
+
+    res["align_kernel_pairs"] = ALIGN_KERNEL_PAIRS  # where align() switches: these times are for tuning it
+    for t in (1, 32, 128, 512, 2048) if not SMOKE else (1, 64):
+        ids = route(torch.randn(t, e, device=DEVICE, generator=g), k, True)[1]
+        bm = 16 if t * k <= 16 * e else 64
+        res[f"align_T{t}_us"] = {
+            path: 1e3 * timed_ms(lambda i=ids, b=bm, kn=kernel: align(i, e, b, None, kn), 3 if SMOKE else 30)
+            for path, kernel in (("kernel", True), ("torch", False))
+        }
     return res
 
 
