@@ -13,6 +13,7 @@ from glassbox.engine.llm_engine import LLMEngine
 from glassbox.engine.sequence import RequestMetrics
 from glassbox.models.model_config import dtype_name
 from glassbox.models.moe import MoEExperts
+from glassbox.models.moe_triton import experts_read
 from glassbox.perf.cost_model import expected_distinct_experts
 from glassbox.perf.hardware import HardwareSpec
 from glassbox.perf.quant import resolve_scheme
@@ -57,11 +58,12 @@ def run_trace(
     reads = {"prefill": 0, "decode": 0, "prefill_bytes": 0, "decode_bytes": 0}
     while final is None:
         phase = "decode" if seq.num_output_tokens else "prefill"
-        before = sum(m.experts_read for m in experts)
-        before_bytes = sum(m.bytes_read for m in experts)
+        before = [experts_read(m) for m in experts]
         outs = engine.step()
-        reads[phase] += sum(m.experts_read for m in experts) - before
-        reads[f"{phase}_bytes"] += sum(m.bytes_read for m in experts) - before_bytes
+        for block, (count, nbytes) in zip(experts, before, strict=True):
+            now = experts_read(block)
+            reads[phase] += now[0] - count
+            reads[f"{phase}_bytes"] += now[1] - nbytes
         step += 1
         if not seq.is_finished and (not growth or growth[-1]["blocks"] != len(seq.block_table)):
             growth.append(

@@ -112,15 +112,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def check_model_on_device(cfg: ModelConfig, device: torch.device) -> None:
-    """ValueError for a model the device's kernels cannot run yet: attention sinks (gpt-oss) on CUDA."""
-    if cfg.attention_sinks and device.type != "cpu":
-        raise ValueError(
-            f"{cfg.architecture} on {device.type}: the triton attention kernels have no attention sinks yet; "
-            "run it on the CPU (--device cpu)"
-        )
-
-
 def resolve_dtype(name: str, cfg: ModelConfig, device: torch.device) -> torch.dtype:
     if name != "auto":
         return TORCH_DTYPES[name]

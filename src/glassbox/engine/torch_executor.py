@@ -3,8 +3,9 @@
 On the CPU the model's forward runs on glassbox's C kernels where its family has them (bound to the built
 model at start, models/loader.py ``bind_cpu_kernels``), else on the PyTorch ops.
 
-CUDA: attention runs the triton kernels over the block tables, decode-only steps replay CUDA graphs
-(engine/cuda_graph.py) unless ``enforce_eager``, and host inputs travel in one pinned copy per step.
+CUDA: attention runs the triton kernels over the block tables, routed experts the fused triton MoE
+(models/moe_triton.py), decode-only steps replay CUDA graphs (engine/cuda_graph.py) unless
+``enforce_eager``, and host inputs travel in one pinned copy per step.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from glassbox.engine import tp_model
 from glassbox.engine.checkpoint import Checkpoint
 from glassbox.engine.device import (
     available_ram_bytes,
-    check_model_on_device,
     describe_cuda,
     keep_large_allocations_in_heap,
     kv_budget,
@@ -75,14 +75,14 @@ class TorchExecutor:
         self.facts = facts
         self.model_config = model_config = ModelConfig.from_facts(facts)
         self.device = resolve_device(config.device)
-        check_model_on_device(model_config, self.device)
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
         self.kv_dtype = (
             self.dtype if config.kv_cache_dtype == "auto" else KV_TORCH_DTYPES[config.kv_cache_dtype]
         )
         self.kv_width = row_width(model_config.head_dim, self.kv_dtype)  # a cache row: D, or D + 4 for 8 bits
         self.block_size = config.block_size
-        self.attn_backend = "triton" if triton_usable(self.device) else "torch"
+        on_triton = triton_usable(self.device)
+        self.attn_backend = "triton" if on_triton else "torch"
         if self.attn_backend == "triton" and self.kv_dtype.itemsize == 1 and model_config.head_dim % 4:
             logger.warning(
                 "the triton kernels read an 8-bit KV cache for head dims divisible by 4: torch path"
@@ -133,6 +133,13 @@ class TorchExecutor:
             from glassbox.layers.quantization import quantize_model
 
             quantize_model(self.model, bits)
+        self.triton_experts = 0  # MoE layers on the fused triton kernels (CUDA)
+        if on_triton:
+            from glassbox.models.moe_triton import use_triton_experts
+
+            self.triton_experts = use_triton_experts(self.model)
+            if self.triton_experts:
+                logger.info("routed experts of %d MoE layers on the fused triton MoE", self.triton_experts)
         in_blocks = block_weights(self.model)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + sum(
             b.nbytes for b in in_blocks

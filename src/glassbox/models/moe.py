@@ -14,8 +14,9 @@ every token runs, scaled by sigmoid(``shared_expert_gate``(x)).
 Execution is grouped (:meth:`MoEExperts.grouped`): the (token, choice) pairs sorted by expert, each
 expert that some token chose runs its two GEMMs once on its gathered rows, and the rows go back weighted
 by their routing weights (one ``index_add_``). A batch-1 decode step thus reads k experts' weights, not E.
-:meth:`MoEExperts.dense` runs every expert on every row (no data-dependent shapes: what a CUDA graph
-captures) and :meth:`MoEExperts.reference` one (token, choice) at a time (for tests).
+On CUDA with triton the forward runs the fused kernels instead (models/moe_triton.py: no host read of the
+counts, eager and in CUDA graphs). :meth:`MoEExperts.dense` runs every expert on every row (no
+data-dependent shapes) and :meth:`MoEExperts.reference` one (token, choice) at a time (for tests).
 """
 
 from __future__ import annotations
@@ -42,15 +43,21 @@ ROUTERS = ("softmax_topk", "topk_softmax")
 Glu = Callable[[torch.Tensor], torch.Tensor]
 
 
+class Gated:
+    """``act(gate) * up`` over rows holding [gate | up]; ``act`` is the config's name (the fused CUDA
+    kernels read it)."""
+
+    def __init__(self, act: str) -> None:
+        self.act, self.fn = act, get_activation(act)
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.fn(gate) * up
+
+
 def gated(act: str) -> Glu:
     """``act(gate) * up`` over rows holding [gate | up]."""
-    fn = get_activation(act)
-
-    def glu(gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return fn(gate) * up
-
-    return glu
+    return Gated(act)
 
 
 class ClampedSwiGLU:
@@ -125,6 +132,9 @@ class MoEExperts(nn.Module):
         self.experts_read = 0  # experts whose weights a forward ran, summed over forwards (trace.py reads it)
         self.bytes_read = 0  # their weights' bytes as held
         self._bytes: list[int] = []  # each expert's bytes as held, once it runs as linears
+        # CUDA with triton: set by models/moe_triton.use_triton_experts to a device counter (int64) of the
+        # experts the fused kernels read; the forward then runs them
+        self.fused: torch.Tensor | None = None
 
     def hold(self, held: HeldExperts) -> None:
         """Keep the experts' matrices ``held`` as stored; the float parameters they replace are freed (the
@@ -228,8 +238,13 @@ class MoEExperts(nn.Module):
         return F.linear(h, self.down_proj[e], self._bias(self.down_proj_bias, e))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """x (T, H), ids (T, k), weights (T, k) in x's dtype -> (T, H). Grouped; on CUDA while a graph
-        is being captured, dense (the grouped path reads the counts on the host)."""
+        """x (T, H), ids (T, k), weights (T, k) in x's dtype -> (T, H). Grouped; on CUDA the fused triton
+        kernels (models/moe_triton.py, eager and in graphs), else while a graph is being captured, dense
+        (the grouped path reads the counts on the host)."""
+        if self.fused is not None:
+            from glassbox.models.moe_triton import fused_forward
+
+            return fused_forward(self, x, ids, weights)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return self.dense(x, ids, weights)
         return self.grouped(x, ids, weights)
