@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from glassbox.config import EngineConfig
 from glassbox.engine import tp_runtime
 from glassbox.engine.block_manager import BlockManager
+from glassbox.engine.bursts import BurstSizer
 from glassbox.engine.checkpoint import open_checkpoint
 from glassbox.engine.core import Appended, CoreStep, EngineCore
 from glassbox.engine.device import resolve_device
@@ -138,6 +139,9 @@ class LLMEngine:
         self.core = EngineCore(
             self.scheduler, self.executor, self.max_model_len, self.tokenizer.eos_token_ids
         )
+        if self.executor.burst_rows and self.scheduler.proposer is None and config.num_scheduler_steps != 1:
+            self.scheduler.burst_rows = self.executor.burst_rows  # greedy decode bursts (engine/bursts.py)
+            self.core.bursts = BurstSizer(config.num_scheduler_steps)
         cuda = self.executor.device.type == "cuda"
         self.async_output = cuda if config.async_output is None else config.async_output
         self._deferred: list[Appended] = []  # tokens whose text work is still to do
