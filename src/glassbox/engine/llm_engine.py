@@ -42,13 +42,14 @@ class StepRecord:
     start: float
     duration_s: float  # the whole step: schedule, execute, post-process (detokenize, stop checks)
     num_prefill_tokens: int
-    num_decode_tokens: int
+    num_decode_tokens: int  # decode rows computed, over all of the step's passes (a burst runs several)
     batch_size: int
     phase: str  # "prefill" | "decode" | "mixed"
     kv_usage: float
     # of duration_s, launch to sampled tokens: the model forward and sampling (with async output, also the
     # previous step's post-processing that overlapped them)
     execute_s: float = 0.0
+    passes: int = 1  # forward passes: a greedy decode burst (engine/bursts.py) runs 1 + its lookahead
 
 
 @dataclass
@@ -344,11 +345,12 @@ class LLMEngine:
                 t0,
                 t_end - t0,
                 b.num_prefill_tokens,
-                b.num_decode_tokens,
+                b.num_decode_tokens * b.passes,
                 len(b.scheduled),
                 b.phase,
                 self.block_manager.usage,
                 step.done - step.launched,
+                b.passes,
             )
         )
 

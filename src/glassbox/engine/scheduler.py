@@ -93,6 +93,11 @@ class SchedulerOutput:
         return sum(len(s.draft_tokens) for s in self.scheduled)
 
     @property
+    def passes(self) -> int:
+        """Forward passes the step runs: 1, or a greedy decode burst's 1 + lookahead."""
+        return 1 + self.scheduled[0].lookahead if self.scheduled else 1
+
+    @property
     def phase(self) -> str:
         p, d = self.num_prefill_tokens, self.num_decode_tokens
         return "mixed" if p and d else ("prefill" if p else "decode")
