@@ -113,6 +113,9 @@ def run_trace(
                 "tok_s": m.decode_tok_s,
                 "itl_ms_p50": (percentile(itl, 0.5) if itl else 0.0) * 1e3,
                 "itl_ms_p99": (percentile(itl, 0.99) if itl else 0.0) * 1e3,
+                # engine steps the decode took: fewer than its tokens when greedy bursts (engine/bursts.py)
+                # or accepted drafts gave several tokens a step (their ITLs are 0)
+                "steps": sum(1 for gap in itl if gap > 0),
             },
             "detokenize": {"ms": m.detokenize_s * 1e3},
         },

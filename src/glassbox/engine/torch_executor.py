@@ -33,6 +33,7 @@ from glassbox.engine.device import (
     resolve_dtype,
     triton_usable,
 )
+from glassbox.engine.executor import PendingStep, ReadyStep
 from glassbox.engine.kv_plan import GiB, KVCachePlan, plan_kv_cache
 from glassbox.engine.sampler import to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -45,6 +46,7 @@ from glassbox.layers.kv_quant import row_width
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
 from glassbox.models.model_config import KV_TORCH_DTYPES, ModelConfig, dtype_name
+from glassbox.outputs import SampleResult
 
 if TYPE_CHECKING:
     from glassbox.engine.cuda_graph import DecodeGraphs
@@ -202,6 +204,9 @@ class TorchExecutor:
             except ValueError as e:
                 logger.warning("glassbox's CPU kernels cannot run this model (%s): using PyTorch ops", e)
                 self.attn_backend = "torch"
+        # greedy decode bursts (engine/bursts.py) where the one-call CPU step runs: the rows one may take
+        burst = getattr(self.forward, "burst", None) is not None and self.tp is None
+        self.burst_rows = KERNEL_ROWS if burst else 0
         if self.use_graphs:
             self._capture_graphs(max_model_len)
 
@@ -313,7 +318,7 @@ class TorchExecutor:
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 
-    def launch(self, batch: SchedulerOutput) -> DevicePendingStep:
+    def launch(self, batch: SchedulerOutput) -> PendingStep:
         """Queue the step's forward and sampling; on CUDA this returns before the device has finished."""
         if self.light_threads != self.max_threads:
             self._set_threads(batch)
@@ -324,6 +329,8 @@ class TorchExecutor:
         rows = sum(s.num_new_tokens for s in decodes)
         if self.graphs is not None and not prefills and rows <= self.graphs.max_batch:
             return self._execute_graph(decodes)
+        if decodes and decodes[0].lookahead:  # a greedy decode burst (only ever decode-only)
+            return self._burst(decodes)
         ordered = decodes + prefills
         ids, pos, slots = self._flatten(ordered)
         meta = self._metadata(decodes, prefills, slots)
@@ -351,6 +358,16 @@ class TorchExecutor:
             if len(last) < hidden.shape[0]:
                 hidden = hidden.index_select(0, to_device([i - 1 for i in last], torch.long, self.device))
             return self.model.compute_logits(hidden)
+
+    def _burst(self, decodes: list[ScheduledSeq]) -> ReadyStep:
+        """Greedy decode rows that also pick their next ``lookahead`` tokens, in one native call
+        (models/llama_burst.py): each row's picks, the last as its token and the others before it."""
+        burst = getattr(self.forward, "burst", None)
+        assert burst is not None and self.burst_rows >= len(decodes)
+        picks = burst([s.seq.token_ids[s.start] for s in decodes], [s.start for s in decodes],
+                      [s.seq.block_table for s in decodes], 1 + decodes[0].lookahead)  # fmt: skip
+        return ReadyStep({s.seq.seq_id: SampleResult(p[-1], None, [SampleResult(t, None) for t in p[:-1]])
+                          for s, p in zip(decodes, picks, strict=True)})  # fmt: skip
 
     def _execute_graph(self, decodes: list[ScheduledSeq]) -> DevicePendingStep:
         """A decode-only step on the captured graphs (CUDA)."""
