@@ -35,12 +35,13 @@ from glassbox.engine.device import (
 )
 from glassbox.engine.executor import PendingStep, ReadyStep
 from glassbox.engine.kv_plan import GiB, KVCachePlan, plan_kv_cache
+from glassbox.engine.profile_run import profile_prefill
 from glassbox.engine.sampler import to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
 from glassbox.engine.step_inputs import decode_rows, flatten, metadata
 from glassbox.engine.step_sampling import DevicePendingStep, SamplePlan
 from glassbox.kernels.attention_tiles import prefill_block_m
-from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
+from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.block_linear import KERNEL_ROWS, block_kernel_rows, block_weights
 from glassbox.layers.kv_quant import row_width
 from glassbox.models.facts import ModelFacts
@@ -257,7 +258,10 @@ class TorchExecutor:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
-        self._profile_run(max_num_batched_tokens)
+        mc = self.model_config
+        n = max(1, min(max_num_batched_tokens, mc.max_position_embeddings))
+        profile_prefill(self.model, mc, n, self.block_size, self.kv_dtype, self.kv_width, self.attn_backend,
+                        self.dtype, self.device)  # fmt: skip
         peak = torch.cuda.max_memory_allocated(self.device) - before
         torch.cuda.empty_cache()  # the profile's blocks back: on unified memory, back to the host too
         mem = read_device_memory(self.device)
@@ -270,27 +274,6 @@ class TorchExecutor:
                 f"{peak / GiB:.2f} GiB exceed --memory-utilization {util} ({how})"
             )
         return budget
-
-    def _profile_run(self, num_tokens: int) -> None:
-        mc = self.model_config
-        n = max(1, min(num_tokens, mc.max_position_embeddings))
-        dev = self.device
-        # a single long prefill with no stored context exercises the largest activations; the attention
-        # reads its n tokens back (Triton, an 8-bit cache): one real cache, shared by the layers
-        nb = -(-n // self.block_size)
-        shape = (2, nb, self.block_size, mc.num_kv_heads, self.kv_width)
-        cache = [torch.zeros(shape, dtype=self.kv_dtype, device=dev)] * mc.num_layers
-        meta = AttentionMetadata(slot_mapping=torch.arange(n, device=dev), backend=self.attn_backend)
-        if self.attn_backend == "triton":
-            block_m = prefill_block_m(mc.head_dim, self.kv_dtype, self.dtype, dev)
-            meta.paged_prefill = build_paged_prefill([(0, n, list(range(nb)))], block_m, dev)
-        else:
-            meta.prefills = [PrefillSeq(0, n, 0, torch.arange(nb, device=dev))]
-        with torch.inference_mode():
-            ids = torch.zeros(n, dtype=torch.long, device=self.device)
-            hidden = self.model(ids, torch.arange(n, device=self.device), cache, meta)
-            self.model.compute_logits(hidden[-min(n, 256) :])
-        torch.cuda.synchronize()
 
     # -- one step ------------------------------------------------------------
     def reserve_frontend_core(self) -> None:
