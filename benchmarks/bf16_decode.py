@@ -5,8 +5,9 @@ file widened to F16 by llama.cpp's own quantizer, ``llama_model_quantize``; glas
 in bf16, llama.cpp runs it as F16 and, widened the same way, as BF16), the bundled demo model and random
 Qwen3-0.6B-shaped weights (bf16 checkpoints; llama.cpp reads them through benchmarks/gguf_export.py).
 
-glassbox runs as shipped (bf16 linears in its tiles, the one-call decode step: kernels/cpu_bf16.c) and
-with ``GLASSBOX_BF16_LINEAR=onednn`` (oneDNN's packed weights, the per-op forward: the reference path).
+glassbox runs as shipped (bf16 linears in its tiles, the one-call decode step: kernels/cpu_bf16.c, in
+greedy decode bursts where they pay: engine/bursts.py), the same with one decode step per engine step
+(``--num-scheduler-steps 1``), and with ``GLASSBOX_BF16_LINEAR=onednn`` (oneDNN's packed weights, the per-op forward: the reference path).
 Each round every engine decodes ``--tokens`` greedy tokens after a fresh 128-token prompt, in turns, then
 the read-bandwidth probe runs (perf/hardware.py): the roofline figure is the linear weights' bytes per token
 times tok/s over that round's probe. This machine's bandwidth drifts by half within minutes: only ratios
@@ -92,9 +93,15 @@ def models(names: list[str]) -> dict[str, tuple[str, dict[str, Path]]]:
     return table
 
 
-def glassbox_decoder(source: str, layout: str, tokens: int) -> tuple[Decoder, dict[str, Any]]:
+# glassbox's variants: (label, bf16 layout, --num-scheduler-steps): as shipped (greedy decode bursts where the
+# one-call step runs: engine/bursts.py), the same one step per engine step, and oneDNN's packed weights
+VARIANTS = (("tiled", "tiled", None), ("tiled 1-step", "tiled", 1), ("onednn", "onednn", None))
+
+
+def glassbox_decoder(source: str, layout: str, tokens: int, steps: int | None) -> tuple[Decoder, dict[str, Any]]:
     os.environ["GLASSBOX_BF16_LINEAR"] = layout  # read when the weights are laid out, at load
-    llm = LLM(source, dtype="bfloat16", max_num_seqs=1, enable_prefix_caching=False, num_kv_blocks=64)
+    llm = LLM(source, dtype="bfloat16", max_num_seqs=1, enable_prefix_caching=False, num_kv_blocks=64,
+              num_scheduler_steps=steps)  # fmt: skip
     os.environ.pop("GLASSBOX_BF16_LINEAR")
     model = llm.engine.executor.model
     linears = [m for m in model.modules() if isinstance(m, TiledBf16Linear | PackedLinear)]
@@ -142,8 +149,8 @@ def main() -> int:
     for name, (source, files) in models(args.models.split(",")).items():
         decoders: dict[str, Decoder] = {}
         infos: dict[str, Any] = {}
-        for layout in ("tiled", "onednn"):
-            decoders[f"glassbox {layout}"], infos[layout] = glassbox_decoder(source, layout, args.tokens)
+        for label, layout, steps in VARIANTS:
+            decoders[f"glassbox {label}"], infos[label] = glassbox_decoder(source, layout, args.tokens, steps)
         for label, path in files.items():
             decoders[label] = llamacpp_decoder(path, args.tokens, args.threads)
         vocab = {"smollm2": 49152, "qwen3": 151936, "demo": 4096}[name]  # the ids a prompt may draw
@@ -154,14 +161,14 @@ def main() -> int:
             for label, decode in decoders.items():
                 row[label] = round(decode(prompt), 2)
             row["read_probe_gbs"] = round(measure_read_bandwidth("cpu"), 2)
-            for layout in ("tiled", "onednn"):
+            for layout in infos:
                 gbs = row[f"glassbox {layout}"] * infos[layout]["linear_bytes_per_token"] / 1e9
                 row[f"glassbox {layout} roofline"] = round(gbs / row["read_probe_gbs"], 3)
             print(name, json.dumps(row), flush=True)
             rounds.append(row)
         peers = [k for k in decoders if k.startswith("llama.cpp")]
         summary = {label: statistics.median(r[label] for r in rounds) for label in decoders}
-        for layout in ("tiled", "onednn"):
+        for layout in infos:
             for peer in peers:  # per-round ratios: both saw the same machine
                 summary[f"glassbox {layout} / {peer}"] = statistics.median(
                     r[f"glassbox {layout}"] / r[peer] for r in rounds

@@ -34,30 +34,10 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from glassbox.models.gguf_names import gguf_tensor_name
+
 SUPPORTED_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # HF model_type -> GGUF arch
 
-# Per-layer tensor names: Hugging Face suffix -> llama.cpp name (without the "blk.N." prefix).
-_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-_GLOBAL_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
 _DTYPES = {
     "bf16": (torch.bfloat16, gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
     "f16": (torch.float16, gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
@@ -184,17 +164,15 @@ def _tokenizer_fields(model_dir: Path, n_vocab: int) -> dict[str, Any]:
     }
 
 
-def _gguf_name(hf_name: str) -> str | None:
-    """The llama.cpp tensor name for a Hugging Face one; None for tensors llama.cpp does not take."""
-    if hf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[hf_name]
-    if hf_name.startswith("model.layers."):
-        layer, _, suffix = hf_name[len("model.layers.") :].partition(".")
-        if suffix in _LAYER_NAMES:
-            return f"blk.{int(layer)}.{_LAYER_NAMES[suffix]}"
+def _gguf_name(hf_name: str, arch: str) -> str | None:
+    """The llama.cpp tensor name for a Hugging Face one (glassbox's table, models/gguf_names.py); None for
+    tensors llama.cpp does not take."""
     if "rotary_emb" in hf_name:
         return None
-    raise ValueError(f"tensor {hf_name!r} has no llama.cpp counterpart in this exporter")
+    try:
+        return gguf_tensor_name(hf_name, arch)
+    except KeyError:
+        raise ValueError(f"tensor {hf_name!r} has no llama.cpp counterpart in this exporter") from None
 
 
 def export_gguf(model_dir: Path, out_path: Path, dtype: str = "auto") -> Path:
@@ -273,7 +251,7 @@ def export_gguf(model_dir: Path, out_path: Path, dtype: str = "auto") -> Path:
         writer.add_chat_template(vocab["chat_template"])
 
     for hf_name, tensor in _iter_safetensors(model_dir):
-        name = _gguf_name(hf_name)
+        name = _gguf_name(hf_name, arch)
         if name is None or (tied and name == "output.weight"):
             continue
         if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):

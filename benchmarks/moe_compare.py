@@ -24,7 +24,12 @@ Bytes per token (batch 1) = the weights one token reads, counted from the checkp
 attention (+ biases, sinks), norms, router, k of E experts, the LM head and one embedding row; times 2
 (bf16); plus the KV cache read (mean over the decode steps). Roofline = read bandwidth / that.
 
+With ``--gguf SHAPE=FTYPE+FTYPE,...`` the bf16 GGUF is quantized by llama.cpp's own quantizer
+(benchmarks/moe_gguf.quantize_gguf: Q4_K_M, Q4_0, MXFP4_MOE, ...) and glassbox loads THAT file too: only
+the paired batch-1 bursts run, per file type (``--llamacpp-no-amx`` where ggml's AMX kernels crash).
+
     PYTHONPATH=src .venv/bin/python benchmarks/moe_compare.py [--rounds 3] [--layers qwen3-30b-a3b=4,gpt-oss-20b=2]
+    ... --gguf qwen3-30b-a3b=Q4_K_M+Q4_0,gpt-oss-20b=MXFP4_MOE --llamacpp-no-amx --threads 1
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import MOE_SHAPES, moe_random  # noqa: E402
-from moe_gguf import Checkpoint, export_moe_gguf  # noqa: E402
+from moe_gguf import Checkpoint, export_moe_gguf, quantize_gguf  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GIB = 2**30
@@ -160,7 +165,8 @@ def glassbox_worker(model_dir: Path, work: dict[str, Any], threads: int) -> dict
     most = max([1, *(len(p) for p in aggs.values())])
     blocks = most * -(-(work["prompt_tokens"] + work["decode_tokens"] + 1) // 16) + 16
     t0 = time.perf_counter()
-    llm = LLM(str(model_dir), dtype="bfloat16", max_num_seqs=most, enable_prefix_caching=False,
+    model = work.get("glassbox_model") or str(model_dir)  # --gguf: the quantized file llama.cpp runs
+    llm = LLM(model, dtype="bfloat16", max_num_seqs=most, enable_prefix_caching=False,
               num_kv_blocks=blocks, max_model_len=512)  # fmt: skip
     load_s = time.perf_counter() - t0
     llm.generate(_prompts(1, 16, 99, vocab), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
@@ -195,6 +201,7 @@ def glassbox_worker(model_dir: Path, work: dict[str, Any], threads: int) -> dict
         res[f"glassbox_b{b}_idle"] = round(cpu_idle(0.3), 2)
         res[f"glassbox_b{b}_tok_s"] = glassbox(prompts, work["decode_tokens"])
     ex = llm.engine.executor
+    res["glassbox_weight_formats"] = ex.block_formats  # what the experts (and the rest) are held in
     return {**res, "glassbox_load_s": load_s, "glassbox_backend": ex.attn_backend,
             "glassbox_weight_gib": ex.weight_bytes / GIB, "glassbox_packed_matrices": ex.packed,
             "planner_active_params": ex.facts.active_params, "glassbox_threads": torch.get_num_threads()}  # fmt: skip
@@ -231,10 +238,45 @@ def hf_worker(model_dir: Path, work: dict[str, Any], threads: int) -> dict[str, 
             "threads": torch.get_num_threads()}  # fmt: skip
 
 
+# ggml's AMX kernels (a CPU listing amx_int8) die of SIGILL on their first tile instruction in VMs that list
+# AMX but do not enable its state; ggml skips them when arch_prctl(ARCH_REQ_XCOMP_PERM) fails, which this
+# preloaded shim makes it do (llama.cpp then runs as on any AVX-512 CPU without AMX: its repacked layouts).
+_NO_AMX_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <sys/syscall.h>
+long syscall(long n, ...) {
+    va_list ap;
+    va_start(ap, n);
+    long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
+    long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
+    va_end(ap);
+    if (n == SYS_arch_prctl && a == 0x1023) { errno = EPERM; return -1; }
+    static long (*real)(long, ...);
+    if (!real) real = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+    return real(n, a, b, c, d, e, f);
+}
+"""
+
+
+def no_amx_preload() -> str:
+    """The shim above, built once into /tmp; its path for LD_PRELOAD."""
+    out = Path(f"/tmp/glassbox-no-amx-{os.getuid()}.so")
+    if not out.is_file():
+        src = out.with_suffix(".c")
+        src.write_text(_NO_AMX_C)
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(out), str(src), "-ldl"], check=True)
+    return str(out)
+
+
 def run_worker(engine: str, model_dir: Path, work: dict[str, Any], threads: int) -> dict[str, Any]:
     """One engine's measurements in a fresh process (its weights are gone when it exits)."""
     cmd = [sys.executable, __file__, "--worker", engine, str(model_dir), "--threads", str(threads)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "GLASSBOX_NUM_THREADS": str(threads)}
+    if work.get("no_amx"):
+        env["LD_PRELOAD"] = no_amx_preload()
     p = subprocess.run(cmd, input=json.dumps(work), capture_output=True, text=True, env=env)
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0 or not lines:
@@ -268,6 +310,8 @@ def measure_shape(shape: str, layers: int, args: argparse.Namespace) -> dict[str
     if not gguf.is_file():
         export_moe_gguf(model_dir, gguf)
     prep_s = time.perf_counter() - t0
+    if args.gguf:
+        return measure_gguf(shape, model_dir, gguf, args)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     batches = [int(b) for b in args.batches.split(",") if b]
     bpt = bytes_per_token(model_dir, args.prompt_tokens, args.decode_tokens)
@@ -320,6 +364,43 @@ def measure_shape(shape: str, layers: int, args: argparse.Namespace) -> dict[str
     }
 
 
+def measure_gguf(shape: str, model_dir: Path, bf16: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """--gguf: glassbox and llama.cpp on the SAME quantized GGUF (llama.cpp's quantizer on the bf16 file),
+    batch-1 decode in paired bursts, per file type and thread count."""
+    from llamacpp_peer import llamacpp_version
+
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    wanted = dict(kv.split("=") for kv in args.gguf.split(","))
+    out: dict[str, Any] = {"shape": shape, "model_dir": str(model_dir), "llama_cpp": llamacpp_version()}
+    for ftype in [f for f in wanted.get(shape, "").split("+") if f]:
+        t0 = time.perf_counter()
+        path = quantize_gguf(bf16, model_dir / f"model-{ftype}.gguf", ftype, threads=2)
+        entry: dict[str, Any] = {"gguf": str(path), "gguf_bytes": path.stat().st_size,
+                                 "quantize_s": time.perf_counter() - t0, "rounds": {}}  # fmt: skip
+        for threads in [int(t) for t in args.threads.split(",")]:
+            rows = []
+            for r in range(args.rounds):
+                row: dict[str, Any] = {"round": r, "threads": threads, "load_avg_1m": os.getloadavg()[0],
+                                       "mem_available_gib": round(_mem_available_gib(), 1),
+                                       "idle": round(cpu_idle(0.5), 2)}  # fmt: skip
+                work = {"gguf": str(path), "glassbox_model": str(path), "no_amx": args.llamacpp_no_amx,
+                        "prompt_tokens": args.prompt_tokens,
+                        "decode_tokens": args.decode_tokens, "burst_tokens": args.burst_tokens,
+                        "bursts": _prompts(args.bursts, args.prompt_tokens, 1000 + 10 * r, vocab),
+                        "aggregates": {}}  # fmt: skip
+                row.update(run_worker("glassbox", model_dir, work, threads))
+                print(json.dumps({shape: {ftype: row}}), flush=True)
+                rows.append(row)
+            ratios = [x["glassbox_over_llama_cpp_b1"] for x in rows if "glassbox_over_llama_cpp_b1" in x]
+            entry["rounds"][f"threads={threads}"] = rows
+            entry[f"median_ratio_threads={threads}"] = statistics.median(ratios) if ratios else None
+            for engine in ("glassbox", "llama_cpp"):
+                tok_s = [x[f"{engine}_b1_tok_s"] for x in rows if f"{engine}_b1_tok_s" in x]
+                entry[f"median_{engine}_b1_tok_s_threads={threads}"] = statistics.median(tok_s) if tok_s else None
+        out[ftype] = entry
+    return out
+
+
 # ---------------------------------------------------------------------------------------- main
 
 
@@ -336,6 +417,11 @@ def main() -> int:
     ap.add_argument("--batches", default="8,32", help="aggregate decode at these numbers of sequences")
     ap.add_argument("--skip-hf", action="store_true", help="no transformers")
     ap.add_argument("--tiny", action="store_true", help="smoke test: small dims instead of the real ones")
+    ap.add_argument("--gguf", default="", help="SHAPE=FTYPE+FTYPE,...: glassbox loads the same quantized GGUF "
+                    "llama.cpp runs (llama.cpp's quantizer, e.g. qwen3-30b-a3b=Q4_K_M+Q4_0,gpt-oss-20b=MXFP4_MOE); "
+                    "batch-1 bursts only")  # fmt: skip
+    ap.add_argument("--llamacpp-no-amx", action="store_true",
+                    help="keep ggml off its AMX kernels (SIGILL where a VM lists AMX without enabling it)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--shape-worker", default=None, help=argparse.SUPPRESS)

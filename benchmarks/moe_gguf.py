@@ -1,7 +1,7 @@
 """Write a Qwen3-MoE or gpt-oss Hugging Face checkpoint (bf16) as a GGUF file that llama.cpp loads.
 
 The names and metadata keys are llama.cpp's (its convert_hf_to_gguf.py and the architectures' loaders
-``qwen3moe`` and ``gpt-oss``); the code is ours. Every tensor keeps its values: 2-D and 3-D weights stay
+``qwen3moe`` and ``gpt-oss``; the names from glassbox's table, models/gguf_names.py); the code is ours. Every tensor keeps its values: 2-D and 3-D weights stay
 bf16 (the same bytes glassbox and transformers read), 1-D tensors (norms, biases, sinks) are f32 as
 llama.cpp expects. The routed experts are stacked per layer as (E, rows, cols) tensors
 ``ffn_gate_exps`` / ``ffn_up_exps`` / ``ffn_down_exps`` (ggml's shapes: {H, I, E}, {H, I, E}, {I, H, E}):
@@ -34,32 +34,11 @@ import torch
 from gguf_export import _tokenizer_fields
 from safetensors import safe_open
 
+from glassbox.models.gguf_names import gguf_tensor_name
+
 ARCHS = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 BF16 = gguf.GGMLQuantizationType.BF16
 F32 = gguf.GGMLQuantizationType.F32
-
-_ATTN = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.bias": "attn_output.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "self_attn.sinks": "attn_sinks.weight",
-    "mlp.gate.weight": "ffn_gate_inp.weight",  # Qwen3-MoE's router
-    "mlp.router.weight": "ffn_gate_inp.weight",  # gpt-oss's
-    "mlp.router.bias": "ffn_gate_inp.bias",
-}
-_GLOBAL = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
 
 Producer = Callable[[], torch.Tensor]
 Planned = tuple[str, tuple[int, ...], Producer]  # GGUF name, numpy-order shape, the tensor
@@ -108,41 +87,41 @@ class Checkpoint:
 
 
 def _plan(ck: Checkpoint, cfg: dict[str, Any], arch: str) -> Iterator[Planned]:
-    """Every tensor llama.cpp takes, in file order, with its shape (read from the checkpoint's header)."""
-    names = set(ck.names())
+    """Every tensor llama.cpp takes, in file order, with its shape (read from the checkpoint's header); the
+    names from glassbox's table (models/gguf_names.py), gpt-oss's ``mlp.router`` being glassbox's
+    ``mlp.gate``."""
 
-    def same(hf: str, g: str) -> Planned:
-        return g, ck.shape(hf), partial(ck.get, hf)
+    def same(hf: str) -> Planned:
+        return gguf_tensor_name(hf.replace(".mlp.router.", ".mlp.gate."), arch), ck.shape(hf), partial(ck.get, hf)
 
-    for hf, g in _GLOBAL.items():
+    def stacked(hf: str, shape: tuple[int, ...], make: Producer) -> Planned:
+        return gguf_tensor_name(hf, arch), shape, make
+
+    names = ck.names()
+    for hf in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
         if hf in names:
-            yield same(hf, g)
+            yield same(hf)
     n_exp = int(cfg.get("num_experts") or cfg["num_local_experts"])
     for layer in range(int(cfg["num_hidden_layers"])):
-        pre, blk = f"model.layers.{layer}.", f"blk.{layer}."
-        for suffix, g in _ATTN.items():
-            if pre + suffix in names:
-                yield same(pre + suffix, blk + g)
-        post = "post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"
-        yield same(pre + "post_attention_layernorm.weight", blk + post)
+        pre = f"model.layers.{layer}."
+        for hf in sorted(n for n in names if n.startswith(pre) and ".mlp.experts." not in n):
+            yield same(hf)
         if arch == "qwen3moe":
-            for proj, g in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
                 one = f"{pre}mlp.experts.{{}}.{proj}.weight"
-                yield (
-                    f"{blk}ffn_{g}_exps.weight",
-                    (n_exp, *ck.shape(one.format(0))),
-                    partial(ck.stacked, one, n_exp),
-                )
+                shape = (n_exp, *ck.shape(one.format(0)))
+                yield stacked(f"{pre}mlp.experts.{proj}.weight", shape, partial(ck.stacked, one, n_exp))
             continue
         gu, dn = pre + "mlp.experts.gate_up_proj", pre + "mlp.experts.down_proj"
         e, h, i2 = ck.shape(gu)  # (E, H, 2I), gate and up interleaved along 2I
         # -> (E, I, H) each; down (E, I, H) -> (E, H, I); the biases de-interleaved the same way
-        yield blk + "ffn_gate_exps.weight", (e, i2 // 2, h), partial(ck.every_other, gu, 0, True)
-        yield blk + "ffn_up_exps.weight", (e, i2 // 2, h), partial(ck.every_other, gu, 1, True)
-        yield blk + "ffn_down_exps.weight", (e, h, i2 // 2), partial(ck.transposed, dn)
-        yield blk + "ffn_gate_exps.bias", (e, i2 // 2), partial(ck.every_other, gu + "_bias", 0, False)
-        yield blk + "ffn_up_exps.bias", (e, i2 // 2), partial(ck.every_other, gu + "_bias", 1, False)
-        yield same(dn + "_bias", blk + "ffn_down_exps.bias")
+        experts = f"{pre}mlp.experts."
+        yield stacked(experts + "gate_proj.weight", (e, i2 // 2, h), partial(ck.every_other, gu, 0, True))
+        yield stacked(experts + "up_proj.weight", (e, i2 // 2, h), partial(ck.every_other, gu, 1, True))
+        yield stacked(experts + "down_proj.weight", (e, h, i2 // 2), partial(ck.transposed, dn))
+        yield stacked(experts + "gate_proj.bias", (e, i2 // 2), partial(ck.every_other, gu + "_bias", 0, False))
+        yield stacked(experts + "up_proj.bias", (e, i2 // 2), partial(ck.every_other, gu + "_bias", 1, False))
+        yield stacked(experts + "down_proj.bias", ck.shape(dn + "_bias"), partial(ck.get, dn + "_bias"))
 
 
 def _is_f32(name: str, shape: tuple[int, ...]) -> bool:
@@ -238,6 +217,25 @@ def export_moe_gguf(model_dir: Path, out_path: Path) -> Path:
     w.close()
     tmp.rename(out_path)
     return out_path
+
+
+def quantize_gguf(src: Path, out: Path, ftype: str, threads: int = 2) -> Path:
+    """``src`` quantized by llama.cpp's own quantizer (llama-cpp-python's ``llama_model_quantize``) to
+    ``ftype``, a llama.cpp file type name ("Q4_K_M", "Q4_0", "MXFP4_MOE", ...): the file llama.cpp and
+    glassbox then both load. Kept when already there."""
+    import llama_cpp
+
+    if out.is_file():
+        return out
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = threads
+    tmp = out.with_suffix(".partial")
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src.name} -> {ftype}) returned {rc}")
+    tmp.rename(out)
+    return out
 
 
 if __name__ == "__main__":

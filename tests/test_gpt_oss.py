@@ -15,7 +15,6 @@ from test_cpu_prefill import _case
 from test_engine_parity import CPU_KERNELS, _check, _hf_logprobs, reference_runs
 
 from glassbox import LLM, SamplingParams
-from glassbox.engine.device import check_model_on_device
 from glassbox.kernels import cpu_ops, cpu_prefill, native
 from glassbox.layers import kv_quant
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, paged_attention
@@ -173,19 +172,6 @@ def test_8bit_cache_with_sinks_stays_near_transformers(
         assert toks[0] == want_toks[0] and abs(lps[0] - want_lps[0]) < 0.05
         for other in runs[1:]:
             assert abs(other[i][1][0] - lps[0]) < 2e-3
-
-
-def test_cuda_is_refused_by_name(oss: tuple) -> None:
-    cfg = ModelConfig.from_facts(facts_from_dir(oss[0]))
-    check_model_on_device(cfg, torch.device("cpu"))
-    with pytest.raises(
-        ValueError, match="GptOssForCausalLM on cuda: the triton attention kernels have no attention sinks"
-    ):
-        check_model_on_device(cfg, torch.device("cuda"))
-    q = torch.zeros(1, 4, 8)
-    meta = AttentionMetadata(slot_mapping=torch.zeros(1, dtype=torch.long), backend="triton")
-    with pytest.raises(NotImplementedError, match="sinks"):
-        paged_attention(q, q, q, torch.zeros(2, 1, 16, 4, 8), meta, 1.0, None, torch.zeros(4))
 
 
 # ---- attention sinks on every CPU path --------------------------------------------------------------

@@ -128,15 +128,22 @@ LOW = torch.bfloat16 if CUDA else torch.float16  # the interpreter's bf16 dot is
 
 
 def _check_triton_attention(
-    case: tuple[Any, ...], dtype: torch.dtype, seed: int, kv_dtype: torch.dtype | None = None
+    case: tuple[Any, ...],
+    dtype: torch.dtype,
+    seed: int,
+    kv_dtype: torch.dtype | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """The triton backend (decode and prefill rows of one batch, then decode alone at 1, 2 and 16 context
-    splits) against the torch reference on the same cache: relative error 1e-5 in float32, 1e-2 else."""
+    splits) against the torch reference on the same cache: relative error 1e-5 in float32, 1e-2 else;
+    with ``sinks`` (Hq,), the attention sinks on both."""
     from glassbox.kernels import triton_attention as ta
 
     hq, hk, d, bs, dec, pre, window = case
     q, k, v, cache, meta, ptabs = _batch(hq, hk, d, bs, dec, pre, dtype, seed, kv_dtype)
-    ref = paged_attention(q.double().float(), k, v, cache, meta, d**-0.5, window).float()
+    if sinks is not None:
+        sinks = sinks.to(DEV, dtype)
+    ref = paged_attention(q.double().float(), k, v, cache, meta, d**-0.5, window, sinks).float()
     tri = AttentionMetadata(
         slot_mapping=meta.slot_mapping,
         num_decode=meta.num_decode,
@@ -150,7 +157,7 @@ def _check_triton_attention(
             ta.prefill_block_m(d, cache.dtype, q.dtype, q.device),
             q.device,
         )
-    out = paged_attention(q, k, v, cache, tri, d**-0.5, window)
+    out = paged_attention(q, k, v, cache, tri, d**-0.5, window, sinks)
     assert out.dtype == q.dtype
     out = out.float()
     assert torch.isfinite(out).all()
@@ -163,7 +170,7 @@ def _check_triton_attention(
         o = torch.full_like(q[: len(dec)], float("nan"))
         ta.decode_attention(
             q[: len(dec)], cache[0], cache[1], meta.decode_block_tables, meta.decode_context_lens,
-            d**-0.5, window, o, num_splits=splits,
+            d**-0.5, window, o, num_splits=splits, sinks=sinks,
         )  # fmt: skip
         err = ((o.float() - ref[: len(dec)]).norm() / ref[: len(dec)].norm()).item()
         assert err < tol, (splits, err)
@@ -189,6 +196,29 @@ KV8_CASES = [  # small (the interpreter is slow): GQA, several blocks, cached pr
 def test_triton_attention_reads_8bit_cache(case: int, dtype: torch.dtype, kv_dtype: torch.dtype) -> None:
     """The kernels read the codes and scales of an 8-bit cache as the torch reference dequantizes them."""
     _check_triton_attention(KV8_CASES[case], dtype, seed=10 + case, kv_dtype=kv_dtype)
+
+
+def _sinks(hq: int, seed: int) -> torch.Tensor:
+    """Sink logits around the scores' range, one far above every score (the sink takes nearly all the
+    weight: the rows' outputs go to ~0) and one far below (no weight)."""
+    s = torch.randn(hq, generator=torch.Generator().manual_seed(seed)) * 2
+    s[0], s[-1] = 30.0, -30.0
+    return s
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, LOW])
+@pytest.mark.parametrize("case", [2, 4])  # GQA with a window and cached prefixes; GQA 3, 96-dim heads
+def test_triton_attention_with_sinks(case: int, dtype: torch.dtype) -> None:
+    """Attention sinks (gpt-oss) in the decode kernel (split 1, 2, 16 ways: the sink counted once) and the
+    prefill kernel, against the torch reference's extra score column."""
+    _check_triton_attention(CASES[case], dtype, seed=20 + case, sinks=_sinks(CASES[case][0], case))
+
+
+@needs_triton
+@pytest.mark.parametrize("kv_dtype", kv_quant.KV8_DTYPES, ids=["int8", "fp8"])
+def test_triton_attention_with_sinks_reads_8bit_cache(kv_dtype: torch.dtype) -> None:
+    _check_triton_attention(KV8_CASES[1], LOW, seed=30, kv_dtype=kv_dtype, sinks=_sinks(KV8_CASES[1][0], 3))
 
 
 @needs_triton
@@ -230,7 +260,7 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @needs_cuda
-@pytest.mark.parametrize("arch", ARCHS + MOE_ARCHS)  # MoE: grouped experts eager, dense in the graphs
+@pytest.mark.parametrize("arch", ARCHS + MOE_ARCHS + ("gpt_oss",))  # MoE: the fused triton experts
 def test_gpu_float32_greedy_parity(tiny_root: Path, arch: str) -> None:
     d = build_tiny_model(arch, tiny_root)
     import json
@@ -294,12 +324,14 @@ def test_graphs_and_eager_agree_bf16(tiny_root: Path, kv: str) -> None:
 
 
 @needs_cuda
-@pytest.mark.parametrize("kv", ["auto", "int8"])  # an 8-bit cache: the quantizing write too
-def test_eager_launches_never_synchronize(tiny_root: Path, kv: str) -> None:
+@pytest.mark.parametrize(  # an 8-bit cache: the quantizing write too; MoE: the fused experts
+    "arch,kv", [("llama", "auto"), ("llama", "int8"), ("qwen3_moe", "auto"), ("gpt_oss", "auto")]
+)
+def test_eager_launches_never_synchronize(tiny_root: Path, arch: str, kv: str) -> None:
     """An eager step's launch (inputs, metadata, forward, sampling) queues device work without waiting for
     the stream: every host value goes through pinned non-blocking copies. Mixed steps (a chunked prefill
     beside decodes), top-k/top-p, a seeded request, logprobs; only reading the draws may synchronize."""
-    d = build_tiny_model("llama", tiny_root)
+    d = build_tiny_model(arch, tiny_root)
 
     def use(llm: LLM) -> None:
         eng = llm.engine
@@ -358,10 +390,12 @@ class _EagerReplay:
 
 def _use_triton(llm: LLM, graphs: bool) -> None:
     from glassbox.engine.cuda_graph import DecodeGraphs
+    from glassbox.models.moe_triton import use_triton_experts
 
     ex = llm.engine.executor
     ex.attn_backend = "triton"
     ex.forward = ex.model  # as on CUDA: the model's own forward, not one bound to the CPU kernels' caches
+    use_triton_experts(ex.model)  # as on CUDA: routed experts on the fused triton MoE
     if not graphs:
         return
     ex.kv_caches = [torch.cat([c, torch.zeros_like(c[:, :1])], dim=1) for c in ex.kv_caches]  # + scratch
@@ -377,7 +411,8 @@ def _use_triton(llm: LLM, graphs: bool) -> None:
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1, triton, and no CUDA")
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "gemma3", "qwen2_moe"])
+@pytest.mark.timeout(900)  # the interpreter: 2-6 minutes an architecture on 2 busy cores
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "gemma3", "qwen2_moe", "qwen3_moe", "gpt_oss"])
 def test_interpreted_triton_engine_parity(tiny_root: Path, arch: str) -> None:
     d = build_tiny_model(arch, tiny_root)
     import json

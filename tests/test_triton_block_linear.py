@@ -204,7 +204,7 @@ def test_interpreted_engine_gguf_q4_0(tmp_path: Path) -> None:
         from glassbox.engine.checkpoint import open_checkpoint
 
         ex = llm.engine.executor
-        weights, packed = open_checkpoint(llm.engine.source).weights(True, ex.device, ex.dtype, kquants=False)
+        weights, packed = open_checkpoint(llm.engine.source).weights(True, ex.device, ex.dtype, cpu=False)
         assert packed and all(w.label == "Q4_0" for w in packed.values())
         return build_model(ex.model_config, weights, ex.dtype, ex.device, packed=packed)
 

@@ -72,11 +72,13 @@ def _launches(
     dtype: torch.dtype,
     shape: tuple[int, int, int],
     kv_dtype: torch.dtype,
+    sinks: bool = False,
 ) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
     """Run the host side of decode and prefill on CPU tensors as on ``target`` (its compute capability
     picks the tiles, its multiprocessors the context splits), keeping each kernel launch: decode as the
     CUDA graphs run it (int32 tables as wide as the longest sequence, batch 1) and as an eager step does
-    (int64 tables, a batch that needs no split), prefill of two sequences; with and without a window."""
+    (int64 tables, a batch that needs no split), prefill of two sequences; with and without a window;
+    with ``sinks``, attention sinks (gpt-oss) on every launch."""
     rec = _Launches()
     for name in ("_decode_kernel", "_reduce_kernel", "_prefill_kernel"):
         monkeypatch.setattr(ta, name, rec.bind(getattr(ta, name)))
@@ -90,17 +92,20 @@ def _launches(
     block_m = ta.prefill_block_m(d, kv_dtype, dtype, cache.device)
     pp = build_paged_prefill([(0, 40, [0, 1, 2]), (16, 20, [3, 4, 5])], block_m, cache.device)
     qp = torch.zeros(60, hq, d, dtype=dtype)
+    sk = torch.zeros(hq, dtype=dtype) if sinks else None
     for window in (None, 24):
         q = torch.zeros(1, hq, d, dtype=dtype)  # graphs: batch 1 splits the context over the SMs
         tables, lens = torch.zeros(1, 256, dtype=torch.int32), torch.tensor([64], dtype=torch.int32)
-        ta.decode_attention(q, cache, cache, tables, lens, d**-0.5, window, torch.empty_like(q))
+        ta.decode_attention(q, cache, cache, tables, lens, d**-0.5, window, torch.empty_like(q), sinks=sk)
         ta.prefill_attention(
             qp, cache, cache, pp.block_tables, pp.tile_seq, pp.tile_m, pp.q_start, pp.q_len, pp.ctx,
-            d**-0.5, window, torch.empty_like(qp), pp.block_m,
+            d**-0.5, window, torch.empty_like(qp), pp.block_m, sk,
         )  # fmt: skip
     q = torch.zeros(2, hq, d, dtype=dtype)  # eager: int64 tables and lengths, no split
     tables, lens = torch.zeros(2, 4, dtype=torch.long), torch.tensor([30, 64])
-    ta.decode_attention(q, cache, cache, tables, lens, d**-0.5, None, torch.empty_like(q), num_splits=1)
+    ta.decode_attention(
+        q, cache, cache, tables, lens, d**-0.5, None, torch.empty_like(q), num_splits=1, sinks=sk
+    )
     return rec.calls
 
 

@@ -9,6 +9,7 @@ from glassbox.dtypes import ENGINE_DTYPES, KV_CACHE_DTYPES, parse_dtype
 from glassbox.spec_config import SpeculativeConfig, parse_speculative_config
 
 DEVICES = ("auto", "cpu", "cuda")
+MAX_SCHEDULER_STEPS = 64  # greedy decode steps in one engine step, at most
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV cache block (engine and planner)
 LOAD_FORMATS = ("auto", "dummy")
 QUANTIZATIONS = (None, "none", "int8", "int4", "mxfp4", "nvfp4")
@@ -50,6 +51,9 @@ class EngineConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 0  # 0: a free port on one host, 29500 across hosts
     served_model_name: str | None = None
+    # greedy decode steps per engine step (vLLM's old --num-scheduler-steps), where the executor runs bursts
+    # (engine/bursts.py: the CPU one-call step); None: as many as fit in a few milliseconds; 1: off
+    num_scheduler_steps: int | None = None
     # speculative decoding, vLLM's JSON or dict (spec_config.py): {"method": "ngram",
     # "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b} or a draft model,
     # {"model": DIR, "num_speculative_tokens": k}; parsed to SpeculativeConfig (or None) here
@@ -88,6 +92,10 @@ class EngineConfig:
         if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ValueError(f"--kv-cache-memory-gib must be > 0, got {self.kv_cache_memory_gib}")
         self.speculative_config = parse_speculative_config(self.speculative_config)
+        if self.num_scheduler_steps is not None and not 1 <= self.num_scheduler_steps <= MAX_SCHEDULER_STEPS:
+            raise ValueError(
+                f"--num-scheduler-steps must be in [1, {MAX_SCHEDULER_STEPS}], got {self.num_scheduler_steps}"
+            )
         if self.tensor_parallel_size < 1:
             raise ValueError(f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
         if self.nnodes < 1 or self.tensor_parallel_size % self.nnodes:

@@ -69,6 +69,13 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
     )
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs or torch.compile")
     g.add_argument(
+        "--num-scheduler-steps",
+        type=int,
+        default=None,
+        help="greedy decode steps run per engine step where the CPU one-call step runs them (default: as "
+        "many as take a few milliseconds; 1: off)",
+    )
+    g.add_argument(
         "--async-output",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -120,6 +127,7 @@ def config_from_args(args: argparse.Namespace, **extra: object) -> EngineConfig:
         load_format=args.load_format,
         quantization=args.quantization,
         enforce_eager=args.enforce_eager,
+        num_scheduler_steps=args.num_scheduler_steps,
         async_output=args.async_output,
         tensor_parallel_size=args.tensor_parallel_size,
         nnodes=args.nnodes,

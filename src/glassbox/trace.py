@@ -13,6 +13,7 @@ from glassbox.engine.llm_engine import LLMEngine
 from glassbox.engine.sequence import RequestMetrics
 from glassbox.models.model_config import dtype_name
 from glassbox.models.moe import MoEExperts
+from glassbox.models.moe_triton import experts_read
 from glassbox.perf.cost_model import expected_distinct_experts
 from glassbox.perf.hardware import HardwareSpec
 from glassbox.perf.quant import resolve_scheme
@@ -53,15 +54,16 @@ def run_trace(
     proposer = engine.scheduler.proposer
     draft = proposer if isinstance(proposer, DraftModelProposer) else None  # what the draft model did
     draft_before = replace(draft.stats) if draft is not None else None
-    reads = {
-        "prefill": 0,
-        "decode": 0,
-    }  # expert weight reads (over all MoE layers) by the steps of each phase
+    # expert weight reads (over all MoE layers) by the steps of each phase: experts run, bytes read
+    reads = {"prefill": 0, "decode": 0, "prefill_bytes": 0, "decode_bytes": 0}
     while final is None:
         phase = "decode" if seq.num_output_tokens else "prefill"
-        before = sum(m.experts_read for m in experts)
+        before = [experts_read(m) for m in experts]
         outs = engine.step()
-        reads[phase] += sum(m.experts_read for m in experts) - before
+        for block, (count, nbytes) in zip(experts, before, strict=True):
+            now = experts_read(block)
+            reads[phase] += now[0] - count
+            reads[f"{phase}_bytes"] += now[1] - nbytes
         step += 1
         if not seq.is_finished and (not growth or growth[-1]["blocks"] != len(seq.block_table)):
             growth.append(
@@ -111,6 +113,9 @@ def run_trace(
                 "tok_s": m.decode_tok_s,
                 "itl_ms_p50": (percentile(itl, 0.5) if itl else 0.0) * 1e3,
                 "itl_ms_p99": (percentile(itl, 0.99) if itl else 0.0) * 1e3,
+                # engine steps the decode took: fewer than its tokens when greedy bursts (engine/bursts.py)
+                # or accepted drafts gave several tokens a step (their ITLs are 0)
+                "steps": sum(1 for gap in itl if gap > 0),
             },
             "detokenize": {"ms": m.detokenize_s * 1e3},
         },
@@ -152,10 +157,11 @@ def _moe_reads(
     prefill_tokens: int,
     decode_tokens: int,
 ) -> dict[str, Any]:
-    """The expert weights the request's steps actually read (each chosen expert once per step and layer),
-    beside what the planner expects of uniform routing (perf/cost_model.expected_distinct_experts)."""
+    """The expert weights the request's steps actually read (each chosen expert once per step and layer, its
+    bytes as held: a GGUF file's types, FP4, bf16), beside what the planner expects of uniform routing
+    (perf/cost_model.expected_distinct_experts)."""
     facts, layers = engine.facts, len(experts)
-    per_expert = experts[0].expert_bytes()
+    per_expert = sum(m.expert_bytes() for m in experts) // layers  # a layer's experts share their types
     decode_steps = max(1, decode_tokens)
     return {
         "layers": layers,
@@ -167,11 +173,11 @@ def _moe_reads(
             "expected_per_layer": expected_distinct_experts(
                 facts.num_experts, facts.experts_per_token, prefill_tokens
             ),
-            "bytes": reads["prefill"] * per_expert,
+            "bytes": reads["prefill_bytes"],
         },
         "decode": {
             "experts_read_per_layer_per_token": reads["decode"] / layers / decode_steps,
-            "expert_bytes_per_token": reads["decode"] * per_expert / decode_steps,
+            "expert_bytes_per_token": reads["decode_bytes"] / decode_steps,
         },
     }
 

@@ -82,8 +82,9 @@ def render(r: dict[str, Any]) -> None:
     )
     t.add_row("  first token", f"TTFT {ph['first_token']['ttft_ms']:.1f} ms", "")
     decoded = (
-        f"{dec['tokens']} tokens in {dec['ms']:.1f} ms = {dec['tok_s']:,.1f} tok/s; "
-        f"ITL p50 {dec['itl_ms_p50']:.1f} ms, p99 {dec['itl_ms_p99']:.1f} ms"
+        f"{dec['tokens']} tokens in {dec['ms']:.1f} ms = {dec['tok_s']:,.1f} tok/s"
+        + (f" in {dec['steps']} engine steps" if dec["steps"] < dec["tokens"] else "")
+        + f"; ITL p50 {dec['itl_ms_p50']:.1f} ms, p99 {dec['itl_ms_p99']:.1f} ms"
         if dec["tokens"]
         else "none: the first token ended the request"
     )

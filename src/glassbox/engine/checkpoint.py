@@ -2,17 +2,21 @@
 directory (config.json, tokenizer files, safetensors; GPTQ and AWQ layers repacked into blocks, FP8 layers
 kept as stored, NVFP4 linears and MXFP4 experts kept in 4-bit floats) or a GGUF file (metadata, vocabulary,
 tensors: Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K kept in their blocks when the engine can run
-them so, the rest dequantized)."""
+them so, a MoE layer's experts also in MXFP4 (each expert's matrices held by its ``MoEExperts``), the rest
+dequantized)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from glassbox.layers import kquant
 from glassbox.layers.block_quant import GGUF_TYPES, from_gguf
+from glassbox.layers.fp4_quant import from_ggml_mxfp4
+from glassbox.layers.held_experts import ExpertMatrix, HeldExperts
 from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
 from glassbox.models.facts import ModelFacts
 from glassbox.models.fp4_checkpoint import read_fp4
@@ -37,13 +41,14 @@ class Checkpoint:
     gguf: GGUFCheckpoint | None = None
 
     def weights(
-        self, keep_packed: bool, device: torch.device, dtype: torch.dtype, kquants: bool = True
+        self, keep_packed: bool, device: torch.device, dtype: torch.dtype, cpu: bool = True
     ) -> tuple[Tensors, dict[str, Packed]]:
         """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
-        tensors of the packed types (layers/block_quant.py; layers/kquant.py's too with ``kquants``: the
-        CPU's) stay in their blocks; a GPTQ/AWQ, NVFP4 or MXFP4 checkpoint's layers always do (ValueError
-        where no kernels run them: gptq_awq.check_runs, fp4_checkpoint; or for settings the loader cannot
-        run), and an FP8 checkpoint's stay 8-bit (any device and dtype); all else is float."""
+        tensors of the packed types (layers/block_quant.py; with ``cpu``, for the CPU's kernels, layers/kquant.py's
+        too, and its experts by MoE module: ``gguf_experts``, MXFP4 too: layers/fp4_quant.py) stay in their
+        blocks; a GPTQ/AWQ, NVFP4 or MXFP4 checkpoint's layers always do (ValueError where no kernels run
+        them: gptq_awq.check_runs, fp4_checkpoint; or for settings the loader cannot run), and an FP8
+        checkpoint's stay 8-bit (any device and dtype); all else is float."""
         if self.gguf is None:
             fp4 = read_fp4(self.source.path, self.facts.quantization_config, device, dtype)
             if fp4 is not None:
@@ -60,17 +65,60 @@ class Checkpoint:
             return safetensors_tensors(self.source.path), {}
         gguf = self.gguf
         packed: dict[str, Packed] = {}
+        skip: set[str] = set()
         if keep_packed:
-            types = {*GGUF_TYPES, *(kquant.KQUANT_TYPES if kquants else ())}
+            types = {*GGUF_TYPES, *(kquant.KQUANT_TYPES if cpu else ())}
             for name, ggml_type, raw, shape in gguf.stored_tensors(types):
-                k_quant = ggml_type in kquant.KQUANT_TYPES
-                packed[name] = (kquant.from_gguf if k_quant else from_gguf)(ggml_type, raw, shape)
+                packed[name] = _matrix(ggml_type, raw, shape)
+            skip = set(packed)
+            if cpu:  # MoE experts: held for the CPU kernels
+                experts, held_names = gguf_experts(gguf)
+                packed.update(experts)
+                skip |= held_names
 
         def floats() -> Tensors:
-            for name, array in gguf.tensors(skip=set(packed)):
+            for name, array in gguf.tensors(skip=skip):
                 yield name, torch.from_numpy(array)
 
         return floats(), packed
+
+
+EXPERT_TYPES = (*GGUF_TYPES, *kquant.KQUANT_TYPES, "MXFP4")  # GGML types a MoE layer's experts stay in
+
+
+def _matrix(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> ExpertMatrix:
+    if ggml_type == "MXFP4":
+        return from_ggml_mxfp4(raw, shape)
+    return (kquant.from_gguf if ggml_type in kquant.KQUANT_TYPES else from_gguf)(ggml_type, raw, shape)
+
+
+def gguf_experts(gguf: GGUFCheckpoint) -> tuple[dict[str, HeldExperts], set[str]]:
+    """Each MoE layer's stacked experts (models/gguf_names.py) kept in their GGML types where the CPU
+    kernels run those (``EXPERT_TYPES``), by module name, and the tensor names taken. The gate and up stay
+    as stored only together (each expert's pair then stacks into one matrix when the types match);
+    a projection of another type is dequantized into the float parameters."""
+    stacked: dict[str, dict[str, tuple[str, np.ndarray, tuple[int, ...]]]] = {}
+    for name, ggml_type, raw, shape in gguf.stored_tensors(set(EXPERT_TYPES), ndim=3):
+        module, _, proj = name.removesuffix(".weight").rpartition(".")
+        stacked.setdefault(module, {})[proj] = (ggml_type, raw, shape)
+    held: dict[str, HeldExperts] = {}
+    taken: set[str] = set()
+
+    def matrices(proj: str, parts: dict[str, tuple[str, np.ndarray, tuple[int, ...]]]) -> list[ExpertMatrix]:
+        ggml_type, raw, shape = parts[proj]
+        return [_matrix(ggml_type, raw[e], shape[1:]) for e in range(shape[0])]
+
+    for module, parts in stacked.items():
+        experts = HeldExperts()
+        if "gate_proj" in parts and "up_proj" in parts:
+            experts.gate_up = list(zip(matrices("gate_proj", parts), matrices("up_proj", parts), strict=True))
+            taken |= {f"{module}.gate_proj.weight", f"{module}.up_proj.weight"}
+        if "down_proj" in parts:
+            experts.down = matrices("down_proj", parts)
+            taken.add(f"{module}.down_proj.weight")
+        if experts.gate_up is not None or experts.down is not None:
+            held[module] = experts
+    return held, taken
 
 
 def open_checkpoint(source: ModelSource) -> Checkpoint:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from glassbox.engine.bursts import BurstSizer
 from glassbox.engine.executor import Executor
 from glassbox.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from glassbox.engine.sequence import Sequence
@@ -88,6 +89,7 @@ class EngineCore:
         self.num_steps = 0
         self.trace: list[StepTrace] | None = None  # set to [] to record every step
         self.listeners: list[Callable[[CoreStep], None]] = []  # called with every step (the dashboard)
+        self.bursts: BurstSizer | None = None  # greedy decode bursts, where the executor runs them
 
     def add(self, seq: Sequence) -> None:
         self.scheduler.add(seq)
@@ -104,6 +106,8 @@ class EngineCore:
     def step(self, overlap: Callable[[], None] | None = None) -> CoreStep | None:
         """Run one step; None when nothing could be scheduled. ``overlap`` runs between launch and result
         (while a GPU computes); a sequence it finishes gets no token from this step."""
+        if self.bursts is not None:
+            self.scheduler.burst = self.bursts.lookahead()
         batch = self.scheduler.schedule()
         if batch.empty:
             return None
@@ -113,6 +117,8 @@ class EngineCore:
             overlap()
         results = pending.result()
         done = self.clock()
+        if self.bursts is not None and batch.num_prefill_tokens == 0:
+            self.bursts.observe(done - launched, 1 + batch.scheduled[0].lookahead)
         appended: list[Appended] = []
         verified: list[tuple[int, int]] = []
         for s in batch.scheduled:

@@ -35,6 +35,26 @@ def triton_usable(device: torch.device) -> bool:
     return True
 
 
+def packed_here(
+    quantization: str | None,
+    bits: int | str | None,
+    device: torch.device,
+    attn_backend: str,
+    dtype: torch.dtype,
+    on_triton: bool,
+) -> bool:
+    """Whether a GGUF file's Q4_0/Q4_1/Q8_0 tensors stay in their blocks: where kernels run them, the CPU's C
+    kernels (bf16 activations; the K-quants and MoE experts too) or the Triton kernels (CUDA, any dtype;
+    layers/block_linear.to_triton), and not under ``--quantization``. ValueError for a ``--quantization``
+    (``bits``: its QUANTIZED_AT_LOAD value) that no kernel on ``device`` runs: block bits on CUDA without
+    triton, the 4-bit floats off the CPU."""
+    if bits is not None and device.type != "cpu" and not (isinstance(bits, int) and on_triton):
+        needs = "needs triton on CUDA" if isinstance(bits, int) else "runs on the CPU only so far"
+        raise ValueError(f"--quantization {quantization} {needs} (not on {device.type})")
+    native_bf16 = attn_backend == "native" and dtype == torch.bfloat16
+    return quantization is None and (native_bf16 or on_triton)
+
+
 def is_unified_memory(props: Any) -> bool:
     """Whether a CUDA device (its ``torch.cuda.get_device_properties``) shares the host's memory: an
     integrated GPU, such as a DGX Spark's GB10 (compute capability 12.1) or a Jetson."""
@@ -110,15 +130,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for, but torch sees no CUDA device")
     return torch.device(name)
-
-
-def check_model_on_device(cfg: ModelConfig, device: torch.device) -> None:
-    """ValueError for a model the device's kernels cannot run yet: attention sinks (gpt-oss) on CUDA."""
-    if cfg.attention_sinks and device.type != "cpu":
-        raise ValueError(
-            f"{cfg.architecture} on {device.type}: the triton attention kernels have no attention sinks yet; "
-            "run it on the CPU (--device cpu)"
-        )
 
 
 def resolve_dtype(name: str, cfg: ModelConfig, device: torch.device) -> torch.dtype:

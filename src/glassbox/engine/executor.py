@@ -8,6 +8,7 @@ planner's SimulatedExecutor (perf/simulator.py, a roofline cost model on a virtu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from glassbox.engine.scheduler import SchedulerOutput
@@ -26,3 +27,13 @@ class Executor(Protocol):
     def launch(self, batch: SchedulerOutput) -> PendingStep:
         """Queue the batch: compute its new tokens' KV and sample for rows that reach their sequence's end."""
         ...
+
+
+@dataclass
+class ReadyStep:
+    """A step whose draws are known when it is launched (the simulator's; a CPU decode burst's)."""
+
+    results: dict[int, SampleResult]
+
+    def result(self) -> dict[int, SampleResult]:
+        return self.results

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from glassbox.config import EngineConfig
 from glassbox.engine import tp_runtime
 from glassbox.engine.block_manager import BlockManager
+from glassbox.engine.bursts import BurstSizer
 from glassbox.engine.checkpoint import open_checkpoint
 from glassbox.engine.core import Appended, CoreStep, EngineCore
 from glassbox.engine.device import resolve_device
@@ -41,13 +42,14 @@ class StepRecord:
     start: float
     duration_s: float  # the whole step: schedule, execute, post-process (detokenize, stop checks)
     num_prefill_tokens: int
-    num_decode_tokens: int
+    num_decode_tokens: int  # decode rows computed, over all of the step's passes (a burst runs several)
     batch_size: int
     phase: str  # "prefill" | "decode" | "mixed"
     kv_usage: float
     # of duration_s, launch to sampled tokens: the model forward and sampling (with async output, also the
     # previous step's post-processing that overlapped them)
     execute_s: float = 0.0
+    passes: int = 1  # forward passes: a greedy decode burst (engine/bursts.py) runs 1 + its lookahead
 
 
 @dataclass
@@ -138,6 +140,9 @@ class LLMEngine:
         self.core = EngineCore(
             self.scheduler, self.executor, self.max_model_len, self.tokenizer.eos_token_ids
         )
+        if self.executor.burst_rows and self.scheduler.proposer is None and config.num_scheduler_steps != 1:
+            self.scheduler.burst_rows = self.executor.burst_rows  # greedy decode bursts (engine/bursts.py)
+            self.core.bursts = BurstSizer(config.num_scheduler_steps)
         cuda = self.executor.device.type == "cuda"
         self.async_output = cuda if config.async_output is None else config.async_output
         self._deferred: list[Appended] = []  # tokens whose text work is still to do
@@ -340,11 +345,12 @@ class LLMEngine:
                 t0,
                 t_end - t0,
                 b.num_prefill_tokens,
-                b.num_decode_tokens,
+                b.num_decode_tokens * b.passes,
                 len(b.scheduled),
                 b.phase,
                 self.block_manager.usage,
                 step.done - step.launched,
+                b.passes,
             )
         )
 

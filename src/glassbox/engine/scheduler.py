@@ -24,6 +24,9 @@ class ScheduledSeq:
     # speculative decoding: proposed tokens after the sequence's last one, verified in this step (their
     # positions [len(seq), len(seq) + k) are computed too: num_new_tokens == 1 + k)
     draft_tokens: list[int] = field(default_factory=list)
+    # greedy decode bursts: tokens picked after this step's first, in the same step (each picked from the one
+    # before it), so positions [start, start + 1 + lookahead) get their K/V; the same for every row of a step
+    lookahead: int = 0
 
     @classmethod
     def of(cls, seq: Sequence, n: int, drafts: list[int] | None = None) -> ScheduledSeq:
@@ -38,6 +41,23 @@ class ScheduledSeq:
         """The token ids this step computes: the sequence's, then any drafts."""
         ids = self.seq.token_ids[self.start : self.start + self.num_new_tokens]
         return ids + self.draft_tokens if self.draft_tokens else ids
+
+
+def burstable(seq: Sequence) -> bool:
+    """Whether a sequence's next tokens may be picked several in one step (a greedy decode burst): greedy,
+    and nothing between its logits and its pick that a burst does not run (logprobs, penalties, logit_bias,
+    a grammar, stop tokens held back by min_tokens)."""
+    sp = seq.sampling_params
+    return (
+        sp.greedy
+        and sp.logprobs is None
+        and seq.grammar is None
+        and not sp.logit_bias
+        and sp.repetition_penalty == 1.0
+        and sp.presence_penalty == 0.0
+        and sp.frequency_penalty == 0.0
+        and seq.num_output_tokens >= sp.min_tokens
+    )
 
 
 class Proposer(Protocol):
@@ -73,6 +93,11 @@ class SchedulerOutput:
         return sum(len(s.draft_tokens) for s in self.scheduled)
 
     @property
+    def passes(self) -> int:
+        """Forward passes the step runs: 1, or a greedy decode burst's 1 + lookahead."""
+        return 1 + self.scheduled[0].lookahead if self.scheduled else 1
+
+    @property
     def phase(self) -> str:
         p, d = self.num_prefill_tokens, self.num_decode_tokens
         return "mixed" if p and d else ("prefill" if p else "decode")
@@ -104,6 +129,10 @@ class Scheduler:
     num_preemptions: int = 0
     clock: Callable[[], float] = time.perf_counter  # the simulator swaps in a virtual clock
     proposer: Proposer | None = None
+    # greedy decode bursts (engine/bursts.py sets them): the lookahead a step may give, and the most rows
+    # the executor runs a burst for (0: never)
+    burst: int = 0
+    burst_rows: int = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -160,7 +189,34 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq.of(seq, n))
             budget -= n
+        if self.burst and not self.waiting:
+            self._lookahead(out.scheduled)
         return out
+
+    def _lookahead(self, rows: list[ScheduledSeq]) -> None:
+        """Give a decode-only step of burstable rows ``self.burst`` more tokens each (fewer where a row's
+        max_tokens or the free blocks leave less; none if a row cannot take one), their slots allocated
+        now. A burst never preempts, and runs only when no request waits (it would wait for the burst)."""
+        if not rows or len(rows) > self.burst_rows:
+            return
+        if not all(s.is_decode and not s.draft_tokens and burstable(s.seq) for s in rows):
+            return
+        k = self.burst
+        for s in rows:
+            max_tokens = s.seq.sampling_params.max_tokens
+            if max_tokens is not None:
+                k = min(k, max_tokens - s.seq.num_output_tokens - 1)
+        bm = self.block_manager
+        while k > 0:
+            need = sum(max(0, bm.blocks_needed(s.start + 1 + k) - len(s.seq.block_table)) for s in rows)
+            if need <= bm.num_free_blocks:
+                break
+            k -= 1
+        if k <= 0:
+            return
+        for s in rows:
+            bm.grow(s.seq, s.start + 1 + k)
+            s.lookahead = k
 
     def _later_needs(self) -> list[int]:
         """For each position i of ``running``: the blocks the sequences after it may grow by this step, at
@@ -216,9 +272,10 @@ class Scheduler:
         for s in out.scheduled:
             if s.seq.is_finished:  # ended (a stop string, an abort) while the step ran
                 continue
-            if s.draft_tokens:
-                # its KV is valid up to the last accepted draft: everything but the newest token
-                s.seq.num_computed_tokens = min(s.start + s.num_new_tokens, len(s.seq) - 1)
+            if s.draft_tokens or s.lookahead:
+                # its KV is valid up to the last accepted draft (a burst: the last token it used as input):
+                # everything but the newest token
+                s.seq.num_computed_tokens = min(s.start + s.num_new_tokens + s.lookahead, len(s.seq) - 1)
                 self.block_manager.trim(s.seq, len(s.seq))
             else:
                 s.seq.num_computed_tokens += s.num_new_tokens

@@ -3,8 +3,9 @@
 On the CPU the model's forward runs on glassbox's C kernels where its family has them (bound to the built
 model at start, models/loader.py ``bind_cpu_kernels``), else on the PyTorch ops.
 
-CUDA: attention runs the triton kernels over the block tables, decode-only steps replay CUDA graphs
-(engine/cuda_graph.py) unless ``enforce_eager``, and host inputs travel in one pinned copy per step.
+CUDA: attention runs the triton kernels over the block tables, routed experts the fused triton MoE
+(models/moe_triton.py), decode-only steps replay CUDA graphs (engine/cuda_graph.py) unless
+``enforce_eager``, and host inputs travel in one pinned copy per step.
 """
 
 from __future__ import annotations
@@ -24,27 +25,30 @@ from glassbox.engine import tp_model
 from glassbox.engine.checkpoint import Checkpoint
 from glassbox.engine.device import (
     available_ram_bytes,
-    check_model_on_device,
     describe_cuda,
     keep_large_allocations_in_heap,
     kv_budget,
+    packed_here,
     read_device_memory,
     resolve_device,
     resolve_dtype,
     triton_usable,
 )
+from glassbox.engine.executor import PendingStep, ReadyStep
 from glassbox.engine.kv_plan import GiB, KVCachePlan, plan_kv_cache
+from glassbox.engine.profile_run import profile_prefill
 from glassbox.engine.sampler import to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
 from glassbox.engine.step_inputs import decode_rows, flatten, metadata
 from glassbox.engine.step_sampling import DevicePendingStep, SamplePlan
 from glassbox.kernels.attention_tiles import prefill_block_m
-from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
+from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.block_linear import KERNEL_ROWS, block_kernel_rows, block_weights, to_triton
 from glassbox.layers.kv_quant import row_width
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
 from glassbox.models.model_config import KV_TORCH_DTYPES, ModelConfig, dtype_name
+from glassbox.outputs import SampleResult
 
 if TYPE_CHECKING:
     from glassbox.engine.cuda_graph import DecodeGraphs
@@ -75,15 +79,14 @@ class TorchExecutor:
         self.facts = facts
         self.model_config = model_config = ModelConfig.from_facts(facts)
         self.device = resolve_device(config.device)
-        check_model_on_device(model_config, self.device)
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
         self.kv_dtype = (
             self.dtype if config.kv_cache_dtype == "auto" else KV_TORCH_DTYPES[config.kv_cache_dtype]
         )
         self.kv_width = row_width(model_config.head_dim, self.kv_dtype)  # a cache row: D, or D + 4 for 8 bits
         self.block_size = config.block_size
-        triton = triton_usable(self.device)
-        self.attn_backend = "triton" if triton else "torch"
+        on_triton = triton_usable(self.device)
+        self.attn_backend = "triton" if on_triton else "torch"
         if self.attn_backend == "triton" and self.kv_dtype.itemsize == 1 and model_config.head_dim % 4:
             logger.warning(
                 "the triton kernels read an 8-bit KV cache for head dims divisible by 4: torch path"
@@ -105,17 +108,11 @@ class TorchExecutor:
             tp_model.check_run(self.tp.world, self.device, config, checkpoint, model_config)
             self.attn_backend = "torch"
         bits = QUANTIZED_AT_LOAD.get(config.quantization or "")
-        # block weights on CUDA run the Triton kernels (layers/block_linear.to_triton)
-        on_triton = triton and self.tp is None
-        if bits is not None and self.device.type != "cpu" and not (isinstance(bits, int) and on_triton):
-            needs = "needs triton on CUDA" if isinstance(bits, int) else "runs on the CPU only so far"
-            raise ValueError(f"--quantization {config.quantization} {needs} (not on {self.device.type})")
-        # GGUF Q4_0/Q4_1/Q8_0 stay in their blocks where kernels run them: the CPU's C kernels (bf16
-        # activations; the K-quants too) and the Triton kernels (any dtype); GPTQ/AWQ layers always do
-        native_bf16 = self.attn_backend == "native" and self.dtype == torch.bfloat16
-        keep_packed = config.quantization is None and (native_bf16 or on_triton)
+        keep_packed = packed_here(
+            config.quantization, bits, self.device, self.attn_backend, self.dtype, on_triton
+        )
         weights, packed = (
-            checkpoint.weights(keep_packed, self.device, self.dtype, kquants=self.device.type == "cpu")
+            checkpoint.weights(keep_packed, self.device, self.dtype, cpu=self.device.type == "cpu")
             if checkpoint is not None
             else (None, {})
         )
@@ -136,8 +133,15 @@ class TorchExecutor:
             from glassbox.layers.quantization import quantize_model
 
             quantize_model(self.model, bits)
-        if self.device.type == "cuda" and on_triton and (moved := to_triton(self.model, self.device)):
-            logger.info("%d linears in blocks or FP8 on the Triton kernels", moved)
+        self.triton_experts = 0  # MoE layers on the fused triton kernels (CUDA)
+        if on_triton:
+            from glassbox.models.moe_triton import use_triton_experts
+
+            self.triton_experts = use_triton_experts(self.model)
+            if self.triton_experts:
+                logger.info("routed experts of %d MoE layers on the fused triton MoE", self.triton_experts)
+            if moved := to_triton(self.model, self.device):  # block and FP8 weights
+                logger.info("%d linears in blocks or FP8 on the Triton kernels", moved)
         in_blocks = block_weights(self.model)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + sum(
             b.nbytes for b in in_blocks
@@ -200,6 +204,9 @@ class TorchExecutor:
             except ValueError as e:
                 logger.warning("glassbox's CPU kernels cannot run this model (%s): using PyTorch ops", e)
                 self.attn_backend = "torch"
+        # greedy decode bursts (engine/bursts.py) where the one-call CPU step runs: the rows one may take
+        burst = getattr(self.forward, "burst", None) is not None and self.tp is None
+        self.burst_rows = KERNEL_ROWS if burst else 0
         if self.use_graphs:
             self._capture_graphs(max_model_len)
 
@@ -250,7 +257,10 @@ class TorchExecutor:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
-        self._profile_run(max_num_batched_tokens)
+        mc = self.model_config
+        n = max(1, min(max_num_batched_tokens, mc.max_position_embeddings))
+        profile_prefill(self.model, mc, n, self.block_size, self.kv_dtype, self.kv_width, self.attn_backend,
+                        self.dtype, self.device)  # fmt: skip
         peak = torch.cuda.max_memory_allocated(self.device) - before
         torch.cuda.empty_cache()  # the profile's blocks back: on unified memory, back to the host too
         mem = read_device_memory(self.device)
@@ -263,27 +273,6 @@ class TorchExecutor:
                 f"{peak / GiB:.2f} GiB exceed --memory-utilization {util} ({how})"
             )
         return budget
-
-    def _profile_run(self, num_tokens: int) -> None:
-        mc = self.model_config
-        n = max(1, min(num_tokens, mc.max_position_embeddings))
-        dev = self.device
-        # a single long prefill with no stored context exercises the largest activations; the attention
-        # reads its n tokens back (Triton, an 8-bit cache): one real cache, shared by the layers
-        nb = -(-n // self.block_size)
-        shape = (2, nb, self.block_size, mc.num_kv_heads, self.kv_width)
-        cache = [torch.zeros(shape, dtype=self.kv_dtype, device=dev)] * mc.num_layers
-        meta = AttentionMetadata(slot_mapping=torch.arange(n, device=dev), backend=self.attn_backend)
-        if self.attn_backend == "triton":
-            block_m = prefill_block_m(mc.head_dim, self.kv_dtype, self.dtype, dev)
-            meta.paged_prefill = build_paged_prefill([(0, n, list(range(nb)))], block_m, dev)
-        else:
-            meta.prefills = [PrefillSeq(0, n, 0, torch.arange(nb, device=dev))]
-        with torch.inference_mode():
-            ids = torch.zeros(n, dtype=torch.long, device=self.device)
-            hidden = self.model(ids, torch.arange(n, device=self.device), cache, meta)
-            self.model.compute_logits(hidden[-min(n, 256) :])
-        torch.cuda.synchronize()
 
     # -- one step ------------------------------------------------------------
     def reserve_frontend_core(self) -> None:
@@ -311,7 +300,7 @@ class TorchExecutor:
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 
-    def launch(self, batch: SchedulerOutput) -> DevicePendingStep:
+    def launch(self, batch: SchedulerOutput) -> PendingStep:
         """Queue the step's forward and sampling; on CUDA this returns before the device has finished."""
         if self.light_threads != self.max_threads:
             self._set_threads(batch)
@@ -322,6 +311,8 @@ class TorchExecutor:
         rows = sum(s.num_new_tokens for s in decodes)
         if self.graphs is not None and not prefills and rows <= self.graphs.max_batch:
             return self._execute_graph(decodes)
+        if decodes and decodes[0].lookahead:  # a greedy decode burst (only ever decode-only)
+            return self._burst(decodes)
         ordered = decodes + prefills
         ids, pos, slots = self._flatten(ordered)
         meta = self._metadata(decodes, prefills, slots)
@@ -349,6 +340,16 @@ class TorchExecutor:
             if len(last) < hidden.shape[0]:
                 hidden = hidden.index_select(0, to_device([i - 1 for i in last], torch.long, self.device))
             return self.model.compute_logits(hidden)
+
+    def _burst(self, decodes: list[ScheduledSeq]) -> ReadyStep:
+        """Greedy decode rows that also pick their next ``lookahead`` tokens, in one native call
+        (models/llama_burst.py): each row's picks, the last as its token and the others before it."""
+        burst = getattr(self.forward, "burst", None)
+        assert burst is not None and self.burst_rows >= len(decodes)
+        picks = burst([s.seq.token_ids[s.start] for s in decodes], [s.start for s in decodes],
+                      [s.seq.block_table for s in decodes], 1 + decodes[0].lookahead)  # fmt: skip
+        return ReadyStep({s.seq.seq_id: SampleResult(p[-1], None, [SampleResult(t, None) for t in p[:-1]])
+                          for s, p in zip(decodes, picks, strict=True)})  # fmt: skip
 
     def _execute_graph(self, decodes: list[ScheduledSeq]) -> DevicePendingStep:
         """A decode-only step on the captured graphs (CUDA)."""

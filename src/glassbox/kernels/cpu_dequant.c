@@ -53,37 +53,46 @@ static void dequant_chunks(const block_row *rw, float c, i64 chunks, int bits, v
 }
 #endif
 
-/* W (N x K, rows in tiles of 16) dequantized: d q + o per value, rounded once to the dtype (dt 0 float32 / 1
- * bf16), rows in order. */
-void gb_dequant_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 N, i64 Kp, i64 K,
-                       int bits, void *out, int out_dt, int threads) {
-    const i64 chunks = Kp / 32 / CHUNK, nb = Kp / 32, row_bytes = bits == 4 ? Kp / 2 : Kp;
-    (void)nb, (void)row_bytes; /* the vector path's */
+/* Row n of W (N x K, rows in tiles of 16) dequantized into out (K values): d q + o per value, rounded once to
+ * the dtype (dt 0 float32 / 1 bf16). */
+static void dequant_row(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 N,
+                        i64 Kp, i64 K, int bits, i64 n, void *out, int out_dt) {
     i64 first = 0; /* codes before it were written by the vector path */
 #if defined(GB_VNNI) && defined(__AVX512BF16__)
+    const i64 chunks = Kp / 32 / CHUNK, nb = Kp / 32, row_bytes = bits == 4 ? Kp / 2 : Kp;
     first = chunks * CHUNK * 32 <= K ? chunks * CHUNK * 32 : 0;
-#endif
-#pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
-    for (i64 n = 0; n < N; n++) {
-#if defined(GB_VNNI) && defined(__AVX512BF16__)
-        if (first > 0) {
-            const i64 n1 = (n / TILE + 1) * TILE, next = N - n1 < TILE ? N - n1 : TILE; /* the next tile's rows */
-            if (next > 0) { /* a sixteenth of the next tile per row (cpu_quant.h prefetch_part) */
-                prefetch_part(w + n1 * row_bytes, next * row_bytes, n % TILE);
-                prefetch_part(d + n1 * nb, next * nb * 2, n % TILE);
-                if (o) prefetch_part(o + n1 * nb, next * nb * 2, n % TILE);
-                if (z) prefetch_part(z + n1 * nb, next * nb, n % TILE);
-            }
-            const block_row rw = row_at(w, d, o, z, N, Kp, bits, n);
-            dequant_chunks(&rw, c, chunks, bits, (char *)out + n * K * (out_dt ? 2 : 4), out_dt);
+    if (first > 0) {
+        const i64 n1 = (n / TILE + 1) * TILE, next = N - n1 < TILE ? N - n1 : TILE; /* the next tile's rows */
+        if (next > 0) { /* a sixteenth of the next tile per row (cpu_quant.h prefetch_part) */
+            prefetch_part(w + n1 * row_bytes, next * row_bytes, n % TILE);
+            prefetch_part(d + n1 * nb, next * nb * 2, n % TILE);
+            if (o) prefetch_part(o + n1 * nb, next * nb * 2, n % TILE);
+            if (z) prefetch_part(z + n1 * nb, next * nb, n % TILE);
         }
-#endif
-        for (i64 k = first; k < K; k++) {
-            const i64 mi = meta_at(N, n, k / 32, Kp);
-            const int q = code_at(w, N, n, k, Kp, bits);
-            const float db = h2f(d[mi]);
-            const float ob = block_offset(o ? o + mi : NULL, z ? z + mi : NULL, c, 0, db);
-            store_out(out, n * K + k, db * (float)q + ob, out_dt);
-        }
+        const block_row rw = row_at(w, d, o, z, N, Kp, bits, n);
+        dequant_chunks(&rw, c, chunks, bits, out, out_dt);
     }
+#endif
+    for (i64 k = first; k < K; k++) {
+        const i64 mi = meta_at(N, n, k / 32, Kp);
+        const int q = code_at(w, N, n, k, Kp, bits);
+        const float db = h2f(d[mi]);
+        const float ob = block_offset(o ? o + mi : NULL, z ? z + mi : NULL, c, 0, db);
+        store_out(out, k, db * (float)q + ob, out_dt);
+    }
+}
+
+/* W (N x K, rows in tiles of 16) dequantized, rows in order. */
+void gb_dequant_blocks(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 N, i64 Kp, i64 K,
+                       int bits, void *out, int out_dt, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (N * K >= (1 << 16))
+    for (i64 n = 0; n < N; n++)
+        dequant_row(w, d, o, z, c, N, Kp, K, bits, n, (char *)out + n * K * (out_dt ? 2 : 4), out_dt);
+}
+
+/* Rows ids[0..T) of W dequantized into out (T x K): an embedding lookup (cpu_step.c's decode bursts). */
+void gb_dequant_block_rows(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 N,
+                           i64 Kp, i64 K, int bits, const i64 *ids, i64 T, void *out, int out_dt) {
+    for (i64 t = 0; t < T; t++)
+        dequant_row(w, d, o, z, c, N, Kp, K, bits, ids[t], (char *)out + t * K * (out_dt ? 2 : 4), out_dt);
 }

@@ -128,3 +128,57 @@ void gb_decode_step(const gb_step_model *m, const gb_step_layer *layers, void *x
                         last ? m->final_eps : layers[i + 1].in_eps, dt, threads);
     }
 }
+
+void gb_dequant_block_rows(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 N,
+                           i64 Kp, i64 K, int bits, const i64 *ids, i64 T, void *out, int out_dt);
+
+/* The embedding table a burst looks tokens up in: rows of the storage dtype (``table``, V x hidden), or with
+ * ``blocks.codes`` set block weights whose rows are dequantized (a GGUF Q8_0 token_embd). */
+typedef struct {
+    const void *table;
+    gb_step_linear blocks;
+} gb_step_embed;
+
+/* Greedy decoding of ``steps`` tokens per row in one call, each a gb_decode_step followed by the LM head and
+ * an argmax, for rows that the engine would otherwise decode one step at a time: the same kernels, so the
+ * same tokens, without the engine's per-step host work (models/llama_burst.py).
+ *
+ * tokens: (steps + 1) x T; row 0 holds each sequence's last token, rows 1..steps receive the picks.
+ * positions, context_lens (T): the first step's, advanced in place; slots (T): scratch. block_tables (T x
+ * max_blocks) must hold every position written. logits: T x head->n values of the storage dtype (the LM
+ * head's output as the per-op path rounds it; ties go to the lowest id, as torch.argmax). */
+void gb_decode_burst(const gb_step_model *m, const gb_step_layer *layers, const gb_step_linear *head,
+                     const gb_step_embed *emb, i64 *tokens, i64 T, i64 steps, i64 *positions, i64 *slots,
+                     const i64 *block_tables, i64 max_blocks, i64 *context_lens, void *x, void *h, void *logits,
+                     void *scratch, int threads) {
+    const int dt = m->dt;
+    const i64 esz = dt ? 2 : 4, V = head->n;
+    for (i64 s = 0; s < steps; s++) {
+        const i64 *ids = tokens + s * T;
+        if (emb->blocks.codes) {
+            const gb_step_linear *b = &emb->blocks;
+            gb_dequant_block_rows(b->codes, b->scales, b->offsets, b->zeros, b->offset_factor, b->n, b->kp, b->k,
+                                  b->bits, ids, T, x, dt);
+        } else {
+            for (i64 t = 0; t < T; t++)
+                memcpy((char *)x + t * m->hidden * esz, (const char *)emb->table + ids[t] * m->hidden * esz,
+                       (size_t)(m->hidden * esz));
+        }
+        for (i64 t = 0; t < T; t++)
+            slots[t] = block_tables[t * max_blocks + positions[t] / m->bs] * m->bs + positions[t] % m->bs;
+        gb_decode_step(m, layers, x, h, T, positions, slots, block_tables, max_blocks, context_lens, scratch,
+                       threads);
+        linear(head, h, T, logits, dt, threads);
+        for (i64 t = 0; t < T; t++) {
+            i64 best = 0;
+            float top = 0.f;
+            for (i64 v = 0; v < V; v++) {
+                const float y = dt ? bf2f(((const uint16_t *)logits)[t * V + v]) : ((const float *)logits)[t * V + v];
+                if (v == 0 || y > top) top = y, best = v;
+            }
+            tokens[(s + 1) * T + t] = best;
+            positions[t]++;
+            context_lens[t]++;
+        }
+    }
+}

@@ -67,6 +67,10 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_linear_blocks": [_P, _I, _I, _P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _C, _C],
     # cpu_step.c: a decode step of a block-weight layer stack (structures built by models/llama_step.py)
     "gb_decode_step": [_P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _C],
+    # greedy decode bursts (models/llama_burst.py): model, layers, head, embedding, tokens, T, steps, positions,
+    # slots, block tables, max blocks, context lengths, x, h, logits, scratch
+    "gb_decode_burst": [_P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _C],
+    "gb_dequant_block_rows": [_P, _P, _P, _P, _F, _I, _I, _I, _C, _P, _I, _P, _C],
     # cpu_fp8.c: FP8 (E4M3) weights with float32 block scales
     "gb_fp8_gemv": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _C, _C],
     "gb_fp8_gemv_generic": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _C, _C],

@@ -9,6 +9,10 @@ Softmax runs in base 2 (scores pre-multiplied by scale * log2(e)) with float32 s
 An 8-bit cache (layers/kv_quant.py) is read by the same kernels with KV8 set, through the tile loads of
 kernels/triton_kv_tiles.py; the queries then stay in the model's dtype.
 
+Attention sinks (gpt-oss, HAS_SINKS): each query head's sink logit joins its softmax's denominator and
+contributes no value. A head's online softmax starts at (max = sink, sum = 1) instead of (-inf, 0), in the
+first context split only, so the split decode's log-sum-exp merge counts it once.
+
 The @triton.jit functions' parameters carry no annotations: Triton's compiler reads them from the source
 and rejects any that is not a constexpr (``typing.Any`` included), which the interpreter does not check;
 tests/test_triton_compile.py compiles every launch configuration for real GPU targets to catch that.
@@ -42,6 +46,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     part_o_ptr,
     part_lse_ptr,
+    sinks_ptr,
     qk_scale,
     window,
     num_q_heads,
@@ -63,6 +68,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
     KV8: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ) -> None:
     # grid (B, Hk, NUM_SPLITS): one program = the GROUP query heads of one kv head, one slice of context
     b = tl.program_id(0)
@@ -88,6 +94,10 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     )  # (BLOCK_G, BLOCK_D)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
+    if HAS_SINKS:  # split 0 starts from each head's sink (base 2): (max, sum) = (sink, 1)
+        sink = tl.load(sinks_ptr + heads, mask=gmask, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_i = tl.where(split == 0, sink, m_i)
+        l_i = tl.where(split == 0, 1.0, l_i)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     for t0 in range(start, end, BLOCK_N):
@@ -218,6 +228,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     q_start_ptr,
     q_len_ptr,
     ctx_ptr,
+    sinks_ptr,
     qk_scale,
     window,
     stride_qt,
@@ -237,6 +248,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
     KV8: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ) -> None:
     # grid (num_tiles, Hq): BLOCK_M query rows of one sequence for one query head
     tile = tl.program_id(0)
@@ -259,6 +271,9 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     )
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_SINKS:  # the head's sink (base 2) as the softmax's start: (max, sum) = (sink, 1)
+        m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+        l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * stride_btb
     kv_head_off = (h // GROUP) * stride_kh
@@ -316,6 +331,7 @@ def decode_attention(
     out: torch.Tensor,  # (B, Hq, D) written
     num_splits: int | None = None,
     block_n: int | None = None,  # keys per tile; None: attention_tiles.decode_tiles (benchmarks sweep it)
+    sinks: torch.Tensor | None = None,  # (Hq,) attention sinks (gpt-oss), any float dtype
 ) -> None:
     batch, hq, d = q.shape
     _, bs, hk, _ = k_cache.shape
@@ -331,13 +347,13 @@ def decode_attention(
         part_o = part_lse = out  # unused
     _decode_kernel[(batch, hk, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_o, part_lse,
-        scale * LOG2E, sliding_window or 0, hq,
+        q if sinks is None else sinks, scale * LOG2E, sliding_window or 0, hq,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=hq // hk, BLOCK_G=max(16, _pow2(hq // hk)), HEAD_DIM=d, BLOCK_D=block_d,
         BLOCK_SIZE=bs, BLOCK_N=block_n or tiles.block_n, NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32, KV8=kv8,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        HAS_SINKS=sinks is not None, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if splits > 1:
         _reduce_kernel[(batch, hq)](
@@ -360,6 +376,7 @@ def prefill_attention(
     sliding_window: int | None,
     out: torch.Tensor,  # (T, Hq, D) written
     block_m: int,  # the rows per tile the layout was built with: attention_tiles.prefill_block_m
+    sinks: torch.Tensor | None = None,  # (Hq,) attention sinks (gpt-oss), any float dtype
 ) -> None:
     _, hq, d = q.shape
     _, bs, hk, _ = k_cache.shape
@@ -370,10 +387,11 @@ def prefill_attention(
     assert block_m == tiles.block_m, f"prefill layout built for {block_m}-row tiles, the kernel takes {tiles}"
     _prefill_kernel[(tile_seq.shape[0], hq)](
         q, k_cache, v_cache, out, block_tables, tile_seq, tile_m, q_start, q_len, ctx,
-        scale * LOG2E, sliding_window or 0,
+        q if sinks is None else sinks, scale * LOG2E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=hq // hk, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=bs, BLOCK_M=block_m,
         BLOCK_N=tiles.block_n, USE_WINDOW=sliding_window is not None,
-        IEEE=q.dtype == torch.float32, KV8=kv8, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        IEEE=q.dtype == torch.float32, KV8=kv8, HAS_SINKS=sinks is not None, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )  # fmt: skip

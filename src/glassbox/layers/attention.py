@@ -7,7 +7,7 @@ read its codes and scales in place.
 
 Attention sinks (gpt-oss): a learned logit per query head joins each row's softmax denominator and
 contributes no value, p_j = exp(s_j) / (exp(sink) + sum_i exp(s_i)). The torch backend takes them (an
-extra score column, as transformers' eager attention); the triton kernels do not yet.
+extra score column, as transformers' eager attention), the triton kernels as each head's softmax's start.
 """
 
 from __future__ import annotations
@@ -171,9 +171,7 @@ def paged_attention(
     sinks: torch.Tensor | None = None,  # (Hq,) attention sinks (gpt-oss), or None
 ) -> torch.Tensor:  # (T, Hq, D)
     if meta.backend == "triton":
-        if sinks is not None:
-            raise NotImplementedError("the triton attention kernels have no attention sinks (gpt-oss) yet")
-        return _triton_paged_attention(q, kv_cache, meta, scale, sliding_window)
+        return _triton_paged_attention(q, kv_cache, meta, scale, sliding_window, sinks)
     out = torch.empty_like(q)
     nd = meta.num_decode
     if nd:
@@ -257,6 +255,7 @@ def _triton_paged_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None,
+    sinks: torch.Tensor | None,  # (Hq,)
 ) -> torch.Tensor:  # (T, Hq, D)
     from glassbox.kernels import triton_attention as ta
 
@@ -270,12 +269,12 @@ def _triton_paged_attention(
         assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
         ta.decode_attention(
             q[:nd], kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens,
-            scale, sliding_window, out[:nd],
+            scale, sliding_window, out[:nd], sinks=sinks,
         )  # fmt: skip
     pp = meta.paged_prefill
     if pp is not None and q.shape[0] > nd:
         ta.prefill_attention(
             q[nd:], kv_cache[0], kv_cache[1], pp.block_tables, pp.tile_seq, pp.tile_m, pp.q_start,
-            pp.q_len, pp.ctx, scale, sliding_window, out[nd:], pp.block_m,
+            pp.q_len, pp.ctx, scale, sliding_window, out[nd:], pp.block_m, sinks,
         )  # fmt: skip
     return out.to(dtype)

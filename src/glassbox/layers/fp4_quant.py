@@ -114,9 +114,6 @@ class FP4Weights:
         return self.dequantize(dtype)
 
 
-FP4Experts = list[tuple[FP4Weights, FP4Weights]]  # a MoE layer's experts: (gate_up, down) each
-
-
 def _chunks(nb: int) -> list[tuple[int, int]]:
     """(first block, blocks) of each chunk of a row of ``nb`` blocks."""
     return [(b, min(CHUNK, nb - b)) for b in range(0, nb, CHUNK)]
@@ -196,6 +193,18 @@ def from_mxfp4(
         raise ValueError("MXFP4 scale 255 (E8M0's NaN) in a checkpoint tensor")
     codes = repack(blocks.reshape(n, nb * BLOCK // 2))
     return FP4Weights(codes, e.contiguous(), None, "mxfp4", in_features or nb * BLOCK, label)
+
+
+def from_ggml_mxfp4(raw: np.ndarray, shape: tuple[int, ...]) -> FP4Weights:
+    """A GGUF MXFP4 tensor's blocks (N, K/32 * 17 bytes: per block the E8M0 byte, then 16 bytes whose low
+    nibbles hold values 0-15 and high nibbles 16-31, ggml's block_mxfp4), HF shape (N, K)."""
+    n, k = shape
+    blocks = torch.from_numpy(np.array(raw, dtype=np.uint8).reshape(n, k // BLOCK, 1 + BLOCK // 2))  # a copy
+    e, qs = blocks[..., 0].contiguous(), blocks[..., 1:]
+    if bool((e == 255).any()):
+        raise ValueError("MXFP4 scale 255 (E8M0's NaN) in a GGUF tensor")
+    codes = torch.cat([qs & 15, qs >> 4], dim=-1).reshape(n, k)  # value order
+    return FP4Weights(interleave(codes), e, None, "mxfp4", k, "MXFP4")
 
 
 def mxfp4_experts(blocks: torch.Tensor, scales: torch.Tensor) -> list[FP4Weights]:

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from glassbox.layers.fp4_quant import FP4Experts, FP4Weights, from_nvfp4, mxfp4_experts
+from glassbox.layers.fp4_quant import FP4Weights, from_nvfp4, mxfp4_experts
+from glassbox.layers.held_experts import HeldExperts
 from glassbox.models.loader import weight_files
 
 Tensors = Iterator[tuple[str, torch.Tensor]]
@@ -126,13 +127,13 @@ def _floats(files: list[Path], skip: set[str]) -> Tensors:
                 yield key, tensor
 
 
-def read_mxfp4_experts(model_dir: Path) -> tuple[dict[str, FP4Experts], Tensors]:
-    """(each MoE layer's experts as (gate_up, down) pairs by module name, the other tensors one at a
-    time) of a gpt-oss MXFP4 checkpoint."""
+def read_mxfp4_experts(model_dir: Path) -> tuple[dict[str, HeldExperts], Tensors]:
+    """(each MoE layer's experts by module name, the other tensors one at a time) of a gpt-oss MXFP4
+    checkpoint."""
     files = weight_files(model_dir)
     keys = _keys(files)
     layers = sorted({k.rpartition(".")[0] for k in keys if k.endswith(EXPERT_PARTS)})
-    experts: dict[str, FP4Experts] = {}
+    experts: dict[str, HeldExperts] = {}
     with ExitStack() as stack:
         handles = {p: stack.enter_context(safe_open(str(p), framework="pt")) for p in files}
         for prefix in layers:
@@ -146,14 +147,14 @@ def read_mxfp4_experts(model_dir: Path) -> tuple[dict[str, FP4Experts], Tensors]
                 down = mxfp4_experts(t["down_proj_blocks"], t["down_proj_scales"])
             except ValueError as e:
                 raise ValueError(f"{prefix}: {e}") from None
-            experts[prefix] = list(zip(gate_up, down, strict=True))
+            experts[prefix] = HeldExperts([(w,) for w in gate_up], down)
     skip = {f"{p}.{part}" for p in layers for part in EXPERT_PARTS}
     return experts, _floats(files, skip)
 
 
 def read_fp4(
     model_dir: Path, qc: dict[str, Any], device: torch.device, dtype: torch.dtype
-) -> tuple[dict[str, FP4Weights | FP4Experts], Tensors] | None:
+) -> tuple[dict[str, FP4Weights | HeldExperts], Tensors] | None:
     """A 4-bit float checkpoint's packed weights by HF name (NVFP4 linears by weight name, MXFP4 experts
     by module name) and its other tensors; None for other checkpoints. ValueError for settings the loader
     cannot run, or off the CPU / in a dtype other than bf16 or float32."""

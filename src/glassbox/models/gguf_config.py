@@ -1,4 +1,5 @@
-"""An HF config.json-equivalent dict from a GGUF file's metadata (llama, mistral, qwen2, qwen3, gemma3).
+"""An HF config.json-equivalent dict from a GGUF file's metadata (llama, mistral, qwen2, qwen3, gemma3; the
+mixture-of-experts qwen2moe, qwen3moe, gpt-oss and llama with experts (Mixtral): models/gguf_moe.py).
 
 llama.cpp writes the model's hyperparameters under ``<architecture>.<key>`` (``llama.block_count``, ...).
 This module turns them into the keys transformers' config classes use, so that the engine can build the
@@ -16,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from glassbox.models.gguf_moe import moe_fields
+
 logger = logging.getLogger(__name__)
 
 # GGUF general.architecture -> (transformers class, model_type)
@@ -25,7 +28,11 @@ _HF_ARCHITECTURES = {
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
     "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+    "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
+    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
+    "gpt-oss": ("GptOssForCausalLM", "gpt_oss"),
 }
+_MIXTRAL = ("MixtralForCausalLM", "mixtral")  # llama.cpp writes Mixtral as "llama" with expert_count
 SUPPORTED_ARCHITECTURES = tuple(_HF_ARCHITECTURES)
 # llama.cpp interleaves the rotary pairs of Q/K rows (its "normal" rope) for these; qwen2/qwen3 use the
 # NEOX rope, whose half-split layout is transformers' own, so their rows are stored unchanged.
@@ -57,6 +64,8 @@ def hf_architecture(arch: str, metadata: dict[str, Any]) -> tuple[str, str]:
         raise ValueError(
             f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+    if arch == "llama" and int(_uniform(metadata.get("llama.expert_count", 0), "llama.expert_count") or 0):
+        return _MIXTRAL
     if arch == "llama":
         names = (metadata.get("general.name"), metadata.get("general.basename"))
         if any(isinstance(n, str) and "mistral" in n.lower() for n in names):
@@ -110,8 +119,6 @@ def build_config(
             raise ValueError(f"GGUF metadata lacks {key}, which a {arch} model needs")
         return default
 
-    if int(get("expert_count", 0) or 0):  # Mixtral-style GGUF files say "llama" and count experts
-        raise ValueError("GGUF mixture-of-experts files are not supported yet (Hugging Face directories are)")
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
     kv_heads = int(get("attention.head_count_kv", heads))
@@ -146,6 +153,8 @@ def build_config(
     if scaling is not None:
         config["rope_scaling"] = scaling
     window = get("attention.sliding_window", None)
+    if int(get("expert_count", 0) or 0):
+        config.update(moe_fields(arch, get, metadata, shapes, config))
     if arch == "gemma3":
         config.update(_gemma3_fields(get, config))
     elif window is not None:

@@ -5,7 +5,8 @@ config (see :mod:`glassbox.models.gguf_config`) and maps each tensor name to its
 ``GGUFCheckpoint.tensors()`` then dequantizes one tensor at a time to float32, in the Hugging Face shape and
 row order (llama.cpp stores the Q/K projections of llama-family models with the rotary pairs interleaved;
 they are put back in the half-split order transformers uses; Gemma's (1 + w) norm weights, stored with the 1
-added, get it taken off again).
+added, get it taken off again). Names: models/gguf_names.py (a MoE layer's experts are 3-D, stacked per
+projection); ``stored_tensors`` hands out the packable tensors' raw blocks (engine/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -28,46 +29,13 @@ from glassbox.models.gguf_config import (
     build_config,
     hf_architecture,
 )
+from glassbox.models.gguf_names import hf_tensor_name
 
 logger = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
 # llama.cpp's gguf-split naming: <stem>-00001-of-00003.gguf (1-based, five digits).
 _SHARD_NAME = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
-
-# GGUF tensor names -> Hugging Face parameter names (the per-layer part after "blk.N.").
-_TOP_LEVEL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-# Gemma 3 norms around both the attention and the MLP: its ffn_norm is the norm *before* the MLP.
-_GEMMA3_LAYER_NAMES = {
-    **_LAYER_NAMES,
-    "post_attention_norm": "post_attention_layernorm",
-    "ffn_norm": "pre_feedforward_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-}
-_ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES}
-# Tensors with no Hugging Face parameter that carry nothing the config does not already hold:
-# rope_freqs (llama 3.x) is the llama3 rope scaling, turned into config["rope_scaling"] and checked there;
-# attn_rot_embd (old llama conversions) is the rotary inverse-frequency buffer, recomputed from rope_theta.
-_REDUNDANT = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
-_LAYER_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<part>\w+)\.(?P<kind>weight|bias)$")
-
 
 def is_gguf(path: str | Path) -> bool:
     """Whether ``path`` names a GGUF file: a name ending in .gguf, or a file starting with the GGUF magic."""
@@ -180,24 +148,6 @@ def supported_tensor_types() -> list[str]:
     return [t.name for t in GGMLQuantizationType if _can_dequantize(t)]
 
 
-def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
-    """The Hugging Face parameter name of a GGUF tensor of an ``arch`` model; None for a known-redundant
-    tensor (rope_freqs).
-
-    Raises ValueError for a tensor this reader does not know.
-    """
-    if _REDUNDANT.match(gguf_name):
-        return None
-    stem, _, kind = gguf_name.rpartition(".")
-    if stem in _TOP_LEVEL_NAMES and kind in ("weight", "bias"):
-        return f"{_TOP_LEVEL_NAMES[stem]}.{kind}"
-    m = _LAYER_TENSOR.match(gguf_name)
-    names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
-    if m and m["part"] in names:
-        return f"model.layers.{int(m['layer'])}.{names[m['part']]}.{m['kind']}"
-    raise ValueError(f"GGUF tensor {gguf_name!r} has no known Hugging Face parameter name")
-
-
 def hf_shape(t: ReaderTensor) -> tuple[int, ...]:
     """A tensor's shape in PyTorch order (GGUF lists the fastest-moving dimension first)."""
     return tuple(int(d) for d in reversed(t.shape.tolist()))
@@ -259,15 +209,20 @@ class GGUFCheckpoint:
                 values = self._hf_row_order(t.name, dequantize_tensor(t))
                 if norm_offset and name.endswith("norm.weight"):
                     values -= np.float32(norm_offset)  # float32, as the file stores it
+                if name.endswith("shared_expert_gate.weight") and values.ndim == 1:
+                    values = values.reshape(1, -1)  # llama.cpp reads it as a vector; Hugging Face (1, H)
                 yield name, values
 
-    def stored_tensors(self, types: set[str]) -> Iterator[tuple[str, str, np.ndarray, tuple[int, ...]]]:
-        """(HF name, GGML type, raw block bytes (rows, row bytes), HF shape) of the 2-D tensors whose type is in
-        ``types``, as stored (no dequantization), rows in the Hugging Face order (Q/K un-permuted)."""
+    def stored_tensors(
+        self, types: set[str], ndim: int = 2
+    ) -> Iterator[tuple[str, str, np.ndarray, tuple[int, ...]]]:
+        """(HF name, GGML type, raw block bytes (rows, row bytes), HF shape) of the ``ndim``-D tensors whose
+        type is in ``types``, as stored (no dequantization), rows in the Hugging Face order (Q/K un-permuted);
+        3-D tensors (a layer's stacked experts) as (E, rows, row bytes)."""
         for reader in self._readers:
             for t in reader.tensors:
                 name = self._names.get(t.name)
-                if name is None or t.tensor_type.name not in types or len(t.shape) != 2:
+                if name is None or t.tensor_type.name not in types or len(t.shape) != ndim:
                     continue
                 yield name, t.tensor_type.name, self._hf_row_order(t.name, np.asarray(t.data)), hf_shape(t)
 

@@ -7,7 +7,8 @@ writes them): the router is ``mlp.router`` (glassbox's ``mlp.gate``), and the ex
 stored transposed, ``gate_up_proj`` (E, H, 2I) with gate and up interleaved along 2I and ``down_proj``
 (E, I, H). glassbox holds them as (E, 2I, H) and (E, H, I), the layout of its other MoE families, with the
 gate_up rows left interleaved (``ClampedSwiGLU`` reads them so): each checkpoint tensor is copied into a
-transposed view of its parameter.
+transposed view of its parameter. GGUF files (models/gguf_names.py) hold the gate and up matrices apart,
+untransposed: they fill the interleaved rows (models/moe.py ``stacked_slot``).
 """
 
 from __future__ import annotations
@@ -25,4 +26,4 @@ class GptOssForCausalLM(LlamaForCausalLM):
         name = name.replace(".mlp.router.", ".mlp.gate.")
         if name.endswith(_TRANSPOSED) and name in params:
             return name, params[name].transpose(1, 2)
-        return (name, params[name]) if name in params else None
+        return super().checkpoint_view(name, params)  # GGUF files' stacked experts among them

@@ -14,7 +14,7 @@ from glassbox.layers.norm import RMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.model_config import ModelConfig
-from glassbox.models.moe import SparseMoeBlock, checkpoint_name, checkpoint_slot
+from glassbox.models.moe import SparseMoeBlock, checkpoint_name, checkpoint_slot, stacked_slot
 
 
 class LlamaAttention(nn.Module):
@@ -176,7 +176,9 @@ class LlamaForCausalLM(CausalLM):
             layer.self_attn.fuse()
             if isinstance(layer.mlp, LlamaMLP):
                 layer.mlp.fuse()
-            elif isinstance(layer.mlp.shared_expert, LlamaMLP):
+                continue
+            layer.mlp.experts.fuse()  # experts held as stored become linears (their biases now loaded)
+            if isinstance(layer.mlp.shared_expert, LlamaMLP):
                 layer.mlp.shared_expert.fuse()
 
     def checkpoint_view(self, name: str, params: dict[str, nn.Parameter]) -> tuple[str, torch.Tensor] | None:
@@ -187,4 +189,8 @@ class LlamaForCausalLM(CausalLM):
         if slot is not None and slot[0] in params:
             target, e, rows = slot
             return target, params[target][e, rows]
+        interleaved = self.config.swiglu_limit is not None  # gpt-oss's gate/up rows
+        stacked = stacked_slot(name, params, self.config.moe_intermediate_size, interleaved)
+        if stacked is not None:  # GGUF files' stacked experts
+            return stacked
         return super().checkpoint_view(checkpoint_name(name), params)

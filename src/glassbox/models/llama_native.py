@@ -23,6 +23,7 @@ from glassbox.layers.attention import AttentionMetadata, prefill_attention
 from glassbox.layers.block_linear import kernel_chosen
 from glassbox.layers.kv_quant import KV8_DTYPES
 from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+from glassbox.models.llama_burst import DecodeBurst, bind_burst
 from glassbox.models.llama_step import DecodeStep, bind_step
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -50,6 +51,7 @@ class NativeForward:
     layers: list[LayerOps]
     final_norm: cpu_ops.AddRMSNorm
     step: DecodeStep | None = None  # decode-only steps in one native call (all linears block weights)
+    burst: DecodeBurst | None = None  # several greedy decode steps in one native call (over ``step``)
 
     def __call__(
         self,
@@ -113,7 +115,8 @@ def bind(lm: LlamaForCausalLM, kv_caches: list[torch.Tensor], dtype: torch.dtype
         )
     final = cpu_ops.AddRMSNorm(model.norm.weight.detach(), model.norm.eps)
     step = bind_step(lm, [(lo.attn, lo.in_norm, lo.post_norm) for lo in layers], final)
-    return NativeForward(model.embed_tokens.forward, kv_caches, layers, final, step)
+    burst = bind_burst(lm, step, layers[0].attn)
+    return NativeForward(model.embed_tokens.forward, kv_caches, layers, final, step, burst)
 
 
 def forward(

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from glassbox.kernels import cpu_ops
 from glassbox.layers.bf16_linear import TiledBf16Linear
 from glassbox.layers.block_linear import BlockQuantLinear
+from glassbox.layers.block_quant import BlockWeights
 from glassbox.layers.kquant import KQuantWeights
 from glassbox.layers.linear import ConcatLinear
 from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
@@ -29,7 +30,7 @@ from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
 
-class _Linear(ctypes.Structure):
+class StepLinear(ctypes.Structure):
     _fields_ = [
         ("codes", _P), ("scales", _P), ("offsets", _P), ("zeros", _P), ("bias", _P),
         ("n", _I), ("k", _I), ("kp", _I), ("offset_factor", _F), ("bits", _C), ("kind", _C),
@@ -39,9 +40,9 @@ class _Linear(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [
         ("in_norm", _P), ("post_norm", _P), ("q_norm", _P), ("k_norm", _P), ("k_cache", _P), ("v_cache", _P),
-        ("sinks", _P), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear), ("down", _Linear),
+        ("sinks", _P), ("qkv", StepLinear), ("o", StepLinear), ("gate_up", StepLinear), ("down", StepLinear),
         ("window", _I), ("in_eps", _F), ("post_eps", _F), ("qk_eps", _F),
-        ("qkv_k", _Linear), ("qkv_v", _Linear), ("qkv_parts", _I),
+        ("qkv_k", StepLinear), ("qkv_v", StepLinear), ("qkv_parts", _I),
     ]  # fmt: skip
 
 
@@ -53,26 +54,31 @@ class _Model(ctypes.Structure):
     ]  # fmt: skip
 
 
-def _linear(module: object, k: int) -> _Linear | None:
+def step_linear(module: object, k: int) -> StepLinear | None:
     """A block-weight, K-quant or bf16-tiles linear as cpu_step.c reads it; None for any other linear (or
     act-order blocks)."""
     if isinstance(module, TiledBf16Linear) and module.in_features == k:
         tiles, bias_f32 = module.pointers()
-        return _Linear(tiles, None, None, None, bias_f32, module.out_features, k, k, 0.0, 0, 16)
+        return StepLinear(tiles, None, None, None, bias_f32, module.out_features, k, k, 0.0, 0, 16)
     if not isinstance(module, BlockQuantLinear) or module.w.perm is not None or module.in_features != k:
         return None
     bias = None if module.bias is None else module.bias.data_ptr()
     w, n = module.w, module.out_features
     if isinstance(w, KQuantWeights):  # its meta bytes where block weights have their scales
-        return _Linear(w.codes.data_ptr(), w.meta.data_ptr(), None, None, bias, n, k, k, 0.0, 0, w.kind)
+        return StepLinear(w.codes.data_ptr(), w.meta.data_ptr(), None, None, bias, n, k, k, 0.0, 0, w.kind)
+    return block_linear(w, bias)
+
+
+def block_linear(w: BlockWeights, bias: int | None = None) -> StepLinear:
+    """Block weights (rows in tiles, layers/block_quant.py) as cpu_step.c reads a linear."""
     codes, scales, offsets, zeros, factor = w.pointers()
-    return _Linear(codes, scales, offsets, zeros, bias, n, k, w.padded, factor, w.bits, 0)
+    return StepLinear(codes, scales, offsets, zeros, bias, w.out_features, w.in_features, w.padded, factor, w.bits, 0)
 
 
-def _qkv(module: object, k: int) -> list[_Linear] | None:
+def _qkv(module: object, k: int) -> list[StepLinear] | None:
     """The fused q/k/v as one linear, or its parts (a ConcatLinear of q, k, v); None if any is not one."""
     parts = list(module.parts) if isinstance(module, ConcatLinear) else [module]
-    linears = [_linear(p, k) for p in parts]
+    linears = [step_linear(p, k) for p in parts]
     if len(linears) not in (1, 3) or any(lin is None for lin in linears):
         return None
     return [lin for lin in linears if lin is not None]
@@ -139,9 +145,9 @@ def bind_step(lm: LlamaForCausalLM, bound: list[Bound], final: cpu_ops.AddRMSNor
         inter = mlp.intermediate
         qkv = _qkv(sa.qkv_proj, hidden)
         parts = (
-            _linear(sa.o_proj, a0.hq * a0.d),
-            _linear(mlp.gate_up_proj, hidden),
-            _linear(mlp.down_proj, inter),
+            step_linear(sa.o_proj, a0.hq * a0.d),
+            step_linear(mlp.gate_up_proj, hidden),
+            step_linear(mlp.down_proj, inter),
         )
         same_shape = (attn.hq, attn.hk, attn.d, attn.bs, attn.kv8) == (a0.hq, a0.hk, a0.d, a0.bs, a0.kv8)
         if qkv is None or any(p is None for p in parts) or not same_shape:
@@ -150,7 +156,7 @@ def bind_step(lm: LlamaForCausalLM, bound: list[Bound], final: cpu_ops.AddRMSNor
             return None
         o, gate_up, down = parts
         assert o is not None and gate_up is not None and down is not None
-        k_part, v_part = (qkv[1], qkv[2]) if len(qkv) == 3 else (_Linear(), _Linear())
+        k_part, v_part = (qkv[1], qkv[2]) if len(qkv) == 3 else (StepLinear(), StepLinear())
         keep += [inorm, post, attn]
         rows.append(
             _Layer(

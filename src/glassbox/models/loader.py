@@ -15,9 +15,10 @@ from torch import nn
 from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear, PackedWeights
 from glassbox.layers.fp4_linear import FP4Linear
-from glassbox.layers.fp4_quant import FP4Experts, FP4Weights
+from glassbox.layers.fp4_quant import FP4Weights
 from glassbox.layers.fp8_linear import Fp8Linear
 from glassbox.layers.fp8_weights import Fp8Weights
+from glassbox.layers.held_experts import HeldExperts
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
@@ -30,8 +31,8 @@ from glassbox.models.moe import MoEExperts
 
 logger = logging.getLogger(__name__)
 
-# Weights kept in a format of their own, by HF weight name (MoE experts in FP4: by module name)
-Packed = PackedWeights | Fp8Weights | FP4Weights | FP4Experts
+# Weights kept in a format of their own, by HF weight name (a MoE layer's experts: by module name)
+Packed = PackedWeights | Fp8Weights | FP4Weights | HeldExperts
 # (input ids (T,), positions (T,), KV caches, attention metadata) -> final hidden states (T, hidden)
 Forward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], AttentionMetadata], torch.Tensor]
 
@@ -140,13 +141,16 @@ def build_model(
 
 def _swap_in_blocks(model: nn.Module, packed: dict[str, Packed], dtype: torch.dtype) -> None:
     """Replace each module whose weight is in ``packed`` by its block-quantized (FP8, FP4) form (a bias
-    stays a parameter, loaded from the checkpoint by name); MoE experts (by module name) hold theirs in FP4."""
+    stays a parameter, loaded from the checkpoint by name); MoE experts (by module name) hold theirs."""
     for name, blocks in packed.items():
-        if isinstance(blocks, list):
+        if isinstance(blocks, HeldExperts):
             experts = model.get_submodule(name)
             if not isinstance(experts, MoEExperts):
-                raise ValueError(f"{name}: FP4 experts for a {type(experts).__name__}")
-            experts.hold_fp4(blocks)
+                raise ValueError(f"{name}: held experts for a {type(experts).__name__}")
+            try:
+                experts.hold(blocks)
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
             continue
         parent_name, _, child = name.removesuffix(".weight").rpartition(".")
         parent = model.get_submodule(parent_name)

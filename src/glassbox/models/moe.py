@@ -14,8 +14,9 @@ every token runs, scaled by sigmoid(``shared_expert_gate``(x)).
 Execution is grouped (:meth:`MoEExperts.grouped`): the (token, choice) pairs sorted by expert, each
 expert that some token chose runs its two GEMMs once on its gathered rows, and the rows go back weighted
 by their routing weights (one ``index_add_``). A batch-1 decode step thus reads k experts' weights, not E.
-:meth:`MoEExperts.dense` runs every expert on every row (no data-dependent shapes: what a CUDA graph
-captures) and :meth:`MoEExperts.reference` one (token, choice) at a time (for tests).
+On CUDA with triton the forward runs the fused kernels instead (models/moe_triton.py: no host read of the
+counts, eager and in CUDA graphs). :meth:`MoEExperts.dense` runs every expert on every row (no
+data-dependent shapes) and :meth:`MoEExperts.reference` one (token, choice) at a time (for tests).
 """
 
 from __future__ import annotations
@@ -28,10 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from glassbox.layers.activation import get_activation
-from glassbox.layers.fp4_linear import fp4_linear
-from glassbox.layers.fp4_quant import FP4Experts, FP4Weights
 from glassbox.layers.fp4_quantize import quantize
-from glassbox.layers.linear import CpuMatrix, cpu_matrix
+from glassbox.layers.held_experts import ExpertSlice, HeldExperts, kept_linear, linear_bytes, packed_slice
 
 
 class RouterLinear(nn.Linear):
@@ -44,26 +43,36 @@ ROUTERS = ("softmax_topk", "topk_softmax")
 Glu = Callable[[torch.Tensor], torch.Tensor]
 
 
+class Gated:
+    """``act(gate) * up`` over rows holding [gate | up]; ``act`` is the config's name (the fused CUDA
+    kernels read it)."""
+
+    def __init__(self, act: str) -> None:
+        self.act, self.fn = act, get_activation(act)
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.fn(gate) * up
+
+
 def gated(act: str) -> Glu:
     """``act(gate) * up`` over rows holding [gate | up]."""
-    fn = get_activation(act)
-
-    def glu(gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return fn(gate) * up
-
-    return glu
+    return Gated(act)
 
 
 class ClampedSwiGLU:
-    """gpt-oss's expert activation over interleaved rows [g0, u0, g1, u1, ...], as transformers computes
-    it: g = min(gate, limit), u = clamp(up, -limit, limit), out = (u + 1) * g * sigmoid(alpha * g)."""
+    """gpt-oss's expert activation over interleaved rows [g0, u0, g1, u1, ...] (or, not ``interleaved``,
+    [gate | up] halves), as transformers computes it: g = min(gate, limit), u = clamp(up, -limit, limit),
+    out = (u + 1) * g * sigmoid(alpha * g)."""
 
-    def __init__(self, alpha: float, limit: float) -> None:
-        self.alpha, self.limit = alpha, limit
+    def __init__(self, alpha: float, limit: float, interleaved: bool = True) -> None:
+        self.alpha, self.limit, self.interleaved = alpha, limit, interleaved
 
     def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        if self.interleaved:
+            gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
         gate = gate.clamp(max=self.limit)
         up = up.clamp(min=-self.limit, max=self.limit)
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
@@ -85,10 +94,27 @@ def route(
     return weights, ids
 
 
+def gate_up_rows(glu: Glu, inter: int) -> tuple[slice, slice]:
+    """Where ``glu`` reads the gate and the up rows of a (2I) gate_up."""
+    if isinstance(glu, ClampedSwiGLU) and glu.interleaved:
+        return slice(0, 2 * inter, 2), slice(1, 2 * inter, 2)
+    return slice(0, inter), slice(inter, 2 * inter)
+
+
+def as_halves(glu: Glu) -> Glu:
+    """``glu`` reading [gate | up] halves (what a gate_up held as two stacked matrices computes)."""
+    return ClampedSwiGLU(glu.alpha, glu.limit, interleaved=False) if isinstance(glu, ClampedSwiGLU) else glu
+
+
 class MoEExperts(nn.Module):
     """E gated MLPs: ``gate_up_proj`` (E, 2I, H) holds each expert's gate and up rows (in the order its
     ``glu`` reads them), ``down_proj`` (E, H, I); with ``bias``, ``gate_up_proj_bias`` (E, 2I) and
-    ``down_proj_bias`` (E, H)."""
+    ``down_proj_bias`` (E, H).
+
+    Once the checkpoint is loaded each expert may run as a pair of linears (``linears``): its matrices kept
+    as stored (``hold`` before the load, built by ``fuse`` after it, biases included), or packed for the CPU
+    by ``pack_weights`` (bf16); then the float parameters they replace are freed and only the grouped path
+    runs."""
 
     def __init__(self, num_experts: int, hidden: int, inter: int, glu: Glu, bias: bool = False) -> None:
         super().__init__()
@@ -98,87 +124,127 @@ class MoEExperts(nn.Module):
         self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * inter)) if bias else None
         self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden)) if bias else None
         self.glu = glu
-        # per expert (gate_up, down) in a packed CPU layout once pack_weights() ran (CPU bf16); then the 3-D
-        # tensors are dropped and only the grouped path runs
-        self.packed: list[tuple[CpuMatrix, CpuMatrix]] = []
-        # per expert (gate_up, down) in 4-bit floats (layers/fp4_quant.py), run by layers/fp4_linear.py
-        self.fp4: FP4Experts = []
+        self.held: HeldExperts | None = None  # matrices kept as stored, until fuse() builds their linears
+        # per expert (gate_up, down) linears, and what reads gate_up's output; registered (flat) in ``kept``
+        self.linears: list[tuple[nn.Module, nn.Module]] = []
+        self.linear_glu = glu
+        self.kept = nn.ModuleList()
         self.experts_read = 0  # experts whose weights a forward ran, summed over forwards (trace.py reads it)
+        self.bytes_read = 0  # their weights' bytes as held
+        self._bytes: list[int] = []  # each expert's bytes as held, once it runs as linears
+        # CUDA with triton: set by models/moe_triton.use_triton_experts to a device counter (int64) of the
+        # experts the fused kernels read; the forward then runs them
+        self.fused: torch.Tensor | None = None
 
-    def hold_fp4(self, experts: FP4Experts) -> None:
-        """Keep each expert's (gate_up (2I x H), down (H x I)) packed in 4-bit floats (gpt-oss's MXFP4
-        through layers/fp4_quant.mxfp4_experts, or ``quantize_fp4``); the 3-D parameters are freed."""
+    def hold(self, held: HeldExperts) -> None:
+        """Keep the experts' matrices ``held`` as stored; the float parameters they replace are freed (the
+        checkpoint then loads the rest: biases, a side not held), and ``fuse`` builds the linears."""
         want = (self.gate_up_proj.shape[1:], self.down_proj.shape[1:])
-        for e, (w1, w2) in enumerate(experts):
-            if ((w1.out_features, w1.in_features), (w2.out_features, w2.in_features)) != want:
-                raise ValueError(f"FP4 expert {e}: {w1.out_features}x{w1.in_features} and "
-                                 f"{w2.out_features}x{w2.in_features}, the model's are {want}")  # fmt: skip
-        if len(experts) != self.num_experts:
-            raise ValueError(f"{len(experts)} FP4 experts for {self.num_experts}")
-        self.fp4 = experts
-        self._free()
+        for side, rows in ((held.gate_up, want[0]), (held.down, want[1])):
+            if side is None:
+                continue
+            if len(side) != self.num_experts:
+                raise ValueError(f"{len(side)} experts held for {self.num_experts}")
+            for e, parts in enumerate(side):
+                parts = parts if isinstance(parts, tuple) else (parts,)
+                got = (sum(w.out_features for w in parts), parts[0].in_features)
+                if any(w.in_features != got[1] for w in parts) or got != tuple(rows):
+                    raise ValueError(f"expert {e}: held matrices of {got} (rows, columns) for {tuple(rows)}")
+        self.held = held
+        if held.gate_up is not None:
+            self.gate_up_proj = _emptied(self.gate_up_proj)
+        if held.down is not None:
+            self.down_proj = _emptied(self.down_proj)
+
+    def fuse(self) -> None:
+        """After the checkpoint is loaded: each expert's held matrices as linears (with their biases)."""
+        held = self.held
+        if held is None:
+            return
+        two = held.gate_up is not None and len(held.gate_up[0]) == 2
+        gate, up = gate_up_rows(self.glu, self.inter)
+        self.linear_glu = as_halves(self.glu) if two else self.glu
+        pairs = []
+        for e in range(self.num_experts):
+            b1, b2 = self._bias(self.gate_up_proj_bias, e), self._bias(self.down_proj_bias, e)
+            if held.gate_up is None:
+                gate_up: nn.Module = ExpertSlice(self.gate_up_proj[e], b1)
+            else:
+                b1 = torch.cat([b1[gate], b1[up]]) if two and b1 is not None else b1
+                gate_up = kept_linear(held.gate_up[e], b1)
+            if held.down is None:
+                down: nn.Module = ExpertSlice(self.down_proj[e], b2)
+            else:
+                down = kept_linear((held.down[e],), b2)
+            pairs.append((gate_up, down))
+        self._set_linears(pairs)
+        self.held = None
+        for name in ("gate_up_proj_bias", "down_proj_bias"):  # now inside the linears
+            bias = getattr(self, name)
+            if bias is not None:
+                setattr(self, name, _emptied(bias))
 
     def quantize_fp4(self, kind: str) -> int:
         """``--quantization mxfp4|nvfp4``: each expert's two matrices quantized. Returns the count."""
         w1, w2 = self.gate_up_proj.detach(), self.down_proj.detach()
-        self.hold_fp4([(quantize(w1[e], kind), quantize(w2[e], kind)) for e in range(self.num_experts)])
-        return 2 * self.num_experts
+        n = self.num_experts
+        gate_up, down = [(quantize(w1[e], kind),) for e in range(n)], [quantize(w2[e], kind) for e in range(n)]
+        self.hold(HeldExperts(list(gate_up), list(down)))
+        self.fuse()
+        return 2 * n
 
-    def packed_weights(self) -> list[FP4Weights]:
-        return [w for pair in self.fp4 for w in pair]
-
-    def expert_bytes(self) -> int:
-        """The bytes of one expert's weights (and biases) as held: bf16/float32, packed (tiles or oneDNN) or FP4."""
-        if self.fp4:
-            w1, w2 = self.fp4[0]
-            weights = w1.nbytes + w2.nbytes
-        elif self.packed:
-            weights = self.packed[0][0].nbytes + self.packed[0][1].nbytes
-        else:
-            weights = (
-                self.gate_up_proj[0].numel() + self.down_proj[0].numel()
-            ) * self.gate_up_proj.element_size()
-        biases = [b for b in (self.gate_up_proj_bias, self.down_proj_bias) if b is not None]
-        return weights + sum(b[0].numel() * b.element_size() for b in biases)
-
-    def _free(self) -> None:
+    def expert_bytes(self, e: int = 0) -> int:
+        """The bytes of expert ``e``'s weights (and biases) as held: bf16/float32, packed (tiles, oneDNN),
+        or in blocks (GGUF types, FP4)."""
+        if self.linears:
+            return sum(linear_bytes(m) for m in self.linears[e])
         w1, w2 = self.gate_up_proj, self.down_proj
-        self.gate_up_proj = nn.Parameter(w1.new_empty(0, *w1.shape[1:]), requires_grad=False)
-        self.down_proj = nn.Parameter(w2.new_empty(0, *w2.shape[1:]), requires_grad=False)
+        weights = (w1[e].numel() + w2[e].numel()) * w1.element_size()
+        biases = [b for b in (self.gate_up_proj_bias, self.down_proj_bias) if b is not None]
+        return weights + sum(b[e].numel() * b.element_size() for b in biases)
 
     def pack_weights(self) -> int:
-        """Each expert's two matrices in the CPU's fastest layout (layers/linear.py ``cpu_matrix``: glassbox's
-        tiles or oneDNN's, faster bf16 GEMVs than plain ``F.linear``); the 3-D parameters are then freed.
-        Returns the matrices packed (none for FP4 experts)."""
-        if self.fp4:
-            return 0
-        w1, w2 = self.gate_up_proj.detach(), self.down_proj.detach()
-        self.packed = [
-            (cpu_matrix(w1[e], self._bias(self.gate_up_proj_bias, e)),
-             cpu_matrix(w2[e], self._bias(self.down_proj_bias, e)))
+        """Each expert's float matrices in the CPU's fastest layout (layers/linear.py ``cpu_matrix``:
+        glassbox's tiles or oneDNN's, faster bf16 GEMVs than plain ``F.linear``); the float parameters are
+        then freed.
+        Returns the matrices packed (none where every matrix is held as stored)."""
+        pairs = self.linears or [
+            (ExpertSlice(self.gate_up_proj[e], self._bias(self.gate_up_proj_bias, e)),
+             ExpertSlice(self.down_proj[e], self._bias(self.down_proj_bias, e)))
             for e in range(self.num_experts)
         ]  # fmt: skip
-        self._free()
-        return 2 * self.num_experts
+        count = sum(isinstance(m, ExpertSlice) for pair in pairs for m in pair)
+        if count:
+            self._set_linears([tuple(packed_slice(m) for m in pair) for pair in pairs])  # type: ignore[misc]
+        for name in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
+            if getattr(self, name) is not None and count:
+                setattr(self, name, _emptied(getattr(self, name)))
+        return count
+
+    def _set_linears(self, pairs: list[tuple[nn.Module, nn.Module]]) -> None:
+        self.linears = pairs
+        self.kept = nn.ModuleList(m for pair in pairs for m in pair)
+        self._bytes = [self.expert_bytes(e) for e in range(self.num_experts)]
 
     @staticmethod
     def _bias(bias: nn.Parameter | None, e: int) -> torch.Tensor | None:
-        return None if bias is None else bias.detach()[e]
+        return None if bias is None or bias.numel() == 0 else bias.detach()[e]
 
     def _expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:  # (n, H) -> (n, H)
-        if self.fp4:
-            w1, w2 = self.fp4[e]
-            h = self.glu(fp4_linear(rows, w1, self._bias(self.gate_up_proj_bias, e)))
-            return fp4_linear(h, w2, self._bias(self.down_proj_bias, e))
-        if self.packed:
-            gate_up, down = self.packed[e]
-            return down(self.glu(gate_up(rows)))
+        if self.linears:
+            gate_up, down = self.linears[e]
+            return down(self.linear_glu(gate_up(rows)))
         h = self.glu(F.linear(rows, self.gate_up_proj[e], self._bias(self.gate_up_proj_bias, e)))
         return F.linear(h, self.down_proj[e], self._bias(self.down_proj_bias, e))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """x (T, H), ids (T, k), weights (T, k) in x's dtype -> (T, H). Grouped; on CUDA while a graph
-        is being captured, dense (the grouped path reads the counts on the host)."""
+        """x (T, H), ids (T, k), weights (T, k) in x's dtype -> (T, H). Grouped; on CUDA the fused triton
+        kernels (models/moe_triton.py, eager and in graphs), else while a graph is being captured, dense
+        (the grouped path reads the counts on the host)."""
+        if self.fused is not None:
+            from glassbox.models.moe_triton import fused_forward
+
+            return fused_forward(self, x, ids, weights)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return self.dense(x, ids, weights)
         return self.grouped(x, ids, weights)
@@ -197,13 +263,15 @@ class MoEExperts(nn.Module):
                 ys[start : start + n] = self._expert(e, xs[start : start + n])
                 start += n
                 self.experts_read += 1
+                self.bytes_read += self._bytes[e] if self.linears else self.expert_bytes(e)
         ys.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1))
         return torch.zeros_like(x).index_add_(0, rows, ys)
 
     def dense(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Every expert on every row, the unchosen ones weighted 0 (reads all E experts)."""
-        assert not self.packed and not self.fp4, "packed experts run grouped"
+        assert not self.linears, "packed or held experts run grouped"
         self.experts_read += self.num_experts
+        self.bytes_read += self.num_experts * self.expert_bytes()
         w = torch.zeros(x.shape[0], self.num_experts, dtype=x.dtype, device=x.device)
         w.scatter_(1, ids, weights)
         gate_up = torch.einsum("th,eoh->teo", x, self.gate_up_proj)
@@ -221,6 +289,11 @@ class MoEExperts(nn.Module):
             for j in sorted(range(ids.shape[1]), key=lambda j: int(ids[t, j])):
                 out[t] += self._expert(int(ids[t, j]), x[t : t + 1])[0] * weights[t, j]
         return out
+
+
+def _emptied(p: nn.Parameter) -> nn.Parameter:
+    """``p`` with no expert left (its shape past the first dim kept): the linears hold its values now."""
+    return nn.Parameter(p.new_empty(0, *p.shape[1:]), requires_grad=False)
 
 
 class SparseMoeBlock(nn.Module):
@@ -294,3 +367,30 @@ def checkpoint_slot(name: str, inter: int) -> tuple[str, int, slice] | None:
 def checkpoint_name(name: str) -> str:
     """A checkpoint tensor's name in glassbox's MoE module (Mixtral's ``block_sparse_moe`` -> ``mlp``)."""
     return name.replace(".block_sparse_moe.", ".mlp.")
+
+
+# a layer's experts stacked, one tensor per projection, as GGUF files hold them (models/gguf_names.py)
+_STACKED = re.compile(r"^(.*\.experts)\.(gate_proj|up_proj|down_proj)\.(weight|bias)$")
+
+
+def stacked_slot(
+    name: str, params: dict[str, nn.Parameter], inter: int, interleaved: bool
+) -> tuple[str, torch.Tensor] | None:
+    """For a stacked expert tensor (``mlp.experts.gate_proj.weight`` (E, I, H), ``up_proj``, ``down_proj``
+    (E, H, I), their ``.bias`` (E, I) / (E, H)): the fused parameter and the view of it the tensor fills
+    (the gate and up rows where the model's activation reads them: ``interleaved`` for gpt-oss's).
+    None for any other name, or a parameter the model does not have."""
+    m = _STACKED.match(name)
+    if m is None:
+        return None
+    prefix, proj, kind = m.groups()
+    bias = "_bias" if kind == "bias" else ""
+    if proj == "down_proj":
+        target = f"{prefix}.down_proj{bias}"
+        return (target, params[target]) if target in params else None
+    target = f"{prefix}.gate_up_proj{bias}"
+    if target not in params:
+        return None
+    gate, up = gate_up_rows(ClampedSwiGLU(0.0, 0.0, interleaved) if interleaved else gated("silu"), inter)
+    return target, params[target][:, gate if proj == "gate_proj" else up]
+

@@ -135,6 +135,14 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _bits(quant: dict[str, Any]) -> str:
+    """Each parameter group's bits per weight (a GGUF file's as stored), one figure where all agree."""
+    bits = quant["bits_per_weight"]
+    if len(set(bits.values())) == 1:
+        return f"{next(iter(bits.values())):.2f}"
+    return ", ".join(f"{g} {b:.2f}" for g, b in bits.items())
+
+
 def render(result: dict[str, Any]) -> None:
     """Rich tables for people: memory, speed with its bound, concurrency and rate rows."""
     from rich.console import Console
@@ -151,7 +159,8 @@ def render(result: dict[str, Any]) -> None:
     console.print(
         f"[bold]{m['name']}[/] ({m['model_type']}, {m['total_params'] / 1e9:.2f}B total, "
         f"{m['active_params'] / 1e9:.2f}B active; {m['attention']})\n"
-        f"on [bold]{hw['name']}[/] ({hw['memory_gib']} GiB, {hw['bandwidth_gbs']:,.0f} GB/s), weights {q['scheme']}, "
+        f"on [bold]{hw['name']}[/] ({hw['memory_gib']} GiB, {hw['bandwidth_gbs']:,.0f} GB/s), weights {q['scheme']} "
+        f"({_bits(q)} bits per weight), "
         f"engine [bold]{eng['name']}[/] (eta_bw {eng['eta_bw']}, eta_flops {eng['eta_flops']})\n"
         f"request: {wl['context_tokens']} cached + {wl['prompt_tokens']} prompt + {wl['output_tokens']} output tokens"
     )

@@ -62,7 +62,12 @@ def plan(req: PlanRequest) -> dict[str, Any]:
             "unified_memory": s.hw.unified_memory,
             "source": s.hw.source,
         },
-        "quant": {"requested": req.quant, "scheme": s.scheme.label, "formats": s.scheme.describe()},
+        "quant": {
+            "requested": req.quant,
+            "scheme": s.scheme.label,
+            "formats": s.scheme.describe(),
+            "bits_per_weight": {g: round(s.scheme.format_for(g).bits_per_weight, 3) for g in s.scheme.describe()},
+        },
         "engine": {
             "name": s.engine.name,
             "eta_bw": s.engine.eta_bw,

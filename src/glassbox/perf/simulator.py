@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from glassbox.config import DEFAULT_BLOCK_SIZE
 from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.core import EngineCore, StepTrace
+from glassbox.engine.executor import ReadyStep
 from glassbox.engine.scheduler import Scheduler, SchedulerOutput
 from glassbox.engine.sequence import Sequence as EngineSequence
 from glassbox.outputs import SampleResult
@@ -30,16 +31,6 @@ class VirtualClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@dataclass
-class ReadyStep:
-    """A simulated step's draws: ready at once (the clock already moved)."""
-
-    results: dict[int, SampleResult]
-
-    def result(self) -> dict[int, SampleResult]:
-        return self.results
 
 
 class SimulatedExecutor:

@@ -215,7 +215,8 @@ async def _events(
         by_index = {e["i"]: e for e in body["steps"]}
         for i, flat in batches:
             entry = by_index.get(i)
-            figures = ceilings.step_figures(flat, entry["exec"]) if entry is not None else None
+            # a greedy decode burst ran its rows several times: the figures of one pass, on average
+            figures = ceilings.step_figures(flat, entry["exec"] / entry["passes"]) if entry is not None else None
             if entry is not None and figures is not None:
                 entry["gbs"], entry["tflops"] = figures
         body["probe"] = ceilings.status

@@ -187,6 +187,7 @@ class DashboardRecorder:
                     "t": record.start - self.t0,
                     "dur": record.duration_s,
                     "exec": record.execute_s,
+                    "passes": record.passes,
                     "bs": record.batch_size,
                     "pf": record.num_prefill_tokens,
                     "dc": record.num_decode_tokens,
