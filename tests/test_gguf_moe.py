@@ -214,7 +214,9 @@ def _held_llm(path: Path, monkeypatch: pytest.MonkeyPatch) -> LLM:
     """The engine on ``path`` in float32 with the experts kept as stored (the engine itself dequantizes
     every GGUF weight in float32: the test has the checkpoint's own ``weights`` called with keep_packed)."""
     weights = Checkpoint.weights
-    monkeypatch.setattr(Checkpoint, "weights", lambda self, keep, device, dt: weights(self, True, device, dt))
+    monkeypatch.setattr(
+        Checkpoint, "weights", lambda self, keep, device, dt, **kw: weights(self, True, device, dt, **kw)
+    )
     return LLM(str(path), dtype="float32", max_num_seqs=3)
 
 
