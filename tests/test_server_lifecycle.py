@@ -135,6 +135,7 @@ def test_sigterm_drains_and_exits(tiny_model: Path, tmp_path: Path) -> None:  # 
     )
     results: dict[str, list[Any]] = {}
     ready = threading.Barrier(15)
+    running = threading.Event()  # the short request has its first token: it runs, the others queue after it
 
     def stream(name: str, max_tokens: int) -> None:
         body = {"prompt": f"story {name}", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
@@ -142,15 +143,22 @@ def test_sigterm_drains_and_exits(tiny_model: Path, tmp_path: Path) -> None:  # 
         try:
             with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=30) as r:
                 assert r.status_code == 200
+                it = r.iter_lines()
+                while name == "short" and not running.is_set():
+                    lines.append(next(it))
+                    if lines[-1].startswith("data:"):
+                        running.set()
                 ready.wait(10)  # the response has started: the request is queued or running
-                lines.extend(r.iter_lines())
+                lines.extend(it)
         except httpx.HTTPError as e:
             lines.append(f"error: {e!r}")
         results[name] = sse_events(iter(x for x in lines if not x.startswith("error")))
 
     threads = [threading.Thread(target=stream, args=("short", 40), daemon=True)]
     threads += [threading.Thread(target=stream, args=(f"long{i}", 1000), daemon=True) for i in range(13)]
-    for t in threads:
+    threads[0].start()
+    assert running.wait(20), "the short request never started"
+    for t in threads[1:]:
         t.start()
     try:
         ready.wait(20)  # every request is in flight (4 running, 10 waiting)

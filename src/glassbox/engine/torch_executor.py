@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 MAX_GRAPH_BATCH = 512
 GRAPH_RESERVE_BYTES = 256 << 20  # the decode graphs' private pool and static buffers (measured < 64 MiB)
 # CPU, serving: a step under this many FLOPs leaves one core to the HTTP frontend (see reserve_frontend_core)
-LIGHT_STEP_FLOPS = 1.5e9
+LIGHT_STEP_FLOPS = 0.1e9
 
 
 class TorchExecutor:
@@ -283,7 +283,9 @@ class TorchExecutor:
         for that thread. Measured on 2 cores, demo model, one streaming client: 2.4 ms per token on two
         threads, 0.97 ms on one; Qwen3-0.6B shape: 28.9 and 28.5 ms, while its prefills and batch-8
         decode still want both (TTFT 184 vs 300 ms, 131 vs 94 tok/s), hence the threshold on the step's
-        work.
+        work. SmolLM2-135M's decode step (0.27 GFLOP, ~8 ms) wants both too (2 cores of a Xeon, one client,
+        benchmarks/bench_peers.py: TPOT 13.4 ms on one thread, 8.2 on two): the threshold sits between it and
+        the demo model's (0.012 GFLOP).
         """
         if self.device.type == "cpu" and self.max_threads > 1:
             self.light_threads = self.max_threads - 1
