@@ -117,6 +117,8 @@ static inline __attribute__((always_inline)) void tile4(const uint16_t *wt, cons
     for (i64 p = 0; p < K2; p++) {
         __m512bh wv[4];
 #pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(wt + i * ts + p * 32) + GB_PREFETCH_AHEAD, _MM_HINT_T0);
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++) wv[i] = (__m512bh)_mm512_loadu_si512(wt + i * ts + p * 32);
 #pragma GCC unroll 4
         for (int m = 0; m < MB; m++) {

@@ -133,6 +133,8 @@ static inline __attribute__((always_inline)) void tile16_m1(const uint8_t *codes
         for (int r = 0; r < 16; r++) {
             const i64 at = sb < full ? sb * 16 + r * step : full * 16 + r; /* in super-blocks */
             const uint8_t *rec = codes + at * cb, *mt = meta + at * mb;
+            for (i64 q = 0; q < cb * step; q += 64) /* cpu_common.h */
+                _mm_prefetch((const char *)(rec + GB_PREFETCH_AHEAD + q), _MM_HINT_T0);
             __m512 S, O;
             if (kind == 6) {
                 __m512i V[4];
