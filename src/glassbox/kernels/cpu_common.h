@@ -124,13 +124,13 @@ static inline __attribute__((always_inline)) void finish_heads(i64 hq, i64 d, fl
     }
 }
 
-/* How far ahead (bytes) the batch-1 GEMVs ask for their weight stream in software (_mm_prefetch): the 4-bit
- * block and K-quant tiles (cpu_quant.c, cpu_kquant.c) and each of the bf16 tiles' four streams (cpu_bf16.c).
- * On one thread of an Intel Xeon, a Qwen3-0.6B step's linears read from DRAM went, alternating runs:
- * Q4_0 11.5-13 -> 17.6-19.6 GB/s, Q4_K 6.7-7.8 -> 9.7-10.6, Q6_K 7.4-7.8 -> 9.5-9.9, bf16 12.4 -> 14.1;
- * 2 KB ahead gained less, 8-16 KB no more. The hardware prefetcher alone does not run that far ahead of a
- * kernel that does this much arithmetic per byte. The 8-bit codes (Q8_0, int8) streamed at 19-21 GB/s either
- * way and take none. */
+/* How far ahead (bytes) the batch-1 GEMVs ask for their weight stream in software (_mm_prefetch): the block
+ * and K-quant tiles (cpu_quant.c, cpu_kquant.c) and each of the bf16 tiles' four streams (cpu_bf16.c). The
+ * hardware prefetcher alone does not run far enough ahead of kernels doing this much arithmetic per byte.
+ * Measured on an Intel Xeon (2 vCPUs), a Qwen3-0.6B step's linears read from DRAM, alternating runs, one
+ * thread: Q4_0 6.2-7.4 -> 10.1-11.1 GB/s, Q8_0 7.7-10.3 -> 11.9-12.5, Q4_K 6.7-7.8 -> 9.7-10.6, Q6_K
+ * 7.4-7.8 -> 9.5-9.9, bf16 12.4 -> 14.1; two threads: Q4_0 11.5-13 -> 17.6-19.6, Q8_0 about even. 2 KB ahead
+ * gained less, 8-16 KB no more. */
 #define GB_PREFETCH_AHEAD 4096
 
 /* One 32-value block of activations (float32 dt=0 or bf16 dt=1) starting at element k0 of x, the values

@@ -171,8 +171,9 @@ static void rows16_m1(const uint8_t *w, const uint16_t *d, const uint16_t *o, co
             const uint8_t *wr = w + (ch * 16 + r) * cb;
             const i64 mo = (ch * 16 + r) * CHUNK;
             __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            for (i64 q = 0; q < cb; q += 64) /* cpu_common.h */
+                _mm_prefetch((const char *)(wr + GB_PREFETCH_AHEAD + q), _MM_HINT_T0);
             if (bits == 4) {
-                for (int q = 0; q < 256; q += 64) _mm_prefetch((const char *)(wr + GB_PREFETCH_AHEAD + q), _MM_HINT_T0);
                 for (int q = 0; q < 4; q += 2) {
                     const __m512i v0 = _mm512_loadu_si512((const void *)(wr + q * 64));
                     const __m512i v1 = _mm512_loadu_si512((const void *)(wr + q * 64 + 64));
