@@ -85,7 +85,7 @@ def _launches(
     cap = CAPABILITY[target]
     monkeypatch.setattr(attention_tiles, "device_capability", lambda device: cap)
     monkeypatch.setattr(ta, "device_capability", lambda device: cap)
-    monkeypatch.setattr(ta, "_num_sms", lambda device: SMS[target])
+    monkeypatch.setattr(ta, "num_sms", lambda device: SMS[target])
     hq, hk, d = shape
     bs = 16
     cache = torch.zeros(64, bs, hk, row_width(d, kv_dtype), dtype=kv_dtype)

@@ -33,7 +33,7 @@ FP8_KERNELS = ("_fp8_gemv_kernel", "_fp8_mm_kernel", "_split_sum_kernel")
 def _recording(target: str) -> Iterator[list[Launch]]:
     """Within: the modules' kernels record their launches instead of running, on ``target``'s shapes."""
     calls: list[Launch] = []
-    saved = {name: getattr(tbl, name) for name in (*KERNELS, "_num_sms")}
+    saved = {name: getattr(tbl, name) for name in (*KERNELS, "num_sms")}
     saved_fp8 = {name: getattr(tfl, name) for name in FP8_KERNELS}
 
     def recorder(fn: Any) -> Any:
@@ -47,7 +47,7 @@ def _recording(target: str) -> Iterator[list[Launch]]:
         setattr(tbl, name, recorder(saved[name]))
     for name in FP8_KERNELS:
         setattr(tfl, name, recorder(saved_fp8[name]))
-    tbl._num_sms = lambda device: SMS[target]  # type: ignore[assignment]
+    tbl.num_sms = lambda device: SMS[target]  # type: ignore[assignment]
     try:
         yield calls
     finally:

@@ -305,7 +305,7 @@ def _cuda_sms(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-def _num_sms(device: torch.device) -> int:
+def num_sms(device: torch.device) -> int:
     """Multiprocessors of ``device``; 1 for a CPU device (triton's interpreter)."""
     if device.type != "cuda":
         return 1
@@ -317,7 +317,7 @@ def decode_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
 
     Depends only on the batch shape, so a CUDA graph captured for ``batch`` keeps its launch valid.
     """
-    return min(MAX_SPLITS, _pow2(-(-_num_sms(device) // max(1, batch * num_kv_heads))))
+    return min(MAX_SPLITS, _pow2(-(-num_sms(device) // max(1, batch * num_kv_heads))))
 
 
 def decode_attention(

@@ -47,13 +47,13 @@ annotations (the compiler rejects any that is not a constexpr).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from glassbox.kernels.triton_attention import num_sms
 from glassbox.kernels.triton_block_gemv import _block_gemv_kernel, _dequant, _rows
 
 BLOCK = 32
@@ -236,22 +236,10 @@ def mm_tiles(rows: int, bits: int, dtype: torch.dtype) -> MmTiles:
     return MmTiles(64 if rows <= 64 else 128, 128, 64, 8, 3)
 
 
-@functools.cache
-def _cuda_sms(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
-
-
-def _num_sms(device: torch.device) -> int:
-    """Multiprocessors of ``device``; 1 for a CPU device (triton's interpreter)."""
-    if device.type != "cuda":
-        return 1
-    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def _splits(programs: int, steps: int, device: torch.device) -> int:
     """K splits: enough programs for 4 per SM, at most one per step (a fixed function of the shapes, so a
     captured CUDA graph keeps its launch valid)."""
-    want = -(-4 * _num_sms(device) // max(1, programs))
+    want = -(-4 * num_sms(device) // max(1, programs))
     return max(1, min(MAX_SPLITS, steps, want))
 
 
