@@ -177,6 +177,13 @@ def _block_gemv_kernel(  # type: ignore[no-untyped-def]
                 w = _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS) * x
             y += tl.sum(w, 1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    _finish_row(y, n, N, bias_ptr, out_ptr, ws_ptr, pid_k, splits, HAS_BIAS)
+
+
+@triton.jit
+def _finish_row(y, n, N, bias_ptr, out_ptr, ws_ptr, pid_k, splits, HAS_BIAS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """A GEMV's one row (triton_block_linear._finish for tiles): with one split the output (+ bias) in its
+    dtype; with more this split's float32 partial sums."""
     if splits == 1:
         if HAS_BIAS:
             y += tl.load(bias_ptr + n, mask=n < N, other=0.0)

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from glassbox.kernels.triton_block_gemv import _finish_row
 from glassbox.kernels.triton_block_linear import DECODE_ROWS, _dot, _finish, _split_sum_kernel, _splits
 
 
@@ -113,13 +114,7 @@ def _fp8_gemv_kernel(  # type: ignore[no-untyped-def]
         k = step * BLOCK_K + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
         acc += _weights(codes_ptr, nc * K, srow, k, K, block_cols) * x[None, :]
-    y = tl.sum(acc, 1)
-    if splits == 1:
-        if HAS_BIAS:
-            y += tl.load(bias_ptr + n, mask=n < N, other=0.0)
-        tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=n < N)
-    else:
-        tl.store(ws_ptr + pid_k.to(tl.int64) * N + n, y, mask=n < N)
+    _finish_row(tl.sum(acc, 1), n, N, bias_ptr, out_ptr, ws_ptr, pid_k, splits, HAS_BIAS)
 
 
 @dataclass(frozen=True)
