@@ -97,6 +97,23 @@ def cuda_ms(fn: Any, iters: int) -> float:
     return statistics.median(times)
 
 
+def graph_ms(fn: Any, calls: int = 20) -> float:
+    """Median milliseconds of one ``fn`` on the device alone: ``calls`` of them captured in a CUDA graph
+    whose replays are timed (events around a single eager call also time the host's launch, which bounds
+    small kernels: ~45 us for cuBLAS, ~130 us for a Triton launch on an H100 machine)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(calls):  # warm-up: compiles, and the allocator's pool for the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return cuda_ms(g.replay, 20) / calls
+
+
 def workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
     """``n`` (prompt ids, output length) pairs; both lengths uniform in LENGTHS ([100, 1024])."""
     rng = random.Random(seed)
@@ -150,7 +167,7 @@ def part_gb_decode(args: argparse.Namespace, quantization: str | None = None) ->
     out = llm.generate([prompt], sp)[0]
     m = out.metrics
     assert m is not None
-    steps = [r.duration_s for r in llm.engine.step_records if r.phase == "decode"]
+    steps = [r.duration_s / r.passes for r in llm.engine.step_records if r.phase == "decode"]  # per pass
     mc = llm.engine.model_config
     table = ex.model.get_submodule("model.embed_tokens")
     emb = table.w.nbytes if isinstance(table, BlockQuantEmbedding) else mc.vocab_size * mc.hidden_size * 2
@@ -198,6 +215,22 @@ def part_gb_decode(args: argparse.Namespace, quantization: str | None = None) ->
         res["ttft_8k_s"] = min(ttfts)
         res["ttft_prompt_tokens"] = TTFT_TOKENS
         res["ttft_8k_all_s"] = ttfts
+        # more cells for the planner's fit and its held-out checks: shorter prompts' TTFT, and decode
+        # steps at batch 16 (max_num_seqs) over the same 128-token prompts
+        for n in (TTFT_TOKENS // 8, TTFT_TOKENS // 2):
+            times = []
+            for i in range(2):
+                t = sync_time()
+                llm.generate([[i + 7, *long_prompt[1:n]]], one)
+                times.append(sync_time() - t)
+            res[f"ttft_{n}_s"] = min(times)
+        batch = [[i + 11, *prompt[1:]] for i in range(16)]
+        llm.engine.step_records.clear()
+        llm.generate(batch, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+        recs = llm.engine.step_records
+        full = [r.duration_s / r.passes for r in recs if r.phase == "decode" and r.batch_size == 16]
+        res["decode_b16_step_ms_median"] = 1e3 * statistics.median(full) if full else None
+        res["decode_b16_steps"] = len(full)
     return res
 
 
@@ -449,14 +482,14 @@ def part_block_kernels(args: argparse.Namespace) -> dict[str, Any]:
                     c = next(turn)
                     block_matmul(x, c.codes, c.tiled_scales, None, None, c.offset_factor, c.bits, None, True)
 
-                ms = cuda_ms(run, 50)
+                ms = graph_ms(run, len(copies) * 4)
                 res[f"int{bits}_{n}x{k}_m{m}"] = {"us": 1e3 * ms, "GBps": nbytes / ms / 1e6}
             del copies, w
         dense_copies = [dense] + [dense.clone() for _ in range(max(0, -(-4 * l2 // dense.nbytes) - 1))]
         for m in (1, 16):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            turn = itertools.cycle(dense_copies)
-            ms = cuda_ms(lambda x=x, turn=turn: F.linear(x, next(turn)), 50)
+            dense_turn = itertools.cycle(dense_copies)
+            ms = graph_ms(lambda x=x, t=dense_turn: F.linear(x, next(t)), len(dense_copies) * 4)
             res[f"bf16_{n}x{k}_m{m}"] = {"us": 1e3 * ms, "GBps": dense.nbytes / ms / 1e6}
         del dense, dense_copies
         torch.cuda.empty_cache()
@@ -536,8 +569,10 @@ def main() -> None:
              f"--requests={args.requests}", f"--hf-requests={args.hf_requests}",
              f"--hf-batch={args.hf_batch}", f"--hf-cb-timeout={args.hf_cb_timeout}"]  # fmt: skip
     extra += ["--hf-compile"] * args.hf_compile + ["--eager"] * args.eager
-    parts = {p: run_part(p, args, extra, args.timeout) for p in args.parts.split(",")}
-    write_summary(parts, args)
+    parts: dict[str, dict[str, Any]] = {}
+    for p in args.parts.split(","):  # the summary after each part: a run cut short keeps what it measured
+        parts[p] = run_part(p, args, extra, args.timeout)
+        write_summary(parts, args)
 
 
 def write_summary(parts: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:

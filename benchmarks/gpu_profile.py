@@ -2,9 +2,10 @@
 grouped (attention, GEMV, GEMM, fused elementwise, sampling, index kernels, copies, other), the device's busy
 share of the wall time, and the host time between steps.
 
-Two cases, each in its own process: batch-1 decode on the Llama-3.1-8B shape (what bounds the roofline
+Two cases by default, each in its own process: batch-1 decode on the Llama-3.1-8B shape (what bounds the roofline
 fraction) and batch-256 decode on the Qwen3-0.6B shape (what bounds throughput). Same dummy-weight
-models as benchmarks/gpu_bench.py. Writes <out>/gpu-profile-<date>.json.
+models as benchmarks/gpu_bench.py; `--cases decode_b1_llama8b_int4` profiles the batch-1 case in 4-bit blocks.
+Writes <out>/gpu-profile-<date>.json.
 
     PYTHONPATH=src python3 benchmarks/gpu_profile.py [--out benchmarks/results] [--eager] [--smoke]
 """
@@ -103,11 +104,11 @@ def profile_decode(llm: Any, prompts: list[list[int]], steps: int) -> dict[str, 
     return res
 
 
-def case_b1(args: argparse.Namespace) -> dict[str, Any]:
+def case_b1(args: argparse.Namespace, quantization: str | None = None) -> dict[str, Any]:
     from gpu_bench import engine_for
 
     llm = engine_for("llama-3.1-8b", Path(args.models), max_model_len=4096, max_num_seqs=16,
-                     enforce_eager=args.eager)  # fmt: skip
+                     enforce_eager=args.eager, quantization=quantization)  # fmt: skip
     vocab = llm.engine.model_config.vocab_size
     warm = [[(7 * j) % vocab for j in range(128)]]
     profile_decode(llm, warm, 8)  # compiles and warms everything outside the measured run
@@ -126,14 +127,20 @@ def case_b256(args: argparse.Namespace) -> dict[str, Any]:
     return profile_decode(llm, prompts, args.steps)
 
 
-CASES = {"decode_b1_llama8b": case_b1, "decode_b256_qwen06b": case_b256}
+CASES = {
+    "decode_b1_llama8b": case_b1,
+    "decode_b256_qwen06b": case_b256,
+    # the same batch-1 step in 4-bit blocks (--quantization int4: the Triton block kernels)
+    "decode_b1_llama8b_int4": lambda args: case_b1(args, quantization="int4"),
+}
+DEFAULT_CASES = "decode_b1_llama8b,decode_b256_qwen06b"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--models", default=str(Path(tempfile.gettempdir()) / "glassbox-bench-models"))
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"of {', '.join(CASES)}")
     ap.add_argument("--steps", type=int, default=24, help="decode steps profiled per case")
     ap.add_argument("--eager", action="store_true", help="glassbox with enforce_eager (no CUDA graphs)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per case")

@@ -150,11 +150,12 @@ def hf_greedy(
 
 def greedy_continuation(model: Any, ids: list[int], n: int) -> tuple[list[int], list[float]]:
     """A loaded transformers model's greedy continuation of ``ids`` (past any EOS), with the chosen
-    tokens' logprobs."""
+    tokens' logprobs; on the model's device."""
+    dev = next(model.parameters()).device
     toks: list[int] = []
     lps: list[float] = []
     past = None
-    inp = torch.tensor([ids])
+    inp = torch.tensor([ids], device=dev)
     with torch.no_grad():
         for _ in range(n):
             out = model(input_ids=inp, past_key_values=past, use_cache=True)
@@ -163,5 +164,5 @@ def greedy_continuation(model: Any, ids: list[int], n: int) -> tuple[list[int], 
             t = int(logp.argmax())
             toks.append(t)
             lps.append(float(logp[t]))
-            inp = torch.tensor([[t]])
+            inp = torch.tensor([[t]], device=dev)
     return toks, lps
