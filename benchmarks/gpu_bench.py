@@ -217,13 +217,16 @@ def part_gb_decode(args: argparse.Namespace, quantization: str | None = None) ->
         res["ttft_8k_all_s"] = ttfts
         # more cells for the planner's fit and its held-out checks: shorter prompts' TTFT, and decode
         # steps at batch 16 (max_num_seqs) over the same 128-token prompts
-        for n in (TTFT_TOKENS // 8, TTFT_TOKENS // 2):
+        # (each prompt its own first token, so that no prompt finds another's blocks in the prefix cache; on
+        # 2026-11-26 the 4K prompts began with the 1K ones' tokens and found 1024 of them cached)
+        for j, n in enumerate((TTFT_TOKENS // 8, TTFT_TOKENS // 2)):
             times = []
             for i in range(2):
                 t = sync_time()
-                llm.generate([[i + 7, *long_prompt[1:n]]], one)
+                llm.generate([[10 * j + i + 7, *long_prompt[1:n]]], one)
                 times.append(sync_time() - t)
             res[f"ttft_{n}_s"] = min(times)
+        res["ttft_cached_tokens"] = 0
         batch = [[i + 11, *prompt[1:]] for i in range(16)]
         llm.engine.step_records.clear()
         llm.generate(batch, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))

@@ -127,7 +127,9 @@ def step_cost(
         + scan_flops / bf16_rate
     ) / ranks
     flops = (dense_flops + expert_flops + head_flops + attn_flops + scan_flops) / ranks
-    overhead = engine.step_overhead_s + engine.layer_overhead_s * facts.num_layers
+    overhead = (
+        engine.step_overhead_s + engine.layer_overhead_s * facts.num_layers + engine.seq_overhead_s * seqs
+    )
     busy = max(memory_s, compute_s) if engine.overlap else memory_s + compute_s
     comm = step_comm_s(facts, engine.tp, tokens, seqs if logit_rows is None else logit_rows)
     seconds = busy + overhead + comm

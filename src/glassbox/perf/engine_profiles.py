@@ -2,7 +2,8 @@
 
 Each real profile is fitted on BRIEF.md's DGX Spark measurements (tests/test_perf_calibration.py
 redoes the fit and checks these constants against it); ``ideal`` is the ceiling (every efficiency 1,
-no overheads). ``glassbox`` has no published measurement yet: its values are engineering guesses.
+no overheads). ``glassbox`` (its CUDA path) is fitted on its own H100 measurements
+(benchmarks/plan_vs_gpu.py; tests/test_perf_gpu_calibration.py checks them), ``glassbox-cpu`` on a CPU's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class EngineProfile:
     step_overhead_s: fixed per engine step (kernel launches, scheduling, sampling) in seconds.
     layer_overhead_s: per layer per step: the host dispatching an eager engine's ops one by one (seconds);
         0 where kernels are launched from graphs or the dispatch hides behind device work.
+    seq_overhead_s: per sequence per step: host work that grows with the batch (scheduling, inputs,
+        sampling, appending tokens, text) and leaves the device idle (seconds).
     overlap: memory traffic and arithmetic overlap (step = max of the two, as on GPUs); False adds them
         (a CPU core both streams the weights and does the math, so small-batch GEMMs pay for both).
     request_overhead_s: fixed per request before its first token (HTTP, tokenize, admission) in seconds.
@@ -56,6 +59,7 @@ class EngineProfile:
     mixed_rest_format: str | None = None
     kernel_factors: bool = True  # apply formats' decode_kernel_factor (off for ceilings)
     layer_overhead_s: float = 0.0
+    seq_overhead_s: float = 0.0
     eta_attn: float = 0.0  # 0: attention at eta_flops of the bf16 peak
     overlap: bool = True
     kv_row_scales: bool = False
@@ -73,6 +77,7 @@ class EngineProfile:
             moe_flops_factor=1.0,
             step_overhead_s=0.0,
             layer_overhead_s=0.0,
+            seq_overhead_s=0.0,
             request_overhead_s=0.0,
             kernel_factors=False,
         )
@@ -83,17 +88,21 @@ PROFILES: dict[str, EngineProfile] = {
     for p in (
         EngineProfile(
             "glassbox",
-            eta_bw=0.70,
-            eta_flops=0.40,
+            eta_bw=0.64,
+            eta_flops=0.60,
+            eta_attn=0.42,
             moe_flops_factor=0.5,
-            step_overhead_s=0.004,
-            request_overhead_s=0.010,
+            step_overhead_s=0.05e-3,
+            seq_overhead_s=21.2e-6,
+            request_overhead_s=0.020,
             max_batched_tokens=8192,
             max_num_seqs=256,
             runtime_gib=1.0,
             kv_row_scales=True,
             weight_only=True,
-            fitted_on="not fitted: engineering guess until `glassbox trace` on a GPU calibrates it",
+            fitted_on="benchmarks/plan_vs_gpu.py on an H100 SXM (2026-11-26, bf16, dummy weights of real shapes): "
+            "Llama-3.1-8B decode at batch 1 and 16, its 1K and 8K TTFTs, the host time per sequence of a "
+            "batch-256 Qwen3-0.6B step; held out: the 4K TTFT (+13%) and a 256-request throughput run (-13%)",
         ),
         EngineProfile(
             "glassbox-cpu",
