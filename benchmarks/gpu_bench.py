@@ -499,10 +499,69 @@ def part_block_kernels(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def part_gemv_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """The one-row block GEMV's tiles (``GEMV_TILES``: rows per program, 64-byte vectors per step, warps,
+    stages) swept on two of Llama-3.1-8B's shapes in int4 and int8, each timed in a CUDA graph over enough
+    weight copies to read 4x the L2, and checked against the dequantized weight (relative error): which
+    tiles to ship is a measurement (2026-11-26's were ~4x off the SASS estimate)."""
+    import torch.nn.functional as F
+
+    from glassbox.kernels import triton_block_linear as tbl
+    from glassbox.layers.block_quant import quantize
+
+    if SMOKE:
+        return {"skipped": "the Triton kernels need CUDA"}
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    res: dict[str, Any] = {"l2_bytes": l2, "shipped": list(tbl.GEMV_TILES.__dict__.values())}
+    shipped = tbl.GEMV_TILES
+    grid = [(bn, v, w, 3) for bn in (16, 32, 64) for v in (1, 2, 4) for w in (2, 4, 8)]
+    try:
+        for n, k in ((4096, 4096), (28672, 4096)):
+            dense = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+            for bits in (4, 8):
+                w = quantize(dense, bits)
+                ref = F.linear(x.float(), w.dequantize_reference(torch.float32))
+                copies = [w] + [quantize(dense, bits) for _ in range(max(0, -(-4 * l2 // w.nbytes) - 1))]
+                for bn, v, nw, st in grid:
+                    tbl.GEMV_TILES = tbl.GemvTiles(bn, v, nw, st)
+                    key = f"int{bits}_{n}x{k}_bn{bn}_v{v}_w{nw}_s{st}"
+                    try:
+                        out = tbl.block_matmul(
+                            x, w.codes, w.tiled_scales, None, None, w.offset_factor, bits, None, True
+                        )
+                        err = ((out.float() - ref).norm() / ref.norm()).item()
+                        turn = itertools.cycle(copies)
+
+                        def run(turn: Any = turn, x: torch.Tensor = x, bits: int = bits) -> None:
+                            c = next(turn)
+                            tbl.block_matmul(
+                                x, c.codes, c.tiled_scales, None, None, c.offset_factor, bits, None, True
+                            )
+
+                        ms = graph_ms(run, len(copies) * 2)
+                        res[key] = {"us": 1e3 * ms, "GBps": w.nbytes / ms / 1e6, "rel_err": err}
+                    except Exception as e:  # a tile that does not compile (registers, shared memory)
+                        res[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                del copies, w
+            torch.cuda.empty_cache()
+    finally:
+        tbl.GEMV_TILES = shipped
+    best: dict[str, Any] = {}
+    for key, v in res.items():
+        if isinstance(v, dict) and "us" in v and v["rel_err"] < 1e-2:
+            shape = key.split("_bn")[0]
+            if shape not in best or v["us"] < best[shape]["us"]:
+                best[shape] = {"tiles": key.split(shape + "_")[1], **v}
+    res["best"] = best
+    return res
+
+
 PARTS = {
     "probe": part_probe,
     "kernels": part_kernels,
     "block_kernels": part_block_kernels,
+    "gemv_sweep": part_gemv_sweep,
     "gb_decode": part_gb_decode,
     "gb_decode_int4": lambda args: part_gb_decode(args, quantization="int4"),
     "hf_decode": part_hf_decode,
