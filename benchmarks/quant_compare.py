@@ -84,6 +84,7 @@ def main() -> int:
         ("glassbox bf16", model, {}),
         ("glassbox int8", model, {"quantization": "int8"}),
         ("glassbox int4", model, {"quantization": "int4"}),
+        ("glassbox int4-asym", model, {"quantization": "int4-asym"}),
         ("glassbox Q8_0", files["q8_0"], {}),
         ("glassbox Q4_0", files["q4_0"], {}),
     ):
@@ -119,6 +120,7 @@ def main() -> int:
             "glassbox Q4_0 / llama.cpp Q4_0": ratios("glassbox Q4_0", "llama.cpp Q4_0"),
             "glassbox Q8_0 / llama.cpp Q8_0": ratios("glassbox Q8_0", "llama.cpp Q8_0"),
             "glassbox int4 / glassbox bf16": ratios("glassbox int4", "glassbox bf16"),
+            "glassbox int4-asym / glassbox bf16": ratios("glassbox int4-asym", "glassbox bf16"),
             "glassbox int8 / glassbox bf16": ratios("glassbox int8", "glassbox bf16"),
             "glassbox bf16 / llama.cpp bf16": ratios("glassbox bf16", "llama.cpp bf16"),
         },

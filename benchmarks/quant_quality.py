@@ -11,6 +11,7 @@ decode-row path (the int8-activation GEMV for block weights, at most 16 rows), u
   gguf   the file's own Q4_1 / Q8_0 blocks (the default)
   int8   the bf16 weights quantized at load to Q8_0-style blocks (--quantization int8)
   int4   ... to Q4_0-style blocks (--quantization int4)
+  int4-asym ... to Q4_1-style blocks, a scale and a min each (--quantization int4-asym)
 and, as a sanity anchor, float32; and the KV cache in 8 bits beside the bf16 weights (kv-int8, kv-fp8:
 --kv-cache-dtype, read back by the chunks' attention). Writes benchmarks/results/quant-quality-<date>.json.
 
@@ -42,6 +43,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "gguf": {},
     "int8": {"quantization": "int8"},
     "int4": {"quantization": "int4"},
+    "int4-asym": {"quantization": "int4-asym"},
     "kv-int8": {"quantization": "none", "kv_cache_dtype": "int8"},
     "kv-fp8": {"quantization": "none", "kv_cache_dtype": "fp8"},
 }

@@ -61,6 +61,19 @@ def test_int4_int8_quantize_as_llama_cpp(bits: int, qtype: Q, n: int, k: int) ->
     assert np.array_equal(ours, ref)
 
 
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_int4_asym_quantizes_as_llama_cpp_q4_1(n: int, k: int) -> None:
+    """--quantization int4-asym rounds exactly as llama.cpp's Q4_1 reference quantization (gguf's), and a
+    weight already on a Q4_1 grid (a Q4_1 file dequantized) comes back unchanged."""
+    w = _weights(n, k, seed=2)
+    ref = gguf_dequantize(gguf_quantize(w, Q.Q4_1), Q.Q4_1).reshape(n, k)
+    ours = quantize(torch.from_numpy(w), 4, asymmetric=True)
+    assert ours.label == "int4-asym" and ours.offsets is not None
+    assert np.array_equal(ours.dequantize_reference().numpy(), ref)
+    again = quantize(torch.from_numpy(ref), 4, asymmetric=True).dequantize_reference().numpy()
+    assert np.abs(again - ref).max() <= 1e-3 * np.abs(ref).max()  # the fp16 scale and min, re-rounded
+
+
 def _int8_activation_reference(x: torch.Tensor, w: BlockWeights) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernels' arithmetic in PyTorch: x in int8 blocks (round half away from zero), exact integer
     block products, then sum_b dx d ip + o cx; and the sum of its terms' magnitudes (Q4_1's offsets
@@ -142,8 +155,20 @@ def test_quantize_model_shares_a_tied_table() -> None:
     assert not any(isinstance(m, torch.nn.Linear | torch.nn.Embedding) for m in model.modules())
 
 
+def test_int4_asym_keeps_token_tables_in_8_bits() -> None:
+    """int4-asym: linears in Q4_1-style blocks; the embedding and an untied LM head (named lm_head) in
+    Q8_0-style blocks, as llama.cpp's Q4_1 files keep them."""
+    model = torch.nn.Module()
+    model.embed = torch.nn.Embedding(50, 64)
+    model.mid = torch.nn.Linear(64, 64)
+    model.lm_head = torch.nn.Linear(64, 50, bias=False)
+    assert quantize_model(model, 4, asymmetric=True) == 3
+    labels = {name: m.w.label for name, m in model.named_children()}
+    assert labels == {"embed": "int8", "mid": "int4-asym", "lm_head": "int8"}
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize("quantization", ["int8", "int4", "int4-asym"])
 def test_quantized_logprobs_stay_close_to_full_precision(tmp_path, arch: str, quantization: str) -> None:  # type: ignore[no-untyped-def]
     """Through the engine (embedding and tied head quantized too). A random tiny model's next-token
     distribution is nearly flat, so greedy tokens may swap places; its logprobs may not move much."""

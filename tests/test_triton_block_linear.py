@@ -172,9 +172,9 @@ def _tokens(llm: Any) -> list[list[int]]:
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1, triton, and no CUDA")
-@pytest.mark.parametrize("quantization", ["int4", "int8"])
+@pytest.mark.parametrize("quantization", ["int4", "int4-asym", "int8"])
 def test_interpreted_engine_quantization(tmp_path: Path, quantization: str) -> None:
-    """--quantization int4|int8 (every linear and the embedding table in blocks) on the triton path: the
+    """--quantization int4|int4-asym|int8 (every linear and the embedding table in blocks) on the triton path: the
     greedy tokens of the CPU's float32 path (the dequantized weights), through decode graphs (one row: the
     GEMV; 2-4: split-K) and chunked mixed steps (the GEMM)."""
     from test_gpu import with_engine

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from glassbox.config import QUANTIZED_AT_LOAD, EngineConfig
+from glassbox.config import ASYMMETRIC, QUANTIZED_AT_LOAD, EngineConfig
 from glassbox.distributed import state as tp_state
 from glassbox.dtypes import kv_element_bytes
 from glassbox.engine import tp_model
@@ -132,7 +132,7 @@ class TorchExecutor:
         if bits is not None:
             from glassbox.layers.quantization import quantize_model
 
-            quantize_model(self.model, bits)
+            quantize_model(self.model, bits, asymmetric=config.quantization in ASYMMETRIC)
         self.triton_experts = 0  # MoE layers on the fused triton kernels (CUDA)
         if on_triton:
             from glassbox.models.moe_triton import use_triton_experts

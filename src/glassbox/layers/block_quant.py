@@ -292,14 +292,23 @@ def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> BlockW
     return _pack(q, d, None, -8.0, 4, k, ggml_type)
 
 
-def quantize(weight: torch.Tensor, bits: int) -> BlockWeights:
-    """Symmetric 32-value blocks of a float weight (N, K), rounded as llama.cpp's reference quantization:
-    int4 as Q4_0 (d = the block's extreme value / -8), int8 as Q8_0 (d = max|w| / 127); codes from the
-    float32 scale, the scale stored in float16."""
+def quantize(weight: torch.Tensor, bits: int, asymmetric: bool = False) -> BlockWeights:
+    """32-value blocks of a float weight (N, K), rounded as llama.cpp's reference quantization: symmetric,
+    int4 as Q4_0 (d = the block's extreme value / -8), int8 as Q8_0 (d = max|w| / 127); ``asymmetric``
+    4-bit as Q4_1 (d = (max - min) / 15 and the min m stored, w = d q + m: 5 bits a weight, a block's range
+    used whole); codes from the float32 scale, the scale (and min) stored in float16."""
     w = weight.detach().float()
     n, k = w.shape
     kp = -(-k // BLOCK) * BLOCK
     blocks = F.pad(w, (0, kp - k)).view(n, -1, BLOCK)
+    if asymmetric:
+        if bits != 4:
+            raise ValueError(f"--quantization: asymmetric blocks are 4 bits, got {bits}")
+        lo, hi = blocks.amin(-1), blocks.amax(-1)
+        d = (hi - lo) / 15.0
+        inv = torch.where(d != 0, 1.0 / d, 0.0)
+        q = torch.trunc((blocks - lo[..., None]) * inv[..., None] + 0.5).clamp(0, 15).to(torch.uint8)
+        return _pack(q, d.half(), lo.half(), 0.0, 4, k, "int4-asym")
     if bits == 8:
         d = blocks.abs().amax(-1) / 127.0
         s = torch.where(d[..., None] > 0, blocks / d[..., None], 0.0).round().clamp(-127, 127)

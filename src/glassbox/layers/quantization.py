@@ -1,7 +1,8 @@
-"""``--quantization int4|int8``: a built model's linear layers (and embedding table) in 32-value blocks.
+"""``--quantization int4|int4-asym|int8``: a built model's linear layers (and embedding table) in 32-value
+blocks.
 
-Weight-only and symmetric per block (int4 as GGUF's Q4_0, int8 as Q8_0; layers/block_quant.py), applied
-to a built model as oneDNN packing is. A tied LM head shares its blocks with the embedding table.
+Weight-only, per block: symmetric int4 as GGUF's Q4_0 and int8 as Q8_0, int4-asym as Q4_1 (a scale and a
+min; layers/block_quant.py), applied to a built model as oneDNN packing is. A tied LM head shares its blocks with the embedding table.
 ``--quantization mxfp4|nvfp4`` is layers/fp4_linear.py's.
 """
 
@@ -15,16 +16,22 @@ from glassbox.layers.block_quant import BlockWeights, quantize
 from glassbox.layers.fp4_linear import quantize_model_fp4
 
 
-def quantize_model(model: nn.Module, bits: int | str) -> int:
+def quantize_model(model: nn.Module, bits: int | str, asymmetric: bool = False) -> int:
     """Replace every nn.Linear and nn.Embedding with its block-quantized form (``bits`` 4 or 8; "mxfp4" or
-    "nvfp4": ``quantize_model_fp4``); returns the count."""
+    "nvfp4": ``quantize_model_fp4``); returns the count. ``asymmetric``: 4-bit blocks with a min, and the
+    token tables (embedding, LM head) in 8-bit blocks, as llama.cpp's Q4_1 files keep them: on SmolLM2
+    their 4 bits alone cost ~5% perplexity (benchmarks/quant_quality.py)."""
     if isinstance(bits, str):
         return quantize_model_fp4(model, bits)
     done: dict[int, BlockWeights] = {}  # id(weight parameter) -> its blocks (tied tables are one)
+    head = getattr(model, "lm_head", None)
+    tables = {id(m.weight) for m in model.modules() if type(m) is nn.Embedding}
+    tables |= {id(head.weight)} if type(head) is nn.Linear else set()
 
     def blocks(weight: torch.Tensor) -> BlockWeights:
         if id(weight) not in done:
-            done[id(weight)] = quantize(weight, bits)
+            table = asymmetric and id(weight) in tables
+            done[id(weight)] = quantize(weight, 8) if table else quantize(weight, bits, asymmetric)
         return done[id(weight)]
 
     count = 0

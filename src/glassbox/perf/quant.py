@@ -57,6 +57,9 @@ FORMATS: dict[str, QuantFormat] = {
             "q4_0", 4.5, "int8", True, 1.0, "GGUF: 32 4-bit + one fp16 scale = 18 bytes / 32 weights"
         ),
         QuantFormat(
+            "q4_1", 5.0, "int8", True, 1.0, "GGUF: 32 4-bit + fp16 scale and min = 20 bytes / 32 weights"
+        ),
+        QuantFormat(
             "q4_k_m",
             4.85,
             "int8",
