@@ -499,6 +499,31 @@ def part_block_kernels(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def _tinygemm_case(w: Any, x: torch.Tensor, ref: torch.Tensor, copies: int) -> dict[str, Any]:
+    """torch's int4 weight-only kernel (``_weight_int4pack_mm``, gpt-fast's tinygemm: (q - 8) scale + zero
+    per group, bf16 scales) on the same 4-bit codes and scales (bf16-rounded), graph-timed over as many
+    copies of the packed weight: what the library reaches on this GPU, for scale."""
+    try:
+        q = w.unpacked_codes()[:, : w.in_features].to(torch.int32)  # (N, K) 0..15, value order
+        packed = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8)
+        scales = w._rows(w.tiled_scales)[:, : w.in_features // 32].float()  # (N, K/32)
+        sz = (
+            torch.stack([scales, torch.zeros_like(scales)], -1)
+            .transpose(0, 1)
+            .contiguous()
+            .to(torch.bfloat16)
+        )
+        mats = [torch.ops.aten._convert_weight_to_int4pack(packed, 8) for _ in range(copies)]
+        out = torch.ops.aten._weight_int4pack_mm(x, mats[0], 32, sz)
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        turn = itertools.cycle(mats)
+        ms = graph_ms(lambda: torch.ops.aten._weight_int4pack_mm(x, next(turn), 32, sz), copies * 2)
+        nbytes = packed.numel() + sz.numel() * 2
+        return {"us": 1e3 * ms, "GBps": nbytes / ms / 1e6, "rel_err": err}
+    except Exception as e:  # not in this build, or another layout than assumed: say so
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+
+
 def part_gemv_sweep(args: argparse.Namespace) -> dict[str, Any]:
     """The one-row block GEMV's tiles (``GEMV_TILES``: rows per program, 64-byte vectors per step, warps,
     stages) swept on two of Llama-3.1-8B's shapes in int4 and int8, each timed in a CUDA graph over enough
@@ -543,6 +568,8 @@ def part_gemv_sweep(args: argparse.Namespace) -> dict[str, Any]:
                         res[key] = {"us": 1e3 * ms, "GBps": w.nbytes / ms / 1e6, "rel_err": err}
                     except Exception as e:  # a tile that does not compile (registers, shared memory)
                         res[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                if bits == 4:  # the library's int4 GEMM beside it: torch's tinygemm, the same codes
+                    res[f"tinygemm_{n}x{k}"] = _tinygemm_case(w, x, ref, len(copies))
                 del copies, w
             torch.cuda.empty_cache()
     finally:
