@@ -186,7 +186,7 @@ def weight_quant(engine: LLMEngine) -> str:
     """The planner's --quant for the weights this engine reads: its dtype, a GGUF file's own blocks
     ("native"), or the blocks --quantization made (as GGUF's Q4_0/Q8_0)."""
     quantization = engine.config.quantization
-    if quantization in ("int4", "int4-asym", "int8"):
+    if quantization in ("int4", "int4-asym", "int8"):  # int4-asym's 8-bit token tables: counted as q4_1
         return {"int4": "q4_0", "int4-asym": "q4_1", "int8": "q8_0"}[quantization]
     if quantization in ("mxfp4", "nvfp4"):  # linear layers and experts; embed/lm_head in the dtype
         return quantization

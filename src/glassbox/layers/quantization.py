@@ -2,7 +2,8 @@
 blocks.
 
 Weight-only, per block: symmetric int4 as GGUF's Q4_0 and int8 as Q8_0, int4-asym as Q4_1 (a scale and a
-min; layers/block_quant.py), applied to a built model as oneDNN packing is. A tied LM head shares its blocks with the embedding table.
+min; layers/block_quant.py), applied to a built model as oneDNN packing is. A tied LM head shares its
+blocks with the embedding table.
 ``--quantization mxfp4|nvfp4`` is layers/fp4_linear.py's.
 """
 
