@@ -16,7 +16,9 @@ Each part runs in its own process (clean GPU memory). Writes <out>/gpu-<date>.js
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import functools
 import itertools
 import json
 import os
@@ -95,6 +97,13 @@ def cuda_ms(fn: Any, iters: int) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times)
+
+
+def l2_copies(first: Any, nbytes: int, make: Any) -> list[Any]:
+    """``first`` and enough more made by ``make()`` that a round over them reads 4x the L2 (``nbytes`` each),
+    so that each call reads device memory, not what the previous call left in the cache."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return [first] + [make() for _ in range(max(0, -(-4 * l2 // nbytes) - 1))]
 
 
 def graph_ms(fn: Any, calls: int = 20) -> float:
@@ -476,7 +485,7 @@ def part_block_kernels(args: argparse.Namespace) -> dict[str, Any]:
         for bits in (4, 8):
             w = quantize(dense, bits)
             nbytes = w.nbytes
-            copies = [w] + [quantize(dense, bits) for _ in range(max(0, -(-4 * l2 // nbytes) - 1))]
+            copies = l2_copies(w, nbytes, functools.partial(quantize, dense, bits))
             for m in (1, 16):
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 turn = itertools.cycle(copies)
@@ -488,7 +497,7 @@ def part_block_kernels(args: argparse.Namespace) -> dict[str, Any]:
                 ms = graph_ms(run, len(copies) * 4)
                 res[f"int{bits}_{n}x{k}_m{m}"] = {"us": 1e3 * ms, "GBps": nbytes / ms / 1e6}
             del copies, w
-        dense_copies = [dense] + [dense.clone() for _ in range(max(0, -(-4 * l2 // dense.nbytes) - 1))]
+        dense_copies = l2_copies(dense, dense.nbytes, dense.clone)
         for m in (1, 16):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             dense_turn = itertools.cycle(dense_copies)
@@ -537,7 +546,7 @@ def part_gemv_sweep(args: argparse.Namespace) -> dict[str, Any]:
     if SMOKE:
         return {"skipped": "the Triton kernels need CUDA"}
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    res: dict[str, Any] = {"l2_bytes": l2, "shipped": list(tbl.GEMV_TILES.__dict__.values())}
+    res: dict[str, Any] = {"l2_bytes": l2, "shipped": dataclasses.asdict(tbl.GEMV_TILES)}
     shipped = tbl.GEMV_TILES
     grid = [(bn, v, w, 3) for bn in (16, 32, 64) for v in (1, 2, 4) for w in (2, 4, 8)]
     try:
@@ -547,7 +556,7 @@ def part_gemv_sweep(args: argparse.Namespace) -> dict[str, Any]:
             for bits in (4, 8):
                 w = quantize(dense, bits)
                 ref = F.linear(x.float(), w.dequantize_reference(torch.float32))
-                copies = [w] + [quantize(dense, bits) for _ in range(max(0, -(-4 * l2 // w.nbytes) - 1))]
+                copies = l2_copies(w, w.nbytes, functools.partial(quantize, dense, bits))
                 for bn, v, nw, st in grid:
                     tbl.GEMV_TILES = tbl.GemvTiles(bn, v, nw, st)
                     key = f"int{bits}_{n}x{k}_bn{bn}_v{v}_w{nw}_s{st}"

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import workload  # noqa: E402
+from gpu_bench import QWEN3_06B, workload  # noqa: E402
 
 from glassbox.perf.cost_model import prefill_cost, step_cost  # noqa: E402
 from glassbox.perf.engine_profiles import EngineProfile, get_engine  # noqa: E402
@@ -76,7 +76,7 @@ def cells(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 ),
             }  # fmt: skip
     if tp.get("wall_s"):
-        reqs = workload(tp["requests"], 151936)
+        reqs = workload(tp["requests"], QWEN3_06B["vocab_size"])
         specs = [SimRequestSpec(p, SamplingParams(max_tokens=o, ignore_eos=True)) for p, o in reqs]
 
         def sim(hw: HardwareSpec, eng: EngineProfile) -> float:
@@ -94,8 +94,8 @@ def fit(
     """The grid search; ``per_seq(step_overhead_s)`` gives the host time per sequence that goes with each
     candidate fixed step overhead (the profile's idle time less it)."""
 
-    def err(eng: EngineProfile) -> float:
-        return sum((cs[k]["predict"](hw, eng) / cs[k]["measured_s"] - 1) ** 2 for k in FIT if k in cs)
+    def err(eng: EngineProfile, keys: tuple[str, ...] = FIT) -> float:
+        return sum((cs[k]["predict"](hw, eng) / cs[k]["measured_s"] - 1) ** 2 for k in keys if k in cs)
 
     # decode (batch 1 and 16) is memory-bound and prefill compute-bound at these sizes: two smaller searches
     decode = min(
@@ -104,9 +104,7 @@ def fit(
             for bw in range(40, 101)
             for so in range(0, 150, 5)
         ),
-        key=lambda e: sum(
-            (cs[k]["predict"](hw, e) / cs[k]["measured_s"] - 1) ** 2 for k in FIT[:2] if k in cs
-        ),
+        key=lambda e: err(e, FIT[:2]),
     )
     grid = [
         replace(decode, eta_flops=fl / 100, eta_attn=at / 100, request_overhead_s=ro / 1e3)
@@ -119,12 +117,12 @@ def fit(
 
 def seq_overhead(profile: dict[str, Any], step_overhead_s: float) -> float:
     """Host seconds per sequence per step: gpu_profile's batch-256 case, its wall less device-busy time per
-    step, less the fixed step overhead, over its 256 sequences."""
+    step, less the fixed step overhead, over its sequences."""
     case = profile["cases"].get("decode_b256_qwen06b", {})
     if "wall_ms_per_step" not in case:
         return 0.0
     idle = (case["wall_ms_per_step"] - case["busy_ms_per_step"]) / 1e3
-    return max(0.0, idle - step_overhead_s) / 256
+    return max(0.0, idle - step_overhead_s) / case["batch"]
 
 
 def main() -> int:
