@@ -600,6 +600,8 @@ PARTS = {
     "gemv_sweep": part_gemv_sweep,
     "gb_decode": part_gb_decode,
     "gb_decode_int4": lambda args: part_gb_decode(args, quantization="int4"),
+    # --quantization fp8: per-channel E4M3 weights, the 8K prompt's rows W8A8 on FP8 tensor cores
+    "gb_decode_fp8": lambda args: part_gb_decode(args, quantization="fp8"),
     "hf_decode": part_hf_decode,
     "gb_throughput": part_gb_throughput,
     # the same with each step's text work done in the step instead of during the next one

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 21's checks on a lent NVIDIA GPU in one command (a lease is 15 minutes, the machine's start
 # included): the environment, the CUDA tests (parity with transformers, graphs vs eager, memory budget, the
-# Triton weight kernels), benchmarks/gpu_bench.py (bf16 first, then the block GEMV's tile sweep and int4
-# decode) and benchmarks/gpu_profile.py. Every stage has a deadline inside ${BUDGET_S:-540} seconds, so a slow stage
-# costs the later ones, never the whole run; logs and JSON land under $OUT as they are made.
+# Triton weight kernels), benchmarks/gpu_bench.py (bf16 first, then the block GEMV's tile sweep, int4 and
+# fp8 decode), benchmarks/gpu_profile.py and benchmarks/gpu_fp8_bench.py (the FP8 linears' paths). Every
+# stage has a deadline inside ${BUDGET_S:-540} seconds, so a slow stage costs the later ones, never the
+# whole run; logs and JSON land under $OUT as they are made.
 #
 #   run here, in the repository root, on the device machine:  bash benchmarks/gpu_session.sh
 # (Python packages the machine lacks travel as wheels in .whl/ (git-ignored, carried): gguf 0.19.0,
@@ -66,7 +67,12 @@ log "gpu_profile rc=$?"
 t=$(left ${QUANT_S:-150})
 mkdir -p "$OUT/q"
 timeout "$t" python3 benchmarks/gpu_bench.py --out "$OUT/q" --timeout 140 \
-    --parts ${QUANT_PARTS:-gemv_sweep,probe,gb_decode_int4} >>"$OUT/bench.log" 2>&1
-log "gpu_bench int4 rc=$?"
+    --parts ${QUANT_PARTS:-gemv_sweep,probe,gb_decode_int4,gb_decode_fp8} >>"$OUT/bench.log" 2>&1
+log "gpu_bench int4/fp8 rc=$?"
+
+t=$(left ${FP8_S:-60})  # FP8 linears: bf16 vs weight-only Triton vs W8A8 _scaled_mm, 1 to 8,192 rows
+PYTHONPATH=$PYTHONPATH:benchmarks timeout "$t" python3 benchmarks/gpu_fp8_bench.py --out "$OUT" \
+    >"$OUT/fp8.log" 2>&1
+log "gpu_fp8_bench rc=$?"
 grep -h "^== " "$OUT/bench.log" | cut -c1-400
 tail -25 "$OUT/tests.log"

@@ -3,13 +3,14 @@
 The Qwen3-0.6B-shaped random bf16 checkpoint of benchmarks/bench_models.py, and GGUF files exported from it
 (benchmarks/gguf_export.py: bf16, and Q8_0 / Q4_0 quantized by the gguf package, llama.cpp's reference
 quantization). Engines:
-  glassbox bf16 (the safetensors), int8 / int4 (--quantization, at load), Q8_0 / Q4_0 (the GGUF files as stored)
+  glassbox bf16 (the safetensors), int8 / int4 / int4-asym / fp8 (--quantization, at load), Q8_0 / Q4_0 (the
+  GGUF files as stored)
   llama.cpp bf16 / Q8_0 / Q4_0 (the same GGUF files; llama-cpp-python, benchmarks/llamacpp_peer.py)
 Every engine decodes in turns for ``--rounds`` rounds (each a fresh 128-token prompt, 64 greedy steps), since this
 machine's speed drifts by half within minutes; medians and the per-round ratios are reported, with the read
 bandwidth probed at the start and the end of the run. Writes benchmarks/results/quant-compare-<date>.json.
 
-    .venv/bin/python benchmarks/quant_compare.py [--rounds 5] [--threads 2]
+    .venv/bin/python benchmarks/quant_compare.py [--rounds 5] [--threads 2] [--engines "glassbox bf16,..."]
 """
 
 from __future__ import annotations
@@ -69,7 +70,14 @@ def main() -> int:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--engines", default="", help="only these engines (comma-separated names, e.g. "
+                    "'glassbox bf16,glassbox fp8,llama.cpp Q8_0'); default: all")  # fmt: skip
     args = ap.parse_args()
+    only = {e.strip() for e in args.engines.split(",") if e.strip()}
+
+    def chosen(name: str) -> bool:
+        return not only or name in only
+
     torch.set_num_threads(args.threads)
     model = qwen3_0_6b_random()
     files = {}
@@ -85,14 +93,16 @@ def main() -> int:
         ("glassbox int8", model, {"quantization": "int8"}),
         ("glassbox int4", model, {"quantization": "int4"}),
         ("glassbox int4-asym", model, {"quantization": "int4-asym"}),
+        ("glassbox fp8", model, {"quantization": "fp8"}),
         ("glassbox Q8_0", files["q8_0"], {}),
         ("glassbox Q4_0", files["q4_0"], {}),
     ):
-        decoders[name], info[name] = glassbox_decoder(path, args.decode_tokens, **engine)
+        if chosen(name):
+            decoders[name], info[name] = glassbox_decoder(path, args.decode_tokens, **engine)
     for kind in ("bf16", "q8_0", "q4_0"):
-        decoders[f"llama.cpp {kind.upper() if kind != 'bf16' else kind}"] = llamacpp_decoder(
-            files[kind], args.decode_tokens, args.threads
-        )
+        name = f"llama.cpp {kind.upper() if kind != 'bf16' else kind}"
+        if chosen(name):
+            decoders[name] = llamacpp_decoder(files[kind], args.decode_tokens, args.threads)
     vocab = 150000
     runs: dict[str, list[float]] = {name: [] for name in decoders}
     for r in range(args.rounds):
@@ -102,7 +112,9 @@ def main() -> int:
         print(f"round {r}: " + ", ".join(f"{n} {v[-1]:.1f}" for n, v in runs.items()), flush=True)
     bandwidth_end = measure_read_bandwidth("cpu")
 
-    def ratios(a: str, b: str) -> dict[str, Any]:
+    def ratios(a: str, b: str) -> dict[str, Any] | None:
+        if a not in runs or b not in runs:
+            return None
         per = [x / y for x, y in zip(runs[a], runs[b], strict=True)]
         return {"per_round": [round(x, 3) for x in per], "median": statistics.median(per)}
 
@@ -117,12 +129,18 @@ def main() -> int:
         "decode_b1_tok_s": {name: statistics.median(v) for name, v in runs.items()},
         "runs": runs,
         "ratios": {
-            "glassbox Q4_0 / llama.cpp Q4_0": ratios("glassbox Q4_0", "llama.cpp Q4_0"),
-            "glassbox Q8_0 / llama.cpp Q8_0": ratios("glassbox Q8_0", "llama.cpp Q8_0"),
-            "glassbox int4 / glassbox bf16": ratios("glassbox int4", "glassbox bf16"),
-            "glassbox int4-asym / glassbox bf16": ratios("glassbox int4-asym", "glassbox bf16"),
-            "glassbox int8 / glassbox bf16": ratios("glassbox int8", "glassbox bf16"),
-            "glassbox bf16 / llama.cpp bf16": ratios("glassbox bf16", "llama.cpp bf16"),
+            k: v
+            for k, v in {
+                "glassbox Q4_0 / llama.cpp Q4_0": ratios("glassbox Q4_0", "llama.cpp Q4_0"),
+                "glassbox Q8_0 / llama.cpp Q8_0": ratios("glassbox Q8_0", "llama.cpp Q8_0"),
+                "glassbox int4 / glassbox bf16": ratios("glassbox int4", "glassbox bf16"),
+                "glassbox int4-asym / glassbox bf16": ratios("glassbox int4-asym", "glassbox bf16"),
+                "glassbox int8 / glassbox bf16": ratios("glassbox int8", "glassbox bf16"),
+                "glassbox fp8 / glassbox bf16": ratios("glassbox fp8", "glassbox bf16"),
+                "glassbox fp8 / llama.cpp Q8_0": ratios("glassbox fp8", "llama.cpp Q8_0"),
+                "glassbox bf16 / llama.cpp bf16": ratios("glassbox bf16", "llama.cpp bf16"),
+            }.items()
+            if v is not None
         },
     }
     out = args.out or RESULTS / f"quant-compare-{time.strftime('%Y-%m-%d')}.json"

@@ -12,6 +12,7 @@ decode-row path (the int8-activation GEMV for block weights, at most 16 rows), u
   int8   the bf16 weights quantized at load to Q8_0-style blocks (--quantization int8)
   int4   ... to Q4_0-style blocks (--quantization int4)
   int4-asym ... to Q4_1-style blocks, a scale and a min each (--quantization int4-asym)
+  fp8    ... to E4M3 with a scale per output channel, the token tables kept (--quantization fp8)
 and, as a sanity anchor, float32; and the KV cache in 8 bits beside the bf16 weights (kv-int8, kv-fp8:
 --kv-cache-dtype, read back by the chunks' attention). Writes benchmarks/results/quant-quality-<date>.json.
 
@@ -44,6 +45,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "int8": {"quantization": "int8"},
     "int4": {"quantization": "int4"},
     "int4-asym": {"quantization": "int4-asym"},
+    "fp8": {"quantization": "fp8"},
     "kv-int8": {"quantization": "none", "kv_cache_dtype": "int8"},
     "kv-fp8": {"quantization": "none", "kv_cache_dtype": "fp8"},
 }
@@ -83,8 +85,14 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=16)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--settings", default=",".join(SETTINGS), help="which (bf16, the reference, always runs)")
-    ap.add_argument("--model", default=None, help="a model born in 16 bits (glassbox-demo, a directory); default: SmolLM2's GGUF")
-    ap.add_argument("--text", type=Path, default=TEXT, help="the text scored (one the model was not trained on)")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a model born in 16 bits (glassbox-demo, a directory); default: SmolLM2's GGUF",
+    )
+    ap.add_argument(
+        "--text", type=Path, default=TEXT, help="the text scored (one the model was not trained on)"
+    )
     args = ap.parse_args()
     chosen = ["bf16"] + [s for s in args.settings.split(",") if s != "bf16"]
     if unknown := set(chosen) - set(SETTINGS):

@@ -73,3 +73,30 @@ def test_fp8_split_k() -> None:
         for splits in (2, 3, 9):
             y = fp8_matmul(x.to(DEV), w.codes.to(DEV), w.scales.to(DEV), 128, 128, bias.to(DEV), True, splits)
             _check(y, x, w, bias)
+
+
+@pytest.mark.skipif(not CUDA, reason="W8A8 runs torch._scaled_mm on CUDA's FP8 tensor cores")
+def test_w8a8_prompt_rows() -> None:
+    """Per-channel weights, 17+ bf16 rows: W8A8 where the device has FP8 tensor cores (compute capability
+    8.9+), the same arithmetic as the CPU's ``torch._scaled_mm`` and within rounding the activations to
+    E4M3 of the weight-only product; 16 rows stay weight-only."""
+    from glassbox.layers.fp8_quantize import quantize_fp8, scaled_mm_rows, w8a8_available
+
+    g = torch.Generator().manual_seed(0)
+    w = quantize_fp8(torch.randn(96, 256, generator=g))
+    bias = torch.randn(96, generator=g)
+    lin = Fp8Linear(w, bias)
+    to_triton(torch.nn.Sequential(lin), DEV)
+    fp8_cores = torch.cuda.get_device_capability() >= (8, 9)
+    assert w8a8_available(DEV) == fp8_cores
+    for m in (16, 17, 300):
+        x = torch.randn(m, 256, generator=g).bfloat16()
+        y = lin(x.to(DEV)).cpu()
+        assert lin._w8a8(x.to(DEV)) == (fp8_cores and m >= 17)
+        if not lin._w8a8(x.to(DEV)):
+            _check(y, x, w, bias)
+            continue
+        cpu = scaled_mm_rows(x, w.codes, lin.w8a8_scales.cpu(), bias)  # type: ignore[union-attr]
+        assert ((y.double() - cpu.double()).norm() / cpu.double().norm()).item() < 5e-3
+        ref = F.linear(x.double(), w.dequantize_reference(torch.float64), bias.double())
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 0.05

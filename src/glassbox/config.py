@@ -12,11 +12,11 @@ DEVICES = ("auto", "cpu", "cuda")
 MAX_SCHEDULER_STEPS = 64  # greedy decode steps in one engine step, at most
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV cache block (engine and planner)
 LOAD_FORMATS = ("auto", "dummy")
-QUANTIZATIONS = (None, "none", "int8", "int4", "int4-asym", "mxfp4", "nvfp4")
+QUANTIZATIONS = (None, "none", "int8", "int4", "int4-asym", "fp8", "mxfp4", "nvfp4")
 # --quantization applied to the built model (layers/quantization.quantize_model): integer block bits or
-# the 4-bit float format
+# the float format (fp8, mxfp4, nvfp4)
 QUANTIZED_AT_LOAD: dict[str, int | str] = {
-    "int8": 8, "int4": 4, "int4-asym": 4, "mxfp4": "mxfp4", "nvfp4": "nvfp4"
+    "int8": 8, "int4": 4, "int4-asym": 4, "fp8": "fp8", "mxfp4": "mxfp4", "nvfp4": "nvfp4"
 }  # fmt: skip
 ASYMMETRIC = frozenset({"int4-asym"})  # block quantizations with a min per block (Q4_1's layout)
 

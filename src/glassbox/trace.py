@@ -188,7 +188,7 @@ def weight_quant(engine: LLMEngine) -> str:
     quantization = engine.config.quantization
     if quantization in ("int4", "int4-asym", "int8"):  # int4-asym's 8-bit token tables: counted as q4_1
         return {"int4": "q4_0", "int4-asym": "q4_1", "int8": "q8_0"}[quantization]
-    if quantization in ("mxfp4", "nvfp4"):  # linear layers and experts; embed/lm_head in the dtype
+    if quantization in ("fp8", "mxfp4", "nvfp4"):  # linears (fp4: experts too); embed/lm_head as the dtype
         return quantization
     if engine.executor.block_formats and engine.facts.native_quant is not None:
         return "native"

@@ -11,12 +11,11 @@ float32 by Triton's conversion (hardware on sm_89 and later). As for block weigh
 rows a tensor-core dot of the dequantized step; K splits over programs when there are few rows, their
 partial sums added in order by ``_split_sum_kernel``. No host value is read (CUDA graphs capture it).
 
-Why not ``torch._scaled_mm``: it multiplies FP8 by FP8, so the activations would be quantized to E4M3 per
-call (W8A8: another model's arithmetic than the weight-only reference the CPU runs), it needs compute
-capability 8.9 or more, and its block-scale support depends on the torch and CUDA versions; torch's CPU
-build runs it, but on the CPU's own implementation, which says nothing of the GPU's. These kernels keep
-the weight-only arithmetic on every CUDA device Triton supports and are checked under Triton's interpreter
-(tests/test_triton_fp8_linear.py) and compiled for sm_90 and sm_121 (tests/test_triton_compile.py).
+Beside ``torch._scaled_mm`` (W8A8, layers/fp8_quantize.py): these kernels keep the weight-only arithmetic the
+CPU runs, for decode rows (where both read the same bytes and no activation is rounded), for block scales
+(which row-wise ``_scaled_mm`` cannot carry), float32/float16 activations and devices without FP8 tensor
+cores (compute capability below 8.9); layers/fp8_linear.py picks per call. They are checked under Triton's
+interpreter (tests/test_triton_fp8_linear.py) and compiled for sm_90 and sm_121 (tests/test_triton_compile.py).
 """
 
 from __future__ import annotations

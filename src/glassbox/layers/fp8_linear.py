@@ -4,10 +4,11 @@ On the CPU (float32 or bf16 activations, C kernels built): decode rows run kerne
 (E4M3 widened in registers, float32 sums per scale block); more rows multiply the weight dequantized a tile
 of rows at a time (to the activations' dtype, exact in float32) in a GEMM, so no full-size copy of the
 weight is ever held. On CUDA with triton (``triton`` set by layers/block_linear.to_triton) the codes are
-read by kernels/triton_fp8_linear.py (a GEMV for one decode row, dots of the dequantized steps for more;
-that file says why not ``torch._scaled_mm``). Elsewhere (float16 on the CPU, no C compiler, CUDA without
+read by kernels/triton_fp8_linear.py (a GEMV for one decode row, dots of the dequantized steps for more),
+except that steps of ``W8A8_MIN_ROWS`` or more bf16 rows with per-channel or per-tensor scales run W8A8,
+``torch._scaled_mm`` on FP8 tensor cores (layers/fp8_quantize.py), where the device has them. Elsewhere (float16 on the CPU, no C compiler, CUDA without
 triton) the weight is dequantized by PyTorch ops (``w.to(float32) * scale``) for each call. Activations
-are never quantized.
+are quantized only on the W8A8 path.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 
 from glassbox.layers.block_linear import kernel_chosen, step_kernel_choice
 from glassbox.layers.block_quant import native_library
+from glassbox.layers.fp8_quantize import W8A8_MIN_ROWS, row_scales, scaled_mm_rows, w8a8_available
 from glassbox.layers.fp8_weights import Fp8Weights, concat
 
 # Up to this many rows run the GEMV, more the tiled dequantize + GEMM (benchmarks/fp8_gemv.py, a 2048 x
@@ -40,6 +42,7 @@ class Fp8Linear(nn.Module):
     tile_rows = TILE_ROWS
     codes: torch.Tensor
     scales: torch.Tensor
+    w8a8_scales: torch.Tensor | None
 
     def __init__(self, weights: Fp8Weights, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -53,6 +56,8 @@ class Fp8Linear(nn.Module):
             None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
         )
         self._args: tuple[Any, ...] | None = None  # the GEMV's weight arguments, taken at the first call
+        rs = row_scales(weights)  # (1, N) per-channel scales for W8A8 (None: block scales)
+        self.register_buffer("w8a8_scales", rs, persistent=False)
         self.triton = False  # run the Triton kernels (CUDA; block_linear.to_triton sets it)
 
     @property
@@ -74,7 +79,11 @@ class Fp8Linear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.triton:
-            return _triton_fp8(x2, self, kernel_chosen(x2.shape[0])).view(*lead, self.out_features)
+            if self._w8a8(x2):  # prompt rows on FP8 tensor cores
+                y = scaled_mm_rows(x2, self.codes, self.w8a8_scales, self.bias)  # type: ignore[arg-type]
+            else:
+                y = _triton_fp8(x2, self, kernel_chosen(x2.shape[0]))
+            return y.view(*lead, self.out_features)
         on_kernels = x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
         if not on_kernels or native_library() is None:
             bias = None if self.bias is None else self.bias.to(x.dtype)
@@ -84,6 +93,18 @@ class Fp8Linear(nn.Module):
         use_gemv = rows <= self.kernel_rows and step is not False
         y = self._gemv(x2.contiguous()) if use_gemv else self._tiled(x2)
         return y.view(*lead, self.out_features)
+
+    def _w8a8(self, x: torch.Tensor) -> bool:
+        """Whether these rows run W8A8 (``scaled_mm_rows``): more than a decode step's rows, bf16, scales
+        per channel, widths that cuBLAS's FP8 GEMM takes (multiples of 16), FP8 tensor cores here."""
+        return (
+            x.shape[0] >= W8A8_MIN_ROWS
+            and x.dtype == torch.bfloat16
+            and self.w8a8_scales is not None
+            and self.in_features % 16 == 0
+            and self.out_features % 16 == 0
+            and w8a8_available(x.device)
+        )
 
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:
         lib = native_library()

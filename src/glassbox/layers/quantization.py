@@ -4,7 +4,7 @@ blocks.
 Weight-only, per block: symmetric int4 as GGUF's Q4_0 and int8 as Q8_0, int4-asym as Q4_1 (a scale and a
 min; layers/block_quant.py), applied to a built model as oneDNN packing is. A tied LM head shares its
 blocks with the embedding table.
-``--quantization mxfp4|nvfp4`` is layers/fp4_linear.py's.
+``--quantization mxfp4|nvfp4`` is layers/fp4_linear.py's, ``fp8`` layers/fp8_quantize.py's.
 """
 
 from __future__ import annotations
@@ -19,9 +19,13 @@ from glassbox.layers.fp4_linear import quantize_model_fp4
 
 def quantize_model(model: nn.Module, bits: int | str, asymmetric: bool = False) -> int:
     """Replace every nn.Linear and nn.Embedding with its block-quantized form (``bits`` 4 or 8; "mxfp4" or
-    "nvfp4": ``quantize_model_fp4``); returns the count. ``asymmetric``: 4-bit blocks with a min, and the
-    token tables (embedding, LM head) in 8-bit blocks, as llama.cpp's Q4_1 files keep them: on SmolLM2
-    their 4 bits alone cost ~5% perplexity (benchmarks/quant_quality.py)."""
+    "nvfp4": ``quantize_model_fp4``; "fp8": ``quantize_model_fp8``); returns the count. ``asymmetric``:
+    4-bit blocks with a min, and the token tables (embedding, LM head) in 8-bit blocks, as llama.cpp's Q4_1
+    files keep them: on SmolLM2 their 4 bits alone cost ~5% perplexity (benchmarks/quant_quality.py)."""
+    if bits == "fp8":
+        from glassbox.layers.fp8_quantize import quantize_model_fp8
+
+        return quantize_model_fp8(model)
     if isinstance(bits, str):
         return quantize_model_fp4(model, bits)
     done: dict[int, BlockWeights] = {}  # id(weight parameter) -> its blocks (tied tables are one)

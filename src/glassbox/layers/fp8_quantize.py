@@ -1,0 +1,94 @@
+"""``--quantization fp8``: a 16/32-bit model's linears quantized at load to FP8 (E4M3) with one float32
+scale per output channel, as llm-compressor's FP8_DYNAMIC scheme stores them (and vLLM's ``--quantization
+fp8`` computes them, there per tensor): s = max|w_row| / 448, code = e4m3(w / s), rounded to nearest even by
+torch's float8 cast, so no weight saturates. Every ``nn.Linear`` but the LM head becomes an ``Fp8Linear``
+(layers/fp8_linear.py: the CPU's E4M3 GEMV, CUDA's Triton kernels); embeddings, the LM head, routers and
+MoE routed experts stay in the model's dtype.
+
+W8A8 (``scaled_mm_rows``): the activations quantized per row (token) the same way, s_x = max|x_row| / 448,
+then ``torch._scaled_mm`` with the weights' per-channel scales: y = (e4m3(x / s_x) . e4m3(W)^T) s_x s_w,
+FP8 tensor cores on CUDA devices of compute capability 8.9 or more (2x bf16's FLOP/s on an H100).
+layers/fp8_linear.py takes it on CUDA for bf16 steps of ``W8A8_MIN_ROWS`` rows or more (prompts, large
+batches) with per-channel or per-tensor weight scales, where ``w8a8_available`` says the device runs it;
+``GLASSBOX_FP8_W8A8=0`` keeps the weight-only kernels there too. Not yet measured on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+import torch
+from torch import nn
+
+from glassbox.layers.fp8_weights import Fp8Weights
+
+E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+# W8A8 from this many rows: more than a decode step's 16, which the split-K GEMV reads at the weights' bytes
+# (kernels/triton_block_linear.DECODE_ROWS)
+W8A8_MIN_ROWS = 17
+
+
+def quantize_fp8(weight: torch.Tensor) -> Fp8Weights:
+    """(N, K) weights as E4M3 codes with a float32 scale per row (a row of zeros gets scale 1)."""
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    codes = (w / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return Fp8Weights(codes.contiguous(), scale.contiguous(), 1, w.shape[1], "FP8 per-channel")
+
+
+def quantize_model_fp8(model: nn.Module) -> int:
+    """Every ``nn.Linear`` but the LM head in per-channel FP8 (routers are ``RouterLinear``, MoE experts
+    not linears: both stay). Returns how many."""
+    from glassbox.layers.fp8_linear import Fp8Linear
+
+    count = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear and name != "lm_head":
+                lin = Fp8Linear(quantize_fp8(child.weight), child.bias)
+                setattr(module, name, lin.to(child.weight.device))
+                count += 1
+    return count
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, K) activations as (E4M3 (M, K), float32 scales (M, 1)): each row scaled to max |x| = 448."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def row_scales(w: Fp8Weights) -> torch.Tensor | None:
+    """The weights' scales as one per output channel, (1, N) float32, or None for block scales (a scale
+    that changes along K: ``_scaled_mm``'s row-wise scaling cannot carry it)."""
+    n, k = w.codes.shape
+    if w.block_cols < k:
+        return None
+    if w.block_rows == 1:
+        return w.scales.reshape(1, n).contiguous()
+    return w.scales.repeat_interleave(w.block_rows, 0)[:n].reshape(1, n).contiguous()
+
+
+def scaled_mm_rows(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x (M, K) bf16 times the E4M3 weights (N, K) with per-channel ``scales`` (1, N), activations
+    quantized per row: (M, N) bf16. ``torch._scaled_mm`` on the device of ``x`` (the CPU's build runs it
+    too: the tests' reference of the arithmetic)."""
+    q, sx = quantize_rows_fp8(x)
+    y = torch._scaled_mm(
+        q, codes.view(torch.float8_e4m3fn).t(), scale_a=sx, scale_b=scales, out_dtype=torch.bfloat16
+    )
+    return y if bias is None else y + bias.to(y.dtype)
+
+
+@cache
+def w8a8_available(device: torch.device) -> bool:
+    """Whether FP8 tensor cores run ``_scaled_mm`` here (CUDA, compute capability 8.9 or more) and
+    ``GLASSBOX_FP8_W8A8`` does not turn it off."""
+    if device.type != "cuda" or os.environ.get("GLASSBOX_FP8_W8A8", "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
