@@ -1,5 +1,6 @@
 """The sampler on its own: top-k/top-p without a full-vocabulary sort where no row needs one, one batched
-noise draw for the rows without a seed, seeded rows independent of their batch mates."""
+uniform draw for the rows without a seed, seeded rows independent of their batch mates, draws that follow
+the filtered distribution (chi-square against the probabilities)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ class _Ops(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.names.append(
             func.__name__.split(".")[0].strip("_")
-        )  # _softmax, exponential_ -> softmax, exponential
+        )  # _softmax, uniform_ -> softmax, uniform
         return func(*args, **(kwargs or {}))
 
 
@@ -91,14 +92,34 @@ def test_greedy_rows_take_the_argmax_and_draw_nothing() -> None:
             logits.clone(), _seqs([SamplingParams(temperature=0)] * 4), set(), torch.Generator()
         )
     assert out.tokens.tolist() == logits.argmax(-1).tolist()
-    assert not {"exponential", "sort", "topk", "softmax"} & set(ops.names), ops.names
+    assert not {"uniform", "cumsum", "sort", "topk", "softmax"} & set(ops.names), ops.names
 
 
 def test_one_noise_draw_for_the_unseeded_rows() -> None:
     params = [SamplingParams(temperature=1.0)] * 6 + [SamplingParams(temperature=1.0, seed=3)]
     with _Ops() as ops:
         sample_on_device(torch.randn(7, VOCAB), _seqs(params), set(), torch.Generator().manual_seed(0))
-    assert ops.names.count("exponential") == 2  # all rows at once, then the seeded row from its own
+    assert ops.names.count("uniform") == 2  # all rows at once, then the seeded row from its own
+    assert "exponential" not in ops.names  # one uniform a row, not one exponential per token
+
+
+def test_draws_follow_the_filtered_distribution() -> None:
+    """20,000 rows of one distribution over 12 tokens (a zero, a near-zero, ties), under each filter: the
+    drawn tokens' counts against filter_probs' probabilities (Pearson chi-square), and never a token the
+    filter removed."""
+    from test_spec_decode import _chi2_pvalue
+
+    logits = torch.tensor([2.0, 1.5, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0, -30.0, float("-inf"), 0.25])
+    n = 20_000
+    for sp in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=5),
+               SamplingParams(temperature=1.2, top_p=0.8), SamplingParams(temperature=1.0, min_p=0.1)):  # fmt: skip
+        seqs = _seqs([sp] * n)
+        probs = _filter(logits[None].clone(), seqs[:1])[0].tolist()
+        out = sample_on_device(logits.expand(n, -1).clone(), seqs, set(), torch.Generator().manual_seed(5))
+        counts = torch.bincount(out.tokens, minlength=len(logits)).tolist()
+        assert not any(c for c, p in zip(counts, probs, strict=True) if p == 0), (sp, counts)
+        pvalue = _chi2_pvalue(dict(enumerate(probs)), dict(enumerate(counts)), n)
+        assert pvalue > 1e-3, (sp, counts, pvalue)
 
 
 def test_seeded_rows_do_not_depend_on_batch_mates() -> None:

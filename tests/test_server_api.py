@@ -74,9 +74,8 @@ def test_completion_top_logprobs_hold_the_sampled_token(client: openai.OpenAI) -
             assert top[token] == pytest.approx(lp)
         best_two = sorted(top.values(), reverse=True)[:2]
         outside += lp < best_two[-1]
-        assert (
-            len(top) == 3 or lp >= best_two[-1]
-        )  # a third entry only for a sampled token outside the best 2
+        if "\ufffd" not in token:  # a third entry only for a sampled token outside the best 2 (a partial
+            assert len(top) == 3 or lp >= best_two[-1]  # UTF-8 token's key may be a top token's too)
     assert outside > 0  # at temperature 2 some draws fall outside the two most likely
 
 

@@ -15,10 +15,10 @@ then, from row 0 on, until a draft is rejected:
   (1 - p(x)) p(y) / (1 - p(x)) = p(y): exactly p;
 - after k accepted drafts, row k draws one more token from p_k (the bonus token).
 
-Draws use the exponential race as the sampler does (argmax p / E, E ~ Exp(1)); the acceptance test uses
-u = exp(-E') for one more exponential E' per row (uniform on (0, 1]): each row takes V + 1 draws, from the
-engine's generator, or for a request with a seed from its own, in row order, so that its tokens do not
-depend on its batch mates (given the same drafts). Nothing here waits for the device until ``results``.
+Each sampled row takes two uniforms, the acceptance test's u (accept iff u < p_i(d_{i+1})) and the draw's
+(by inverse transform, as the sampler draws: sampler.draw), from the engine's generator, or for a request
+with a seed from its own, in row order, so that its tokens do not depend on its batch mates (given the same
+drafts). Nothing here waits for the device until ``results``.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ import torch
 from glassbox.engine.sampler import (
     SampledBatch,
     adjust_logits,
-    exponential_noise,
+    draw,
     filter_probs,
     to_device,
+    uniform_noise,
 )
 from glassbox.outputs import SampleResult
 
@@ -130,14 +131,13 @@ def verify_on_device(
         sub_rows = [views[i] for i in random_rows]
         ridx = to_device(random_rows, torch.long, dev) if len(random_rows) < len(rows) else None
         probs = filter_probs(logits if ridx is None else logits.index_select(0, ridx), sub_rows)
-        vocab = probs.shape[1]
-        noise = exponential_noise(probs.new_empty((probs.shape[0], vocab + 1)), sub_rows, generator)
+        u = uniform_noise(sub_rows, 2, generator, dev)  # the acceptance test's, then the draw's
         d = draft if ridx is None else draft.index_select(0, ridx)
         has = has_draft if ridx is None else has_draft.index_select(0, ridx)
         p_draft = probs.gather(1, d[:, None])[:, 0]
-        acc = (torch.exp(-noise[:, vocab]) <= p_draft) & has
+        acc = (u[:, 0] < p_draft) & has
         residual = torch.where(has[:, None], probs.scatter(1, d[:, None], 0.0), probs)
-        drawn = (residual / noise[:, :vocab]).argmax(dim=-1)
+        drawn = draw(residual, u[:, 1])
         if ridx is None:
             picked, accepted = drawn, acc
         else:
