@@ -85,6 +85,25 @@ def test_no_full_sort_unless_a_row_cuts_by_top_p_alone() -> None:
         assert ("sort" in ops.names) == sorts, (params, ops.names)
 
 
+def test_top_p_alone_ranks_candidates_first_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Top-p without top-k: the best TOP_P_CANDIDATES tokens (topk), the whole order only when some row's
+    top_p mass is not among them; the same probabilities as the full sort either way, beside top-k rows."""
+    from glassbox.engine import sampler
+
+    monkeypatch.setattr(sampler, "TOP_P_CANDIDATES", 64)
+    gen = torch.Generator().manual_seed(3)
+    peaked = torch.randn(len(MIX), VOCAB, generator=gen) * 6  # top_p's mass within the best 64 tokens
+    flat = torch.randn(len(MIX), VOCAB, generator=gen) * 0.5  # not: a full sort
+    for logits, sorts in ((peaked, False), (flat, True)):
+        for rows in ([3], [0, 3, 1], [2, 3, 4]):
+            seqs = _seqs([MIX[i] for i in rows])
+            with _Ops() as ops:
+                got = _filter(logits[rows].clone(), seqs)
+            assert ("sort" in ops.names) == sorts, (rows, ops.names)
+            ref = _reference_filter(logits[rows].clone(), seqs)
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-7)
+
+
 def test_greedy_rows_take_the_argmax_and_draw_nothing() -> None:
     logits = torch.randn(4, VOCAB)
     with _Ops() as ops:

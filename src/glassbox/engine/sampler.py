@@ -99,12 +99,18 @@ def filter_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         idx = None if whole else to_device(cut, torch.long, dev)
         sub = logits if idx is None else logits.index_select(0, idx)
         width = max(ks[i] for i in cut)  # == vocab when a row cuts by top-p alone
-        vals, order = sub.sort(dim=-1, descending=True) if width == vocab else sub.topk(width, dim=-1)
-        ranks = torch.arange(width, device=dev)[None, :]
-        drop = ranks >= to_device([ks[i] for i in cut], torch.long, dev)[:, None]
-        probs_sorted = vals.masked_fill(drop, float("-inf")).softmax(dim=-1)
-        cum = probs_sorted.cumsum(dim=-1)
         ps = to_device([sps[i].top_p for i in cut], torch.float32, dev)[:, None]
+        vals, order, lse = _candidates(sub, width, ks, cut, ps)
+        ranks = torch.arange(vals.shape[1], device=dev)[None, :]
+        drop = ranks >= to_device([ks[i] for i in cut], torch.long, dev)[:, None]
+        masked = vals.masked_fill(drop, float("-inf"))
+        # each row's probabilities in rank order: within its top k, or (top-p alone) of the whole row
+        if lse is None:
+            probs_sorted = masked.softmax(dim=-1)
+        else:
+            whole_row = to_device([ks[i] == vocab for i in cut], torch.bool, dev)[:, None]
+            probs_sorted = (masked - torch.where(whole_row, lse, masked.logsumexp(-1, keepdim=True))).exp()
+        cum = probs_sorted.cumsum(dim=-1)
         drop |= (cum - probs_sorted) >= ps  # keep the smallest prefix whose mass reaches top_p
         drop[:, 0] = False
         kept = torch.full_like(sub, float("-inf")).scatter_(1, order, vals.masked_fill(drop, float("-inf")))
@@ -116,6 +122,34 @@ def filter_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+# top-p alone on the CPU: the best this many tokens first (topk: ~13x faster than sorting 151,936 here)
+TOP_P_CANDIDATES = 1024
+
+
+def _candidates(
+    sub: torch.Tensor, width: int, ks: list[int], cut: list[int], ps: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The cutting rows' best ``width`` logits and their token ids, best first, and for rows that cut by
+    top-p alone (``width`` the vocabulary) each row's log-sum-exp (else None: every row's top k is whole).
+    A full sort only where needed: on the CPU, top-p alone first takes the best TOP_P_CANDIDATES (or the
+    largest top-k) tokens and sorts the whole rows only if some row's top_p mass is not among them (on
+    CUDA that check would wait for the device: the sort runs there)."""
+    vocab = sub.shape[1]
+    if width < vocab:
+        vals, order = sub.topk(width, dim=-1)
+        return vals, order, None
+    lse = sub.logsumexp(dim=-1, keepdim=True)
+    topk = [ks[i] for i in cut if ks[i] < vocab]
+    cand = max([TOP_P_CANDIDATES, *topk])
+    if sub.device.type == "cpu" and cand < vocab:
+        vals, order = sub.topk(cand, dim=-1)
+        has_k = torch.tensor([ks[i] < vocab for i in cut])[:, None]  # their top k is among the candidates
+        if bool(((vals - lse).exp().sum(dim=-1, keepdim=True) >= ps).logical_or_(has_k).all()):
+            return vals, order, lse
+    vals, order = sub.sort(dim=-1, descending=True)
+    return vals, order, lse
 
 
 def adjust_logits(logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int]) -> None:
