@@ -15,13 +15,15 @@ batches) with per-channel or per-tensor weight scales, where ``w8a8_available`` 
 
 from __future__ import annotations
 
+import logging
 import os
-from functools import cache
 
 import torch
 from torch import nn
 
 from glassbox.layers.fp8_weights import Fp8Weights
+
+logger = logging.getLogger(__name__)
 
 E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 # W8A8 from this many rows: more than a decode step's 16, which the split-K GEMV reads at the weights' bytes
@@ -85,10 +87,27 @@ def scaled_mm_rows(
     return y if bias is None else y + bias.to(y.dtype)
 
 
-@cache
+_AVAILABLE: dict[torch.device, bool] = {}
+
+
 def w8a8_available(device: torch.device) -> bool:
-    """Whether FP8 tensor cores run ``_scaled_mm`` here (CUDA, compute capability 8.9 or more) and
-    ``GLASSBOX_FP8_W8A8`` does not turn it off."""
+    """Whether FP8 tensor cores run ``_scaled_mm`` with row-wise scales here (CUDA, compute capability 8.9
+    or more, and a first small product runs: torch builds differ by device) and ``GLASSBOX_FP8_W8A8`` does
+    not turn it off. Decided once per device, outside CUDA graph capture (inside one before that: no)."""
     if device.type != "cuda" or os.environ.get("GLASSBOX_FP8_W8A8", "1") == "0":
         return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    if device not in _AVAILABLE:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        ok = torch.cuda.get_device_capability(device) >= (8, 9)
+        if ok:
+            try:
+                x = torch.ones(32, 32, dtype=torch.bfloat16, device=device)
+                w = torch.ones(32, 32, device=device).to(torch.float8_e4m3fn).view(torch.uint8)
+                y = scaled_mm_rows(x, w, torch.ones(1, 32, device=device), None)
+                ok = bool((y == 32).all())
+            except RuntimeError as e:  # this build or device has no row-wise FP8 GEMM
+                logger.warning("FP8 prompt rows stay weight-only on %s: torch._scaled_mm: %s", device, e)
+                ok = False
+        _AVAILABLE[device] = ok
+    return _AVAILABLE[device]
