@@ -197,7 +197,7 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     (argmax p / E, E ~ Exp(1): ~27 ns a value here): ``sample_on_device`` at temperature 0.8 on two Xeon
     cores, 151,936 tokens, 0.77 / 18 / 438 ms at batch 1 / 16 / 256 instead of 5.4 / 98 / 1,478
     (benchmarks/sampler_draw.py)."""
-    cum = probs.double().cumsum(dim=-1)
+    cum = probs.cumsum(dim=-1, dtype=torch.float64)
     target = u.double()[:, None] * cum[:, -1:]
     return torch.searchsorted(cum, target, right=True)[:, 0].clamp_(max=probs.shape[1] - 1)
 

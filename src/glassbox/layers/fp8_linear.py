@@ -6,9 +6,9 @@ of rows at a time (to the activations' dtype, exact in float32) in a GEMM, so no
 weight is ever held. On CUDA with triton (``triton`` set by layers/block_linear.to_triton) the codes are
 read by kernels/triton_fp8_linear.py (a GEMV for one decode row, dots of the dequantized steps for more),
 except that steps of ``W8A8_MIN_ROWS`` or more bf16 rows with per-channel or per-tensor scales run W8A8,
-``torch._scaled_mm`` on FP8 tensor cores (layers/fp8_quantize.py), where the device has them. Elsewhere (float16 on the CPU, no C compiler, CUDA without
-triton) the weight is dequantized by PyTorch ops (``w.to(float32) * scale``) for each call. Activations
-are quantized only on the W8A8 path.
+``torch._scaled_mm`` on FP8 tensor cores (layers/fp8_quantize.py), where the device has them. Elsewhere
+(float16 on the CPU, no C compiler, CUDA without triton) the weight is dequantized by PyTorch ops
+(``w.to(float32) * scale``) for each call. Activations are quantized only on the W8A8 path.
 """
 
 from __future__ import annotations
