@@ -1,5 +1,5 @@
-"""Tensor parallelism applied to a built Llama-family model (gpt-fast's ``apply_tp``, Megatron's split), and
-each rank's shard read from safetensors without materializing a whole tensor.
+"""Tensor parallelism applied to a built Llama-family or Gemma 3 model (gpt-fast's ``apply_tp``, Megatron's
+split), and each rank's shard read from safetensors without materializing a whole tensor.
 
 On ``world`` ranks, rank r holds:
 - q/k/v and gate/up: column-parallel (its output rows): q heads [r H/N, (r+1) H/N); KV heads split the same
@@ -16,7 +16,8 @@ On ``world`` ranks, rank r holds:
   and the shared expert's gate whole; the block's partial output is all-reduced once. Chosen over expert
   parallelism because every rank then reads 1/N of each chosen expert (balanced whatever the routing) and
   the block needs one all-reduce, as a dense MLP does, with no token exchange.
-- norms (and Qwen3's q/k norms, per head_dim) whole.
+- norms (and Qwen3's and Gemma 3's q/k norms, per head_dim) whole; Gemma 3's scaled embedding scales the
+  summed row.
 Refused (``check_tp``): attention sinks (gpt-oss), head or FFN widths the ranks do not divide.
 """
 
@@ -33,6 +34,7 @@ from torch import nn
 
 from glassbox.distributed import all_gather_last, all_reduce
 from glassbox.models.causal_lm import CausalLM
+from glassbox.models.gemma3 import Gemma3Attention, Gemma3ForCausalLM, Gemma3MLP, ScaledEmbedding
 from glassbox.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from glassbox.models.loader import weight_files
 from glassbox.models.model_config import ModelConfig
@@ -68,6 +70,19 @@ class VocabParallelEmbedding(nn.Embedding):
         mine = (local >= 0) & (local < self.num_embeddings)
         out = F.embedding(torch.where(mine, local, 0), self.weight)
         return all_reduce(out.masked_fill(~mine.unsqueeze(-1), 0.0))
+
+
+class ScaledVocabParallelEmbedding(VocabParallelEmbedding):
+    """Gemma 3's table (models/gemma3.ScaledEmbedding) by vocabulary: the summed row times the scale rounded
+    to the dtype, as the whole table's lookup does (adding the other ranks' zeros is exact)."""
+
+    def __init__(self, vocab_size: int, hidden: int, rank: int, world: int, scale: float) -> None:
+        super().__init__(vocab_size, hidden, rank, world)
+        self.scale = scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = super().forward(ids)
+        return x * torch.tensor(self.scale, dtype=x.dtype).item()
 
 
 class VocabParallelLMHead(nn.Linear):
@@ -111,7 +126,7 @@ def check_tp(cfg: ModelConfig, world: int) -> None:
 TP_ARCHITECTURES = frozenset(
     {
         *("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"),
-        *("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"),
+        *("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
     }
 )
 
@@ -126,7 +141,7 @@ def kv_heads_of(cfg: ModelConfig, rank: int, world: int) -> range:
     return range(head, head + 1)
 
 
-def _split_mlp(mlp: LlamaMLP, h: int, world: int, bias: bool, reduce: bool) -> None:
+def _split_mlp(mlp: LlamaMLP | Gemma3MLP, h: int, world: int, bias: bool, reduce: bool) -> None:
     """Gate/up by output rows, down by input columns (all-reduced after unless inside an MoE block)."""
     inter = mlp.intermediate // world
     mlp.gate_proj, mlp.up_proj = nn.Linear(h, inter, bias=bias), nn.Linear(h, inter, bias=bias)
@@ -137,20 +152,20 @@ def _split_mlp(mlp: LlamaMLP, h: int, world: int, bias: bool, reduce: bool) -> N
 def apply_tp(model: CausalLM, rank: int, world: int) -> None:
     """Replace ``model``'s layers by this rank's parallel ones (on the meta device, before any weight is
     allocated: the loader then fills the shards)."""
-    assert isinstance(model, LlamaForCausalLM)
+    assert isinstance(model, LlamaForCausalLM | Gemma3ForCausalLM)
     cfg = model.config
     check_tp(cfg, world)
     h, hd = cfg.hidden_size, cfg.head_dim
     heads, kv_heads = cfg.num_heads // world, len(kv_heads_of(cfg, rank, world))
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        assert isinstance(attn, LlamaAttention)
+        assert isinstance(attn, LlamaAttention | Gemma3Attention)
         attn.num_heads, attn.num_kv_heads = heads, kv_heads
         attn.q_proj = nn.Linear(h, heads * hd, bias=cfg.qkv_bias)
         attn.k_proj = nn.Linear(h, kv_heads * hd, bias=cfg.qkv_bias)
         attn.v_proj = nn.Linear(h, kv_heads * hd, bias=cfg.qkv_bias)
         attn.o_proj = RowParallelLinear(heads * hd, h, bias=cfg.o_bias)
-        if isinstance(mlp, LlamaMLP):
+        if isinstance(mlp, LlamaMLP | Gemma3MLP):
             _split_mlp(mlp, h, world, cfg.mlp_bias, reduce=True)
             continue
         assert isinstance(mlp, SparseMoeBlock) and mlp.experts.gate_up_proj_bias is None
@@ -161,7 +176,12 @@ def apply_tp(model: CausalLM, rank: int, world: int) -> None:
         mlp.__class__ = RowParallelMoeBlock  # one all-reduce of the block's partial output
     # the loader places each expert's checkpoint rows by the model's expert width: this rank's
     model.config = dataclasses.replace(cfg, moe_intermediate_size=cfg.moe_intermediate_size // world)
-    model.model.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, h, rank, world)
+    old_table = model.model.embed_tokens
+    model.model.embed_tokens = (
+        ScaledVocabParallelEmbedding(cfg.vocab_size, h, rank, world, old_table.scale)
+        if isinstance(old_table, ScaledEmbedding)
+        else VocabParallelEmbedding(cfg.vocab_size, h, rank, world)
+    )
     model.lm_head = VocabParallelLMHead(h, cfg.vocab_size, world)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
