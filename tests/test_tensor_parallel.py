@@ -205,3 +205,24 @@ def test_tp2_gemma3_matches_transformers(tmp_path: Path) -> None:
     _check(llm.generate(prompts, GREEDY), ref, 1e-4)
     ranks, total = llm.engine.executor.rank_weight_bytes, _file_bytes(d)
     assert all(0.45 * total < r < 0.55 * total for r in ranks), (ranks, total)
+
+
+def test_tp2_gpt_oss_matches_transformers(tmp_path: Path) -> None:
+    """gpt-oss (sinks, q/k/v/o biases, alternating windows, experts with biases stored transposed with gate
+    and up interleaved) over two ranks: token-exact with transformers; each rank reads its sinks and half of
+    every expert, and the experts' down bias on rank 0 only."""
+    d = build_tiny_model("gpt_oss", tmp_path)
+    prompts = [list(range(3, 40)), [1, 5, 9, 20, 33]]  # 37 tokens: past the 16-token window
+    ref = hf_greedy(d, prompts, MAX_NEW)
+    llm = LLM(str(d), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)
+    _check(llm.generate(prompts, GREEDY), ref, 1e-4)
+    cfg = ModelConfig.from_facts(facts_from_dir(d))
+    shards = [dict(sharded_safetensors(d, cfg, r, 2)) for r in range(2)]
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        for name in (n for n in f.keys() if ".experts." in n or n.endswith("sinks")):  # noqa: SIM118
+            t, a, b = f.get_tensor(name), shards[0][name], shards[1][name]
+            if name.endswith("down_proj_bias"):
+                assert torch.equal(a, t) and not b.any()
+            else:  # sinks and biases by their last dim, gate_up (E, H, 2I) by 2I, down (E, I, H) by I
+                dim = 1 if name.endswith("down_proj") else t.dim() - 1
+                assert torch.equal(torch.cat([a, b], dim), t), name

@@ -96,7 +96,7 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         "--tensor-parallel-size",
         type=int,
         default=1,
-        help="ranks that each hold 1/N of every layer (CPU, gloo; Llama-family and their MoE, Gemma 3; 16/32-bit "
+        help="ranks that each hold 1/N of every layer (CPU, gloo; Llama-family and their MoE, Gemma 3, gpt-oss; 16/32-bit "
         "safetensors); "
         "local ranks are spawned, or see --nnodes",
     )

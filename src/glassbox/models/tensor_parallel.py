@@ -18,7 +18,9 @@ On ``world`` ranks, rank r holds:
   the block needs one all-reduce, as a dense MLP does, with no token exchange.
 - norms (and Qwen3's and Gemma 3's q/k norms, per head_dim) whole; Gemma 3's scaled embedding scales the
   summed row.
-Refused (``check_tp``): attention sinks (gpt-oss), head or FFN widths the ranks do not divide.
+- gpt-oss: its sinks by q head; its experts (stored transposed, gate and up interleaved) by FFN width as
+  above, the experts' down bias added by rank 0 only.
+Refused (``check_tp``): head or FFN widths the ranks do not divide.
 """
 
 from __future__ import annotations
@@ -109,8 +111,6 @@ def check_tp(cfg: ModelConfig, world: int) -> None:
     if any(cfg.layer_moe):
         widths["expert FFN width"] = cfg.moe_intermediate_size
         widths["shared expert FFN width"] = cfg.shared_expert_intermediate_size
-    if cfg.attention_sinks:
-        raise ValueError(f"--tensor-parallel-size {world}: attention sinks are not split across ranks yet")
     if cfg.num_heads % world:
         raise ValueError(f"--tensor-parallel-size {world} must divide the model's {cfg.num_heads} heads")
     kv = cfg.num_kv_heads
@@ -127,6 +127,7 @@ TP_ARCHITECTURES = frozenset(
     {
         *("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"),
         *("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
+        "GptOssForCausalLM",
     }
 )
 
@@ -165,12 +166,16 @@ def apply_tp(model: CausalLM, rank: int, world: int) -> None:
         attn.k_proj = nn.Linear(h, kv_heads * hd, bias=cfg.qkv_bias)
         attn.v_proj = nn.Linear(h, kv_heads * hd, bias=cfg.qkv_bias)
         attn.o_proj = RowParallelLinear(heads * hd, h, bias=cfg.o_bias)
+        if getattr(attn, "sinks", None) is not None:  # gpt-oss: one sink logit per q head
+            attn.sinks = nn.Parameter(torch.empty(heads))
         if isinstance(mlp, LlamaMLP | Gemma3MLP):
             _split_mlp(mlp, h, world, cfg.mlp_bias, reduce=True)
             continue
-        assert isinstance(mlp, SparseMoeBlock) and mlp.experts.gate_up_proj_bias is None
+        assert isinstance(mlp, SparseMoeBlock)
         old = mlp.experts
-        mlp.experts = MoEExperts(old.num_experts, h, old.inter // world, old.glu)
+        # gpt-oss's biases: gate/up's split with their rows; down's added by rank 0 alone (_shard)
+        bias = old.gate_up_proj_bias is not None
+        mlp.experts = MoEExperts(old.num_experts, h, old.inter // world, old.glu, bias=bias)
         if isinstance(mlp.shared_expert, LlamaMLP):
             _split_mlp(mlp.shared_expert, h, world, cfg.mlp_bias, reduce=False)
         mlp.__class__ = RowParallelMoeBlock  # one all-reduce of the block's partial output
@@ -192,11 +197,16 @@ _COLS = ("o_proj", "down_proj", "w2")  # by input columns
 
 
 def _shard(name: str, shape: list[int], cfg: ModelConfig, rank: int, world: int) -> tuple[str, int, int, int]:
-    """How rank ``rank`` reads tensor ``name``: ("rows" | "cols" | "whole" | "gate_up" | "cols3", start,
-    end, padded rows)."""
+    """How rank ``rank`` reads tensor ``name``: ("rows" | "cols" | "whole" | "zeros" | "gate_up" | "cols3",
+    start, end, padded rows)."""
     hd = cfg.head_dim
     part = name.rsplit(".", 2)
     module, kind = (part[-2], part[-1]) if len(part) >= 2 else ("", name)
+    if cfg.architecture == "GptOssForCausalLM" and module == "experts":
+        return _gpt_oss_experts(kind, shape, rank, world)
+    if kind == "sinks":  # (H,): this rank's q heads
+        per = shape[0] // world
+        return "rows", rank * per, (rank + 1) * per, per
     if len(shape) == 3 and kind == "gate_up_proj":  # fused experts (E, 2I, H): [gate | up] rows each
         per = shape[1] // 2 // world
         return "gate_up", rank * per, (rank + 1) * per, shape[1] // 2
@@ -218,6 +228,24 @@ def _shard(name: str, shape: list[int], cfg: ModelConfig, rank: int, world: int)
     return "whole", 0, 0, 0
 
 
+def _gpt_oss_experts(kind: str, shape: list[int], rank: int, world: int) -> tuple[str, int, int, int]:
+    """gpt-oss's experts as transformers stores them: ``gate_up_proj`` (E, H, 2I) with gate and up
+    interleaved along 2I (this rank's I/N pairs are one run of columns), its bias (E, 2I) likewise,
+    ``down_proj`` (E, I, H) by rows of I; ``down_proj_bias`` (E, H) added once: rank 0's, zeros elsewhere."""
+    if kind == "gate_up_proj":
+        per = shape[2] // world
+        return "cols3", rank * per, (rank + 1) * per, 0
+    if kind == "gate_up_proj_bias":
+        per = shape[1] // world
+        return "cols", rank * per, (rank + 1) * per, 0
+    if kind == "down_proj":
+        per = shape[1] // world
+        return "cols", rank * per, (rank + 1) * per, 0  # dim 1 of (E, I, H)
+    if kind == "down_proj_bias":
+        return ("whole" if rank == 0 else "zeros"), 0, 0, 0
+    return "whole", 0, 0, 0
+
+
 def sharded_safetensors(
     model_dir: Path, cfg: ModelConfig, rank: int, world: int
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -230,6 +258,9 @@ def sharded_safetensors(
                 how, a, b, rows = _shard(name, list(sl.get_shape()), cfg, rank, world)
                 if how == "whole":
                     yield name, f.get_tensor(name)
+                elif how == "zeros":
+                    t = f.get_tensor(name)
+                    yield name, torch.zeros_like(t)
                 elif how == "cols":
                     yield name, sl[:, a:b]
                 elif how == "cols3":
