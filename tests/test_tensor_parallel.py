@@ -68,7 +68,11 @@ def test_tp4_mistral_with_replicated_kv_heads_matches_transformers(tmp_path: Pat
     d = build_tiny_model("mistral", tmp_path)
     prompts = [list(range(3, 63)), [1, 5, 9, 20, 33]]  # 60 + 6 tokens: past the 48-token window
     ref = hf_greedy(d, prompts, MAX_NEW)
-    _check(LLM(str(d), dtype="float32", tensor_parallel_size=4, max_num_seqs=2).generate(prompts, GREEDY), ref, 1e-4)
+    _check(
+        LLM(str(d), dtype="float32", tensor_parallel_size=4, max_num_seqs=2).generate(prompts, GREEDY),
+        ref,
+        1e-4,
+    )
 
 
 def _file_bytes(d: Path) -> int:
@@ -181,9 +185,17 @@ def test_refusals_and_launch_plans(llama: tuple[Path, list[list[int]], list]) ->
         check_tp(cfg, 3)
     with pytest.raises(ValueError, match="CPU \\(gloo\\) only so far: NCCL"):
         tp_model.check_run(2, torch.device("cuda"), EngineConfig(), None, cfg)
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="--quantization fp8 is not built: its per-channel scales"):
+        tp_model.check_run(2, cpu, EngineConfig(quantization="fp8"), None, cfg)
+    for arch in ("Gemma3ForCausalLM", "GptOssForCausalLM"):  # split in 16/32 bits only
+        with pytest.raises(ValueError, match=f"{arch} splits 16/32-bit safetensors weights only"):
+            tp_model.check_run(
+                2, cpu, EngineConfig(quantization="int8"), None, dataclasses.replace(cfg, architecture=arch)
+            )
     t0 = time.monotonic()  # refused before any rank is spawned
-    with pytest.raises(ValueError, match="--tensor-parallel-size 2 with --quantization is not built"):
-        LLM(str(llama[0]), dtype="float32", tensor_parallel_size=2, quantization="int8")
+    with pytest.raises(ValueError, match="--tensor-parallel-size 2 with --quantization nvfp4 is not built"):
+        LLM(str(llama[0]), dtype="float32", tensor_parallel_size=2, quantization="nvfp4")
     assert time.monotonic() - t0 < 2 and distributed.state() is None and not tp_runtime._PROCS
     with pytest.raises(ValueError, match="--nnodes"):
         EngineConfig(tensor_parallel_size=2, nnodes=3)

@@ -111,13 +111,12 @@ class TorchExecutor:
         keep_packed = packed_here(
             config.quantization, bits, self.device, self.attn_backend, self.dtype, on_triton
         )
-        weights, packed = (
-            checkpoint.weights(keep_packed, self.device, self.dtype, cpu=self.device.type == "cpu")
-            if checkpoint is not None
-            else (None, {})
-        )
-        if self.tp is not None and checkpoint is not None:
-            weights = tp_model.weights(self.tp, checkpoint, model_config)
+        weights, packed = (None, {}) if checkpoint is None else (
+            # a rank's shards; a GGUF's blocks stay packed on every rank (the PyTorch ops run them)
+            tp_model.weights(self.tp, checkpoint, model_config, config.quantization is None)
+            if self.tp is not None
+            else checkpoint.weights(keep_packed, self.device, self.dtype, cpu=self.device.type == "cpu")
+        )  # fmt: skip
         where = "the checkpoint" if checkpoint is None else str(checkpoint.source.path)
         self.model = build_model(
             model_config,

@@ -17,7 +17,8 @@ from glassbox.engine.kv_plan import KVCachePlan
 from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.block_linear import block_kernel_rows
 from glassbox.models.causal_lm import CausalLM
-from glassbox.models.loader import Forward
+from glassbox.models.gguf_shards import check_gguf_tp, sharded_gguf
+from glassbox.models.loader import Forward, Packed
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.tensor_parallel import apply_tp, check_tp, kv_heads_of, sharded_safetensors
 
@@ -52,21 +53,60 @@ def check_run(
             f"--tensor-parallel-size {n} with --speculative-config is not built (the workers would not run "
             "the verification and draft passes)"
         )
+    if config.quantization in ("nvfp4", "fp8"):
+        what = "per-tensor scale" if config.quantization == "nvfp4" else "per-channel scales of o/down"
+        raise ValueError(
+            f"--tensor-parallel-size {n} with --quantization {config.quantization} is not built: its {what} "
+            "would differ from shard to shard (int8, int4, int4-asym and mxfp4 split as the whole model's blocks)"
+        )
+    packed = config.quantization not in (None, "none") or (
+        checkpoint is not None and checkpoint.gguf is not None
+    )
+    if packed and cfg.architecture in ("Gemma3ForCausalLM", "GptOssForCausalLM"):
+        raise ValueError(
+            f"--tensor-parallel-size {n}: {cfg.architecture} splits 16/32-bit safetensors weights only so far "
+            "(not --quantization or GGUF files)"
+        )
     if config.quantization not in (None, "none"):
+        check_k_blocks(n, str(config.quantization), cfg)
+    if checkpoint is not None and checkpoint.facts.quantization_config:
         raise ValueError(
-            f"--tensor-parallel-size {n} with --quantization is not built (16/32-bit weights only)"
+            f"--tensor-parallel-size {n} loads 16/32-bit safetensors checkpoints and GGUF files only (no "
+            "GPTQ/AWQ, FP8 or FP4 checkpoint shards yet)"
         )
-    if checkpoint is not None and (checkpoint.gguf is not None or checkpoint.facts.quantization_config):
-        raise ValueError(
-            f"--tensor-parallel-size {n} loads 16/32-bit safetensors checkpoints only (no GGUF, GPTQ/AWQ, "
-            "FP8 or FP4 shards yet)"
-        )
+    if checkpoint is not None and checkpoint.gguf is not None:
+        check_gguf_tp(checkpoint.gguf, cfg, n)
     check_tp(cfg, n)
 
 
-def weights(tp: TPState, checkpoint: Checkpoint, cfg: ModelConfig) -> Tensors:
-    """This rank's shards, read slice by slice from the safetensors files."""
-    return sharded_safetensors(checkpoint.source.path, cfg, tp.rank, tp.world)
+def check_k_blocks(n: int, quantization: str, cfg: ModelConfig) -> None:
+    """ValueError where a row-parallel layer's K shard (o_proj, down_proj: split along their input columns)
+    would not be whole 32-value blocks: each rank quantizes its own shard, which is then the whole model's
+    blocks (``--quantization`` blocks run along K within a row)."""
+    widths = {"o_proj": cfg.num_heads * cfg.head_dim, "down_proj": cfg.intermediate_size}
+    if any(cfg.layer_moe):
+        widths["the shared expert's down_proj"] = cfg.shared_expert_intermediate_size
+        if quantization == "mxfp4":  # its routed experts too
+            widths["the experts' down_proj"] = cfg.moe_intermediate_size
+    for what, k in widths.items():
+        if k and (k // n) % QUANT_BLOCK:
+            raise ValueError(
+                f"--tensor-parallel-size {n} with --quantization {quantization}: {what}'s {k} input columns "
+                f"split into {k // n} a rank, not whole {QUANT_BLOCK}-value blocks (pick a size that does)"
+            )
+
+
+QUANT_BLOCK = 32  # the values of a block along K: int8, int4, int4-asym (layers/block_quant.py) and mxfp4
+
+
+def weights(
+    tp: TPState, checkpoint: Checkpoint, cfg: ModelConfig, keep_packed: bool
+) -> tuple[Tensors, dict[str, Packed]]:
+    """This rank's shards: (float tensors, packed ones by HF name), read slice by slice from the
+    safetensors files, or from a GGUF file's blocks (kept packed with ``keep_packed``: models/gguf_shards.py)."""
+    if checkpoint.gguf is not None:
+        return sharded_gguf(checkpoint.gguf, cfg, tp.rank, tp.world, keep_packed)
+    return sharded_safetensors(checkpoint.source.path, cfg, tp.rank, tp.world), {}
 
 
 def shard_fn(tp: TPState | None) -> Callable[[CausalLM], None] | None:

@@ -16,6 +16,7 @@ from torch import nn
 from glassbox.layers.block_linear import kernel_chosen
 from glassbox.layers.fp4_quant import FP4Weights, native_library
 from glassbox.layers.fp4_quantize import quantize
+from glassbox.layers.in_place import in_place_of, quantized_kind
 
 
 def fp4_linear(x: torch.Tensor, w: FP4Weights, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,8 +74,10 @@ def quantize_model_fp4(model: nn.Module, kind: str) -> int:
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and name != "lm_head":
-                setattr(module, name, FP4Linear(quantize(child.weight, kind), child.bias))
+            if quantized_kind(child) is nn.Linear and name != "lm_head":
+                assert isinstance(child, nn.Linear)
+                bias = None if hasattr(child, "around") else child.bias  # a row-parallel bias: after the sum
+                setattr(module, name, in_place_of(child, FP4Linear(quantize(child.weight, kind), bias)))
                 count += 1
         hold = getattr(module, "quantize_fp4", None)
         if callable(hold):

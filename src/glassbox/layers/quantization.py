@@ -15,6 +15,7 @@ from torch import nn
 from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
 from glassbox.layers.block_quant import BlockWeights, quantize
 from glassbox.layers.fp4_linear import quantize_model_fp4
+from glassbox.layers.in_place import in_place_of, quantized_kind
 
 
 def quantize_model(model: nn.Module, bits: int | str, asymmetric: bool = False) -> int:
@@ -30,8 +31,8 @@ def quantize_model(model: nn.Module, bits: int | str, asymmetric: bool = False) 
         return quantize_model_fp4(model, bits)
     done: dict[int, BlockWeights] = {}  # id(weight parameter) -> its blocks (tied tables are one)
     head = getattr(model, "lm_head", None)
-    tables = {id(m.weight) for m in model.modules() if type(m) is nn.Embedding}
-    tables |= {id(head.weight)} if type(head) is nn.Linear else set()
+    tables = {id(m.weight) for m in model.modules() if quantized_kind(m) is nn.Embedding}
+    tables |= {id(head.weight)} if head is not None and quantized_kind(head) is nn.Linear else set()
 
     def blocks(weight: torch.Tensor) -> BlockWeights:
         if id(weight) not in done:
@@ -42,10 +43,15 @@ def quantize_model(model: nn.Module, bits: int | str, asymmetric: bool = False) 
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
-                setattr(module, name, BlockQuantLinear(blocks(child.weight), child.bias))
+            kind = quantized_kind(child)
+            if kind is nn.Linear:
+                assert isinstance(child, nn.Linear)
+                bias = None if hasattr(child, "around") else child.bias  # a row-parallel bias: after the sum
+                setattr(module, name, in_place_of(child, BlockQuantLinear(blocks(child.weight), bias)))
                 count += 1
-            elif type(child) is nn.Embedding:
-                setattr(module, name, BlockQuantEmbedding(blocks(child.weight), child.weight.dtype))
+            elif kind is nn.Embedding:
+                assert isinstance(child, nn.Embedding)
+                table = BlockQuantEmbedding(blocks(child.weight), child.weight.dtype)
+                setattr(module, name, in_place_of(child, table))
                 count += 1
     return count

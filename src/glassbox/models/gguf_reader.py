@@ -37,6 +37,7 @@ GGUF_MAGIC = b"GGUF"
 # llama.cpp's gguf-split naming: <stem>-00001-of-00003.gguf (1-based, five digits).
 _SHARD_NAME = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 
+
 def is_gguf(path: str | Path) -> bool:
     """Whether ``path`` names a GGUF file: a name ending in .gguf, or a file starting with the GGUF magic."""
     p = Path(path)
@@ -229,11 +230,26 @@ class GGUFCheckpoint:
     def _hf_row_order(self, gguf_name: str, rows: np.ndarray) -> np.ndarray:
         """The rows of tensor ``gguf_name`` (values or raw blocks) in the Hugging Face order: llama.cpp stores
         the Q and K projections of llama/mistral with their rotary rows permuted."""
+        heads = self.permuted_heads(gguf_name)
+        return rows if heads is None else unpermute_rotary_rows(rows, heads)
+
+    def permuted_heads(self, gguf_name: str) -> int | None:
+        """The heads of a tensor stored with each head's rotary rows permuted (llama/mistral Q and K), or
+        None: the rows are in the Hugging Face order (the permutation stays within a head)."""
         part = gguf_name.split(".")[2] if gguf_name.startswith("blk.") else ""
         key = {"attn_q": "num_attention_heads", "attn_k": "num_key_value_heads"}.get(part)
         if key is None or self.architecture not in PERMUTED_QK_ARCHITECTURES:
-            return rows
-        return unpermute_rotary_rows(rows, int(self.config[key]))
+            return None
+        return int(self.config[key])
+
+    def entries(self) -> Iterator[tuple[str, ReaderTensor]]:
+        """(HF name, the file's tensor: GGML type, shape, memory-mapped data) of every weight, in file order
+        (tensor parallelism reads each rank's slices of them: models/gguf_shards.py)."""
+        for reader in self._readers:
+            for t in reader.tensors:
+                name = self._names.get(t.name)
+                if name is not None:
+                    yield name, t
 
     def stored_sizes(self) -> dict[str, tuple[int, int]]:
         """HF name -> (elements, bytes as stored in the file): what the planner costs a GGUF by."""

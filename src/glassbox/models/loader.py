@@ -19,6 +19,7 @@ from glassbox.layers.fp4_quant import FP4Weights
 from glassbox.layers.fp8_linear import Fp8Linear
 from glassbox.layers.fp8_weights import Fp8Weights
 from glassbox.layers.held_experts import HeldExperts
+from glassbox.layers.in_place import in_place_of
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
@@ -125,8 +126,9 @@ def build_model(
     if packed:
         _swap_in_blocks(model, packed, dtype)
     embed = model.get_submodule("model.embed_tokens")
+    embed = getattr(embed, "inner", embed)  # a vocab-parallel shard's packed table
     if cfg.tie_word_embeddings and isinstance(embed, BlockQuantEmbedding):
-        model.lm_head = BlockQuantLinear(embed.w)  # type: ignore[assignment]
+        model.lm_head = in_place_of(model.lm_head, BlockQuantLinear(embed.w))  # type: ignore[assignment]
     elif cfg.tie_word_embeddings:
         model.tie_weights()
     if weights is None:
@@ -157,6 +159,10 @@ def _swap_in_blocks(model: nn.Module, packed: dict[str, Packed], dtype: torch.dt
         old = getattr(parent, child)
         new: nn.Module
         bias = None if not isinstance(old, nn.Linear) or old.bias is None else torch.zeros(old.out_features)
+        if hasattr(
+            old, "around"
+        ):  # a tensor-parallel layer keeps its bias (a row-parallel one: after the sum)
+            bias = None
         if isinstance(blocks, Fp8Weights):
             if not isinstance(old, nn.Linear):
                 raise ValueError(f"{name}: FP8 weights for a {type(old).__name__}, not a linear layer")
@@ -174,7 +180,7 @@ def _swap_in_blocks(model: nn.Module, packed: dict[str, Packed], dtype: torch.dt
             blocks.out_features
         ) or (isinstance(old, nn.Linear) and old.in_features != blocks.in_features):
             raise ValueError(f"{name}: packed shape does not match the model")
-        setattr(parent, child, new)
+        setattr(parent, child, in_place_of(old, new))
 
 
 def _fill_random(model: nn.Module, seed: int) -> None:

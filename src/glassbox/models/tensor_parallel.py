@@ -26,7 +26,7 @@ Refused (``check_tp``): head or FFN widths the ranks do not divide.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -47,8 +47,29 @@ class RowParallelLinear(nn.Linear):
     """y = all_reduce(x W_r^T) + b: this rank's input columns of W; the bias whole, added after the sum."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(F.linear(x, self.weight))
-        return y if self.bias is None else y + self.bias
+        return _plus(all_reduce(F.linear(x, self.weight)), self.bias)
+
+    def around(self, inner: nn.Module) -> RowParallel:
+        """The same layer with its weight kept packed in ``inner`` (built without the bias)."""
+        return RowParallel(inner, self.bias)
+
+
+class RowParallel(nn.Module):
+    """all_reduce(inner(x)) + b: a row-parallel layer whose weight (this rank's input columns) ``inner``
+    keeps packed (BlockQuantLinear: block quantization, GGUF blocks; FP4Linear), the bias whole after the
+    sum. Made by ``RowParallelLinear.around`` when its weight is quantized or swapped for packed blocks."""
+
+    def __init__(self, inner: nn.Module, bias: nn.Parameter | None) -> None:
+        super().__init__()
+        self.inner = inner
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _plus(all_reduce(self.inner(x)), self.bias)
+
+
+def _plus(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return y if bias is None else y + bias
 
 
 class RowParallelMoeBlock(SparseMoeBlock):
@@ -57,6 +78,16 @@ class RowParallelMoeBlock(SparseMoeBlock):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce(super().forward(x))
+
+
+def _vocab_lookup(
+    ids: torch.Tensor, start: int, rows: int, lookup: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """Rows of the vocabulary shard [start, start + rows): other tokens look up zeros; then one all-reduce."""
+    local = ids - start
+    mine = (local >= 0) & (local < rows)
+    out = lookup(torch.where(mine, local, 0))
+    return all_reduce(out.masked_fill(~mine.unsqueeze(-1), 0.0))
 
 
 class VocabParallelEmbedding(nn.Embedding):
@@ -68,10 +99,22 @@ class VocabParallelEmbedding(nn.Embedding):
         self.start, self.vocab_size = rank * per, vocab_size
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        local = ids - self.start
-        mine = (local >= 0) & (local < self.num_embeddings)
-        out = F.embedding(torch.where(mine, local, 0), self.weight)
-        return all_reduce(out.masked_fill(~mine.unsqueeze(-1), 0.0))
+        return _vocab_lookup(ids, self.start, self.num_embeddings, lambda i: F.embedding(i, self.weight))
+
+    def around(self, inner: nn.Module) -> VocabParallelTable:
+        """The same table kept packed in ``inner`` (a BlockQuantEmbedding)."""
+        return VocabParallelTable(inner, self.start, self.num_embeddings)
+
+
+class VocabParallelTable(nn.Module):
+    """A vocab-parallel embedding whose shard ``inner`` keeps packed (a BlockQuantEmbedding)."""
+
+    def __init__(self, inner: nn.Module, start: int, rows: int) -> None:
+        super().__init__()
+        self.inner, self.start, self.rows = inner, start, rows
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return _vocab_lookup(ids, self.start, self.rows, self.inner)
 
 
 class ScaledVocabParallelEmbedding(VocabParallelEmbedding):
@@ -96,6 +139,21 @@ class VocabParallelLMHead(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_gather_last(F.linear(x, self.weight))[..., : self.vocab_size]
+
+    def around(self, inner: nn.Module) -> GatheredLogits:
+        """The same head kept packed in ``inner`` (a BlockQuantLinear)."""
+        return GatheredLogits(inner, self.vocab_size)
+
+
+class GatheredLogits(nn.Module):
+    """A vocab-parallel LM head whose shard ``inner`` keeps packed: its logits all-gathered to (rows, V)."""
+
+    def __init__(self, inner: nn.Module, vocab_size: int) -> None:
+        super().__init__()
+        self.inner, self.vocab_size = inner, vocab_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_gather_last(self.inner(x))[..., : self.vocab_size]
 
 
 def check_tp(cfg: ModelConfig, world: int) -> None:
@@ -196,7 +254,9 @@ _ROWS = ("q_proj", "gate_proj", "up_proj", "w1", "w3")  # split by output rows (
 _COLS = ("o_proj", "down_proj", "w2")  # by input columns
 
 
-def _shard(name: str, shape: list[int], cfg: ModelConfig, rank: int, world: int) -> tuple[str, int, int, int]:
+def shard_plan(
+    name: str, shape: list[int], cfg: ModelConfig, rank: int, world: int
+) -> tuple[str, int, int, int]:
     """How rank ``rank`` reads tensor ``name``: ("rows" | "cols" | "whole" | "zeros" | "gate_up" | "cols3",
     start, end, padded rows)."""
     hd = cfg.head_dim
@@ -255,7 +315,7 @@ def sharded_safetensors(
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 sl = f.get_slice(name)
-                how, a, b, rows = _shard(name, list(sl.get_shape()), cfg, rank, world)
+                how, a, b, rows = shard_plan(name, list(sl.get_shape()), cfg, rank, world)
                 if how == "whole":
                     yield name, f.get_tensor(name)
                 elif how == "zeros":

@@ -1,0 +1,23 @@
+"""Which layers a load-time quantization replaces, and how a packed layer takes a tensor-parallel layer's
+place (layers/quantization.py, layers/fp4_linear.py, models/loader.py's packed checkpoint weights)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def quantized_kind(m: nn.Module) -> type[nn.Module] | None:
+    """nn.Linear or nn.Embedding for the layers quantization replaces: those exactly (not their subclasses:
+    routers, Gemma's scaled table), and the tensor-parallel ones (``around``); else None."""
+    for kind in (nn.Linear, nn.Embedding):
+        if type(m) is kind or (isinstance(m, kind) and hasattr(m, "around")):
+            return kind
+    return None
+
+
+def in_place_of(old: nn.Module, new: nn.Module) -> nn.Module:
+    """``new`` (``old``'s weight packed) as it replaces ``old``: a tensor-parallel layer's ``around(new)``
+    (its all-reduce, vocabulary shard or logits all-gather around the packed weight, a row-parallel bias
+    added after the sum: models/tensor_parallel.py), else ``new`` itself."""
+    around = getattr(old, "around", None)
+    return new if around is None else around(new)

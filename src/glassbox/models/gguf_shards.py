@@ -1,0 +1,109 @@
+"""A GGUF checkpoint read as one tensor-parallel rank's shards (models/tensor_parallel.py's split): each
+tensor's rows, or whole blocks of its columns, sliced from the memory-mapped file before anything is
+dequantized or repacked, so that a rank reads and holds 1/N of every split tensor.
+
+- rows (q/k/v by head, gate/up, the embedding and LM head by vocabulary, the last shard zero-padded: zero
+  bytes are a zero block in every GGML type): the file's rows. llama.cpp stores llama/mistral's Q and K
+  with each head's rotary rows permuted (models/gguf_reader.py); a shard holds whole heads, so it is
+  un-permuted on its own, as the whole tensor is.
+- columns (o and down, along K): bytes [a / B * S, b / B * S) of each row, for a type of B values in S bytes;
+  ``check_gguf_tp`` refuses a split that would cut a block (32 values: Q4_0, Q4_1, Q8_0, Q5_0, ...; 256: the
+  K-quants' super-blocks), so that a shard's blocks are the file's own.
+The packed types (Q4_0, Q4_1, Q8_0; the K-quants Q4_K, Q5_K, Q6_K) stay in their blocks
+(layers/block_quant.py, layers/kquant.py) unless ``keep_packed`` is off; the rest (F32, F16, BF16, other
+quants) are dequantized to float32, shard by shard. A MoE layer's stacked experts are not split yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, ReaderTensor
+from gguf.quants import dequantize
+
+from glassbox.layers import kquant
+from glassbox.layers.block_quant import GGUF_TYPES, from_gguf
+from glassbox.models.gguf_reader import GGUFCheckpoint, hf_shape, unpermute_rotary_rows
+from glassbox.models.loader import Packed
+from glassbox.models.model_config import ModelConfig
+from glassbox.models.tensor_parallel import shard_plan
+
+Tensors = Iterator[tuple[str, torch.Tensor]]  # (HF name, tensor), one at a time
+
+PACKED_TYPES = frozenset({*GGUF_TYPES, *kquant.KQUANT_TYPES})
+
+
+def check_gguf_tp(gguf: GGUFCheckpoint, cfg: ModelConfig, world: int) -> None:
+    """ValueError naming what a GGUF file's split over ``world`` ranks cannot run: MoE experts, or a
+    column-split tensor (o_proj, down_proj) whose shard would cut its type's blocks."""
+    if any(cfg.layer_moe):
+        raise ValueError(
+            f"--tensor-parallel-size {world}: a GGUF file's MoE experts are not split across ranks yet "
+            "(safetensors MoE checkpoints are)"
+        )
+    for name, t in gguf.entries():
+        shape = hf_shape(t)
+        how, a, b, _ = shard_plan(name, list(shape), cfg, 0, world)
+        values = GGML_QUANT_SIZES[t.tensor_type][0]
+        if how == "cols" and (b - a) % values:
+            kind = "super-blocks" if t.tensor_type.name.endswith("_K") else "blocks"
+            raise ValueError(
+                f"--tensor-parallel-size {world}: {name} ({t.tensor_type.name}) would give each rank {b - a} "
+                f"of its {shape[1]} input columns, not whole {values}-value {kind}"
+            )
+
+
+def _row_bytes(t: ReaderTensor) -> np.ndarray:
+    """A tensor's bytes as (rows, row bytes), rows in the file's order (1-D: one value a row)."""
+    data = np.asarray(t.data)
+    return data.reshape(int(hf_shape(t)[0]), -1).view(np.uint8)
+
+
+def read_shard(
+    gguf: GGUFCheckpoint, name: str, t: ReaderTensor, cfg: ModelConfig, rank: int, world: int
+) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Rank ``rank``'s bytes of tensor ``t`` (HF name ``name``) as (rows, row bytes), rows in the Hugging
+    Face order, and the shard's HF shape."""
+    shape = hf_shape(t)
+    how, a, b, rows = shard_plan(name, list(shape), cfg, rank, world)
+    raw, heads = _row_bytes(t), gguf.permuted_heads(t.name)
+    if how == "cols":
+        values, size = GGML_QUANT_SIZES[t.tensor_type]
+        return np.ascontiguousarray(raw[:, a // values * size : b // values * size]), (shape[0], b - a)
+    if how == "whole":
+        part = raw if heads is None else unpermute_rotary_rows(raw, heads)
+        return np.ascontiguousarray(part), shape
+    assert how == "rows", f"{name}: a {how} split of a GGUF tensor"
+    part = raw[a:b]
+    if heads is not None:  # whole heads of the file's (permuted) rows
+        part = unpermute_rotary_rows(part, (b - a) * heads // shape[0])
+    if part.shape[0] < rows:  # the last vocabulary shard: zero rows up to P
+        part = np.concatenate([part, np.zeros((rows - part.shape[0], part.shape[1]), np.uint8)])
+    return np.ascontiguousarray(part), (rows, *shape[1:])
+
+
+def sharded_gguf(
+    gguf: GGUFCheckpoint, cfg: ModelConfig, rank: int, world: int, keep_packed: bool
+) -> tuple[Tensors, dict[str, Packed]]:
+    """(this rank's float shards, one at a time; its packed 2-D shards by HF name), as
+    engine/checkpoint.py's ``Checkpoint.weights`` gives a whole file's."""
+    packed: dict[str, Packed] = {}
+    if keep_packed:
+        for name, t in gguf.entries():
+            kind = t.tensor_type.name
+            if kind in PACKED_TYPES and len(t.shape) == 2:
+                raw, shape = read_shard(gguf, name, t, cfg, rank, world)
+                packed[name] = (kquant.from_gguf if kind in kquant.KQUANT_TYPES else from_gguf)(
+                    kind, raw, shape
+                )
+
+    def floats() -> Tensors:
+        for name, t in gguf.entries():
+            if name not in packed:
+                raw, shape = read_shard(gguf, name, t, cfg, rank, world)
+                values = np.array(dequantize(raw, t.tensor_type), dtype=np.float32)  # a copy
+                yield name, torch.from_numpy(values.reshape(shape))
+
+    return floats(), packed
