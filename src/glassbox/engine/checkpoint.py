@@ -60,7 +60,7 @@ class Checkpoint:
                 return rest, dict(packed_layers)
             fp8 = fp8_spec(self.facts.quantization_config)
             if fp8 is not None:
-                fp8_layers, rest = read_fp8(self.source.path, fp8)
+                fp8_layers, rest = read_fp8(self.source.path, fp8, cpu)
                 return rest, dict(fp8_layers)
             return safetensors_tensors(self.source.path), {}
         gguf = self.gguf

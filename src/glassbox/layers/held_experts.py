@@ -3,7 +3,7 @@
 ``HeldExperts`` is what a checkpoint reader hands models/moe.py's ``MoEExperts.hold``: per expert its
 gate_up (one matrix, or the gate and up matrices) and down matrix in one of the formats the CPU kernels run
 as stored (``BlockWeights``: GGUF Q4_0/Q4_1/Q8_0; ``KQuantWeights``: Q4_K/Q5_K/Q6_K; ``FP4Weights``: MXFP4,
-NVFP4). ``kept_linear`` turns an expert's matrices into one linear (stacked by rows into one kernel call
+NVFP4; ``Fp8Weights``: FP8 checkpoints' experts). ``kept_linear`` turns an expert's matrices into one linear (stacked by rows into one kernel call
 where they share a format, as layers/linear.concat_linears does for a dense gate/up: a batch-1 decode row
 runs the int8-activation GEMV), ``ExpertSlice`` runs one expert's rows of a float parameter.
 """
@@ -21,16 +21,18 @@ from glassbox.layers.block_linear import BlockQuantLinear
 from glassbox.layers.block_quant import BlockWeights
 from glassbox.layers.fp4_linear import FP4Linear
 from glassbox.layers.fp4_quant import FP4Weights
+from glassbox.layers.fp8_linear import Fp8Linear
+from glassbox.layers.fp8_weights import Fp8Weights
 from glassbox.layers.kquant import KQuantWeights
 from glassbox.layers.linear import ConcatLinear, concat_linears, cpu_matrix
 
-ExpertMatrix = BlockWeights | KQuantWeights | FP4Weights  # one expert matrix as stored
+ExpertMatrix = BlockWeights | KQuantWeights | FP4Weights | Fp8Weights  # one expert matrix as stored
 
 
 @dataclass
 class HeldExperts:
     """A MoE layer's routed experts kept as stored (layers/block_quant.py, layers/kquant.py,
-    layers/fp4_quant.py), by expert: ``gate_up`` one matrix (2I x H, rows in the model's order) or the gate
+    layers/fp4_quant.py, layers/fp8_weights.py), by expert: ``gate_up`` one matrix (2I x H, rows in the model's order) or the gate
     and up matrices (I x H each: their outputs then read as [gate | up]); ``down`` (H x I). A side left
     None loads into its float parameter as usual."""
 
@@ -58,7 +60,10 @@ def kept_linear(parts: tuple[ExpertMatrix, ...], bias: torch.Tensor | None) -> n
     for w in parts:
         b = None if bias is None else bias[start : start + w.out_features]
         start += w.out_features
-        linears.append(FP4Linear(w, b) if isinstance(w, FP4Weights) else BlockQuantLinear(w, b))
+        if isinstance(w, Fp8Weights):
+            linears.append(Fp8Linear(w, b))
+        else:
+            linears.append(FP4Linear(w, b) if isinstance(w, FP4Weights) else BlockQuantLinear(w, b))
     return linears[0] if len(linears) == 1 else concat_linears(*linears)
 
 

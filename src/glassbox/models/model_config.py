@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from glassbox.models.facts import ModelFacts
+from glassbox.models.fp8_config import fp8_spec
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -86,7 +87,8 @@ class ModelConfig:
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         method = facts.quantization_config.get("quant_method", "?") if facts.quantization_config else None
-        if facts.is_moe and method is not None and method != "mxfp4":  # gpt-oss's experts: fp4_checkpoint.py
+        # gpt-oss's MXFP4 experts: fp4_checkpoint.py; FP8 experts: fp8_checkpoint.py
+        if facts.is_moe and method not in (None, "mxfp4") and fp8_spec(facts.quantization_config) is None:
             raise ValueError(f"quantized ({method}) mixture-of-experts checkpoints are not supported yet")
         # HF's default for a config that names no dtype is float32
         dtype = TORCH_DTYPES[facts.dtype] if facts.dtype_declared else torch.float32
