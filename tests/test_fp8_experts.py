@@ -10,15 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_fp8_checkpoint import PROMPTS, ct_config, dequantized, quantize, write_checkpoint
+from test_fp8_checkpoint import LINEARS, PROMPTS, ct_config, dequantized, quantize, write_checkpoint
 from tiny_models import build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
 from glassbox.layers.fp8_linear import Fp8Linear
 from glassbox.models.moe import MoEExperts
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
-
-PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +27,7 @@ def moe_fp8(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = build_tiny_model("qwen3_moe", root)
     floats = load_file(str(base / "model.safetensors"))
     quant, dense = dict(floats), dict(floats)
-    for key in sorted(n for n in floats if n.rpartition(".")[0].endswith(PROJ)):
+    for key in sorted(n for n in floats if n.rpartition(".")[0].endswith(LINEARS)):
         q, s = quantize(floats[key], 16, 32)
         quant[key] = q
         quant[key.replace(".weight", ".weight_scale")] = s

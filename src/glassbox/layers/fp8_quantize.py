@@ -33,11 +33,10 @@ W8A8_MIN_ROWS = 17
 
 def quantize_fp8(weight: torch.Tensor) -> Fp8Weights:
     """(N, K) weights as E4M3 codes with a float32 scale per row (a row of zeros gets scale 1)."""
-    w = weight.detach().float()
-    amax = w.abs().amax(dim=1, keepdim=True)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    codes = (w / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
-    return Fp8Weights(codes.contiguous(), scale.contiguous(), 1, w.shape[1], "FP8 per-channel")
+    codes, scale = quantize_rows_fp8(weight.detach())  # rounded as the W8A8 path rounds activation rows
+    return Fp8Weights(
+        codes.view(torch.uint8).contiguous(), scale.contiguous(), 1, weight.shape[1], "FP8 per-channel"
+    )
 
 
 def quantize_model_fp8(model: nn.Module) -> int:

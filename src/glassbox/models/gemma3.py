@@ -16,6 +16,7 @@ No CPU-kernel forward (models/llama_native.py is Llama-only): on the CPU this ru
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -119,6 +120,12 @@ class Gemma3DecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
+@functools.cache
+def rounded(scale: float, dtype: torch.dtype) -> float:
+    """``scale`` rounded to ``dtype``: exact in it, so that a product with it rounds once, like HF's."""
+    return float(torch.tensor(scale, dtype=dtype).item())
+
+
 class ScaledEmbedding(nn.Embedding):
     """An embedding table whose rows are multiplied by ``scale`` rounded to the table's dtype (as HF does:
     in bf16, sqrt(3072) = 55.43 becomes 55.5)."""
@@ -126,13 +133,10 @@ class ScaledEmbedding(nn.Embedding):
     def __init__(self, num_embeddings: int, embedding_dim: int, scale: float) -> None:
         super().__init__(num_embeddings, embedding_dim)
         self.scale = scale
-        self._rounded: dict[torch.dtype, float] = {}
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, hidden)
         x = super().forward(input_ids)
-        if x.dtype not in self._rounded:  # exact in the dtype, so the product rounds once, like HF's
-            self._rounded[x.dtype] = torch.tensor(self.scale, dtype=x.dtype).item()
-        return x * self._rounded[x.dtype]
+        return x * rounded(self.scale, x.dtype)
 
 
 class Gemma3Model(nn.Module):

@@ -36,7 +36,7 @@ from torch import nn
 
 from glassbox.distributed import all_gather_last, all_reduce
 from glassbox.models.causal_lm import CausalLM
-from glassbox.models.gemma3 import Gemma3Attention, Gemma3ForCausalLM, Gemma3MLP, ScaledEmbedding
+from glassbox.models.gemma3 import Gemma3Attention, Gemma3ForCausalLM, Gemma3MLP, ScaledEmbedding, rounded
 from glassbox.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from glassbox.models.loader import weight_files
 from glassbox.models.model_config import ModelConfig
@@ -127,7 +127,7 @@ class ScaledVocabParallelEmbedding(VocabParallelEmbedding):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = super().forward(ids)
-        return x * torch.tensor(self.scale, dtype=x.dtype).item()
+        return x * rounded(self.scale, x.dtype)
 
 
 class VocabParallelLMHead(nn.Linear):
