@@ -24,6 +24,7 @@ from glassbox import LLM, SamplingParams
 from glassbox.kernels.native import library
 from glassbox.layers.fp8_linear import Fp8Linear
 from glassbox.layers.fp8_weights import Fp8Weights, concat, gemv
+from glassbox.models.ct_int_config import ct_int_spec
 from glassbox.models.fp8_checkpoint import layer_weights, read_fp8
 from glassbox.models.fp8_config import fp8_spec
 from glassbox.perf.memory_plan import weight_bytes
@@ -271,15 +272,29 @@ def test_unsupported_settings_name_their_key(qc: dict[str, Any], key: str) -> No
 
 @pytest.mark.parametrize(
     ("path", "value", "key"),
-    [(("weights", "num_bits"), 4, "weights.num_bits"), (("weights", "type"), "int", "weights.type"),
-     (("weights", "symmetric"), False, "weights.symmetric"), (("input_activations", "type"), "int",
-     "input_activations")],
+    [(("weights", "num_bits"), 4, "weights.num_bits"), (("weights", "symmetric"), False, "weights.symmetric"),
+     (("input_activations", "type"), "int", "input_activations")],
 )  # fmt: skip
 def test_unsupported_groups_name_their_key(path: tuple[str, str], value: Any, key: str) -> None:
     qc = ct_config("channel", None, False, [])
     qc["config_groups"]["group_0"][path[0]][path[1]] = value
     with pytest.raises(ValueError, match=f"quantization_config config_groups.group_0.{key}="):
         fp8_spec(qc)
+
+
+def test_integer_groups_are_not_fp8() -> None:
+    """All-integer configs are models/ct_int.py's (fp8_spec: None; an integer type in the float format is
+    refused there, by its format); an integer group beside an FP8 one is refused here, by its type."""
+    qc = ct_config("channel", None, False, [])
+    qc["config_groups"]["group_0"]["weights"]["type"] = "int"
+    assert fp8_spec(qc) is None
+    with pytest.raises(ValueError, match="quantization_config format='float-quantized'"):
+        ct_int_spec(qc)
+    mixed = ct_config("channel", None, False, [])
+    mixed["config_groups"]["group_1"] = json.loads(json.dumps(mixed["config_groups"]["group_0"]))
+    mixed["config_groups"]["group_1"]["weights"]["type"] = "int"
+    with pytest.raises(ValueError, match="quantization_config config_groups.group_1.weights.type='int'"):
+        fp8_spec(mixed)
 
 
 def test_engine_refuses_bad_configs_and_tensors(root: Path) -> None:
@@ -291,7 +306,7 @@ def test_engine_refuses_bad_configs_and_tensors(root: Path) -> None:
     for f in qdir.iterdir():
         (bad / f.name).write_bytes(f.read_bytes())
     (bad / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="quantization_config config_groups.group_0.weights.type='int'"):
+    with pytest.raises(ValueError, match="quantization_config format='float-quantized': integer weights"):
         LLM(str(bad), dtype="float32", device="cpu")
     spec = fp8_spec(CASES["ct-channel"][0])
     assert spec is not None

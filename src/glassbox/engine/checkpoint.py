@@ -18,6 +18,8 @@ from glassbox.layers.block_quant import GGUF_TYPES, from_gguf
 from glassbox.layers.fp4_quant import from_ggml_mxfp4
 from glassbox.layers.held_experts import ExpertMatrix, HeldExperts
 from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
+from glassbox.models.ct_int import read_ct_int
+from glassbox.models.ct_int_config import ct_int_spec
 from glassbox.models.facts import ModelFacts
 from glassbox.models.fp4_checkpoint import read_fp4
 from glassbox.models.fp8_checkpoint import read_fp8
@@ -46,7 +48,7 @@ class Checkpoint:
         """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
         tensors of the packed types (layers/block_quant.py; with ``cpu``, for the CPU's kernels, layers/kquant.py's
         too, and its experts by MoE module: ``gguf_experts``, MXFP4 too: layers/fp4_quant.py) stay in their
-        blocks; a GPTQ/AWQ, NVFP4 or MXFP4 checkpoint's layers always do (ValueError where no kernels run
+        blocks; a GPTQ/AWQ, compressed-tensors integer, NVFP4 or MXFP4 checkpoint's layers always do (ValueError where no kernels run
         them: gptq_awq.check_runs, fp4_checkpoint; or for settings the loader cannot run), and an FP8
         checkpoint's stay 8-bit (any device and dtype); all else is float."""
         if self.gguf is None:
@@ -55,8 +57,13 @@ class Checkpoint:
                 return fp4[1], dict(fp4[0])
             spec = group_quant(self.facts.quantization_config)
             if spec is not None:
-                check_runs(spec, device, dtype)
+                check_runs(spec.method.upper(), device, dtype)
                 packed_layers, rest = read_group_quant(self.source.path, spec)
+                return rest, dict(packed_layers)
+            ct = ct_int_spec(self.facts.quantization_config)
+            if ct is not None:
+                check_runs("compressed-tensors integer", device, dtype)
+                packed_layers, rest = read_ct_int(self.source.path, ct)
                 return rest, dict(packed_layers)
             fp8 = fp8_spec(self.facts.quantization_config)
             if fp8 is not None:

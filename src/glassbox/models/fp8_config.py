@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from glassbox.models.ct_int_config import is_int_config
+
 # what a checkpoint may carry besides weights and their scales, read and dropped (weight-only execution)
 ACTIVATION_PARTS = ("input_scale", "activation_scale", "k_scale", "v_scale", "output_scale")
 
@@ -129,8 +131,8 @@ def _ct_group(name: str, group: dict[str, Any]) -> tuple[Fp8Layout, str | None]:
 
 def _compressed_tensors(qc: dict[str, Any]) -> Fp8Spec | None:
     fmt = str(qc.get("format") or "")
-    if "fp4" in fmt:
-        return None  # 4-bit float formats: not FP8
+    if "fp4" in fmt or is_int_config(qc):
+        return None  # 4-bit float formats: not FP8; integer weights: models/ct_int.py
     groups = qc.get("config_groups") or {}
     if not isinstance(groups, dict) or not groups:
         raise _unsupported("config_groups", groups, "no quantized weights are described")

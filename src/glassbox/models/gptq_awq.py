@@ -31,7 +31,7 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 Tensors = Iterator[tuple[str, torch.Tensor]]
 
 
-def _unpack(words: torch.Tensor, bits: int) -> torch.Tensor:
+def unpack_words(words: torch.Tensor, bits: int) -> torch.Tensor:
     """int32 words (..., W) to their 32 / bits codes each, lowest bits first: (..., W, 32 / bits) int32."""
     shifts = torch.arange(0, 32, bits, dtype=torch.int32)
     return (words.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
@@ -41,9 +41,9 @@ def gptq_codes(
     qweight: torch.Tensor, qzeros: torch.Tensor, bits: int, zero_minus_one: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ's codes q (K, N) and zeros z (G, N), int32."""
-    q = _unpack(qweight, bits)  # (K / p, N, p): code k = p * row + i
+    q = unpack_words(qweight, bits)  # (K / p, N, p): code k = p * row + i
     q = q.permute(0, 2, 1).reshape(-1, qweight.shape[1])
-    z = _unpack(qzeros, bits).reshape(qzeros.shape[0], -1)
+    z = unpack_words(qzeros, bits).reshape(qzeros.shape[0], -1)
     return q, z + 1 if zero_minus_one else z
 
 
@@ -51,7 +51,7 @@ def awq_codes(qweight: torch.Tensor, qzeros: torch.Tensor) -> tuple[torch.Tensor
     """AWQ's codes q (K, N) and zeros z (G, N), int32 (its nibbles back in column order)."""
 
     def columns(words: torch.Tensor) -> torch.Tensor:
-        nibbles = _unpack(words, 4)  # (rows, N / 8, 8): nibble j holds column ORDER[j]
+        nibbles = unpack_words(words, 4)  # (rows, N / 8, 8): nibble j holds column ORDER[j]
         out = torch.empty_like(nibbles)
         out[..., list(AWQ_ORDER)] = nibbles
         return out.reshape(words.shape[0], -1)
@@ -131,17 +131,17 @@ def read_group_quant(model_dir: Path, spec: GroupQuant) -> tuple[dict[str, Block
     return packed, safetensors_tensors(model_dir, skip)
 
 
-def check_runs(spec: GroupQuant, device: torch.device, dtype: torch.dtype) -> None:
+def check_runs(method: str, device: torch.device, dtype: torch.dtype) -> None:
     """ValueError unless the block kernels run here: the CPU in bf16 or float32, CUDA with triton (the
-    Triton kernels, kernels/triton_block_linear.py) in bf16, float16 or float32."""
+    Triton kernels, kernels/triton_block_linear.py) in bf16, float16 or float32. ``method`` names the
+    checkpoint's format in the messages ("GPTQ", "AWQ", "compressed-tensors int")."""
     if device.type == "cuda":
         if importlib.util.find_spec("triton") is None:
-            raise ValueError(f"{spec.method.upper()} weights on CUDA need triton (pip install triton)")
+            raise ValueError(f"{method} weights on CUDA need triton (pip install triton)")
         if dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise ValueError(f"{spec.method.upper()} weights run in bf16, float16 or float32, got {dtype}")
+            raise ValueError(f"{method} weights run in bf16, float16 or float32, got {dtype}")
         return
     if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(
-            f"{spec.method.upper()} weights run on the CPU in bf16 or float32 and on CUDA "
-            f"(got {device.type}, {dtype})"
+            f"{method} weights run on the CPU in bf16 or float32 and on CUDA (got {device.type}, {dtype})"
         )
