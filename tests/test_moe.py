@@ -58,15 +58,18 @@ def test_norm_topk_prob_defaults() -> None:
 
 
 def test_quantized_moe_checkpoints_are_refused() -> None:
-    """GPTQ/AWQ experts do not load yet: said at start, not as missing weights (GGUF MoE files do:
-    tests/test_gguf_moe.py)."""
+    """Experts of a format with no reader (bitsandbytes) are refused at start, not as missing weights (GGUF,
+    FP8, GPTQ/AWQ and compressed-tensors experts load: tests/test_gguf_moe.py, test_fp8_experts.py,
+    test_int_experts.py)."""
     base = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=100,
                 intermediate_size=32, num_experts_per_tok=2, num_experts=8, model_type="qwen3_moe",
                 architectures=["Qwen3MoeForCausalLM"])  # fmt: skip
     ModelConfig.from_facts(facts_from_config(base))
     gptq = {**base, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}}
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        ModelConfig.from_facts(facts_from_config(gptq))
+    ModelConfig.from_facts(facts_from_config(gptq))
+    bnb = {**base, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}}
+    with pytest.raises(ValueError, match=r"quantized \(bitsandbytes\) mixture-of-experts"):
+        ModelConfig.from_facts(facts_from_config(bnb))
 
 
 def test_fused_and_per_expert_checkpoints_load_alike(models: dict) -> None:

@@ -58,12 +58,12 @@ class Checkpoint:
             spec = group_quant(self.facts.quantization_config)
             if spec is not None:
                 check_runs(spec.method.upper(), device, dtype)
-                packed_layers, rest = read_group_quant(self.source.path, spec)
+                packed_layers, rest = read_group_quant(self.source.path, spec, cpu)
                 return rest, dict(packed_layers)
             ct = ct_int_spec(self.facts.quantization_config)
             if ct is not None:
                 check_runs("compressed-tensors integer", device, dtype)
-                packed_layers, rest = read_ct_int(self.source.path, ct)
+                packed_layers, rest = read_ct_int(self.source.path, ct, cpu)
                 return rest, dict(packed_layers)
             fp8 = fp8_spec(self.facts.quantization_config)
             if fp8 is not None:

@@ -28,9 +28,10 @@ import torch
 from safetensors import safe_open
 
 from glassbox.layers.block_quant import BlockWeights
+from glassbox.layers.held_experts import HeldExperts
 from glassbox.models.ct_int_config import CtIntSpec
-from glassbox.models.gptq_awq import Tensors, to_blocks, unpack_words
-from glassbox.models.loader import safetensors_tensors, weight_files
+from glassbox.models.gptq_awq import Tensors, to_blocks, unpack_words, with_experts
+from glassbox.models.loader import weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +118,12 @@ def layer_blocks(spec: CtIntSpec, parts: dict[str, torch.Tensor], name: str) -> 
         raise ValueError(f"{name}: {e}") from None
 
 
-def read_ct_int(model_dir: Path, spec: CtIntSpec) -> tuple[dict[str, BlockWeights], Tensors]:
-    """(the quantized layers as block weights by HF weight name, the other tensors one at a time)."""
+def read_ct_int(
+    model_dir: Path, spec: CtIntSpec, cpu: bool = True
+) -> tuple[dict[str, BlockWeights | HeldExperts], Tensors]:
+    """(the quantized layers as block weights by HF weight name and, with ``cpu``, each MoE layer's routed
+    experts as ``HeldExperts`` by module name; the other tensors one at a time; off the CPU the experts
+    widened to float32: gptq_awq.with_experts)."""
     layers: dict[str, dict[str, torch.Tensor]] = {}
     int8: dict[str, torch.Tensor] = {}  # int-quantized: the signed weights, by module
     dropped: set[str] = set()
@@ -134,12 +139,12 @@ def read_ct_int(model_dir: Path, spec: CtIntSpec) -> tuple[dict[str, BlockWeight
                     int8[prefix] = f.get_tensor(key)
     for prefix, w in int8.items():
         layers.setdefault(prefix, {})["weight"] = w
-    packed = {f"{p}.weight": layer_blocks(spec, parts, p) for p, parts in layers.items()}
+    blocks = {p: layer_blocks(spec, parts, p) for p, parts in layers.items()}
     skip = dropped | {f"{p}.{part}" for p, parts in layers.items() for part in parts}
-    labels = sorted({w.label for w in packed.values()})
+    labels = sorted({w.label for w in blocks.values()})
     logger.info("compressed-tensors integer weights kept in blocks: %d linear layers (%s), %.1f MiB",
-                len(packed), ", ".join(labels), sum(w.nbytes for w in packed.values()) / 2**20)  # fmt: skip
+                len(blocks), ", ".join(labels), sum(w.nbytes for w in blocks.values()) / 2**20)  # fmt: skip
     if spec.left_aside:
         logger.info("weight-only integer weights: not applied (activations stay in the model's dtype): %s",
                     "; ".join(spec.left_aside))  # fmt: skip
-    return packed, safetensors_tensors(model_dir, skip)
+    return with_experts(blocks, cpu, "compressed-tensors integer", model_dir, skip)

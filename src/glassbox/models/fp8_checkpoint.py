@@ -7,7 +7,6 @@ KV-cache scales are dropped (weight-only execution, logged once).
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path
@@ -17,6 +16,7 @@ from safetensors import safe_open
 
 from glassbox.layers.fp8_weights import Fp8Weights
 from glassbox.layers.held_experts import HeldExperts
+from glassbox.models.expert_parts import sort_experts
 from glassbox.models.fp8_config import ACTIVATION_PARTS, Fp8Layout, Fp8Spec
 from glassbox.models.loader import safetensors_tensors, weight_files
 
@@ -74,27 +74,6 @@ def layer_weights(weight: torch.Tensor, scale: torch.Tensor, spec: Fp8Spec, name
     )
 
 
-# one routed expert's projection as FP8 releases store it (Qwen3-MoE's, Mixtral's names)
-_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(w1|w3|w2|gate_proj|up_proj|down_proj)$")
-_PART = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
-
-
-def _held(found: dict[str, dict[int, dict[str, Fp8Weights]]]) -> dict[str, HeldExperts]:
-    """Each MoE layer's FP8 experts (by checkpoint module name, expert, part) as ``HeldExperts`` by the
-    model's module name: per expert its gate and up matrices (outputs read as [gate | up]) and its down."""
-    held: dict[str, HeldExperts] = {}
-    for module, experts in found.items():
-        n = max(experts) + 1
-        lacking = [e for e in range(n) if set(experts.get(e, {})) != {"gate", "up", "down"}]
-        if lacking:
-            raise ValueError(f"{module}: FP8 experts {lacking[:4]} lack a gate, up or down weight")
-        name = module.replace(".block_sparse_moe.", ".mlp.")  # Mixtral's module is glassbox's mlp
-        held[name] = HeldExperts(
-            [(experts[e]["gate"], experts[e]["up"]) for e in range(n)], [experts[e]["down"] for e in range(n)]
-        )
-    return held
-
-
 def read_fp8(
     model_dir: Path, spec: Fp8Spec, cpu: bool = True
 ) -> tuple[dict[str, Fp8Weights | HeldExperts], Tensors]:
@@ -117,29 +96,19 @@ def read_fp8(
                     dropped.add(key)
                 elif dtype.startswith("F8"):
                     raise ValueError(f"{key}: {dtype} tensors do not load (FP8 weights are E4M3)")
-    packed: dict[str, Fp8Weights | HeldExperts] = {}
-    found: dict[str, dict[int, dict[str, Fp8Weights]]] = {}  # MoE layer -> expert -> part
-    widened: dict[str, Fp8Weights] = {}  # off the CPU: experts dequantized
+    weights: dict[str, Fp8Weights] = {}
     for prefix, parts in layers.items():
         if "weight" not in parts:
             raise ValueError(f"{prefix}.{spec.scale_part}: a scale for a weight that is not FP8")
         if "scale" not in parts:
             raise ValueError(f"{prefix}.weight: an FP8 weight without its {spec.scale_part}")
-        w = layer_weights(parts["weight"], parts["scale"], spec, prefix)
-        expert = _EXPERT.match(prefix)
-        if expert is None:
-            packed[f"{prefix}.weight"] = w
-        elif cpu:
-            found.setdefault(expert[1], {}).setdefault(int(expert[2]), {})[_PART[expert[3]]] = w
-        else:
-            widened[f"{prefix}.weight"] = w
-    stored = sum(w.nbytes for w in packed.values() if isinstance(w, Fp8Weights))
-    stored += sum(w.nbytes for e in found.values() for parts in e.values() for w in parts.values())
-    packed.update(_held(found))
+        weights[prefix] = layer_weights(parts["weight"], parts["scale"], spec, prefix)
+    dense, held, widened = sort_experts(weights, cpu, "FP8")
+    stored = sum(w.nbytes for w in weights.values()) - sum(w.nbytes for w in widened.values())
+    packed: dict[str, Fp8Weights | HeldExperts] = {**dense, **held}
     skip = dropped | {f"{p}.weight" for p in layers} | {f"{p}.{spec.scale_part}" for p in layers}
     logger.info("FP8 weights kept 8-bit: %d linear layers, %d MoE layers' experts (%s), %.1f MiB",
-                sum(isinstance(w, Fp8Weights) for w in packed.values()), len(found), spec.label,
-                stored / 2**20)  # fmt: skip
+                len(dense), len(held), spec.label, stored / 2**20)  # fmt: skip
     if widened:
         logger.info("FP8 routed experts widened to the model's dtype off the CPU: %d matrices", len(widened))
     if spec.left_aside:

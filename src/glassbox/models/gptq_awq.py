@@ -16,19 +16,24 @@ permutation (the linear applies it to its input).
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from glassbox.layers.block_quant import BLOCK, BlockWeights, from_zero_codes
+from glassbox.layers.held_experts import HeldExperts
+from glassbox.models.expert_parts import sort_experts
 from glassbox.models.loader import safetensors_tensors, weight_files
 from glassbox.models.quant_config import GroupQuant
 
 PARTS = ("qweight", "qzeros", "scales", "g_idx")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 Tensors = Iterator[tuple[str, torch.Tensor]]
+logger = logging.getLogger(__name__)
 
 
 def unpack_words(words: torch.Tensor, bits: int) -> torch.Tensor:
@@ -114,8 +119,12 @@ def layer_blocks(spec: GroupQuant, parts: dict[str, torch.Tensor], name: str) ->
         raise ValueError(f"{name}: {e}") from None
 
 
-def read_group_quant(model_dir: Path, spec: GroupQuant) -> tuple[dict[str, BlockWeights], Tensors]:
-    """(the quantized layers as block weights by HF weight name, the other tensors one at a time)."""
+def read_group_quant(
+    model_dir: Path, spec: GroupQuant, cpu: bool = True
+) -> tuple[dict[str, BlockWeights | HeldExperts], Tensors]:
+    """(the quantized layers as block weights by HF weight name and, with ``cpu``, each MoE layer's routed
+    experts as ``HeldExperts`` by module name; the other tensors one at a time). Off the CPU the experts
+    are handed on dequantized (float32, the formula's values) for the fused MoE's float parameters."""
     files = weight_files(model_dir)
     layers: dict[str, dict[str, torch.Tensor]] = {}
     for path in files:
@@ -125,10 +134,21 @@ def read_group_quant(model_dir: Path, spec: GroupQuant) -> tuple[dict[str, Block
                 if part in PARTS:
                     layers.setdefault(prefix, {})[part] = f.get_tensor(key)
     quantized = {p: parts for p, parts in layers.items() if "qweight" in parts}
-    packed = {f"{p}.weight": layer_blocks(spec, parts, p) for p, parts in quantized.items()}
+    blocks = {p: layer_blocks(spec, parts, p) for p, parts in quantized.items()}
     skip = {f"{p}.{part}" for p, parts in quantized.items() for part in parts}
+    return with_experts(blocks, cpu, spec.label, model_dir, skip)
 
-    return packed, safetensors_tensors(model_dir, skip)
+
+def with_experts(
+    blocks: dict[str, BlockWeights], cpu: bool, what: str, model_dir: Path, skip: set[str]
+) -> tuple[dict[str, BlockWeights | HeldExperts], Tensors]:
+    """Block weights by module name sorted into dense layers and routed experts (models/expert_parts.py),
+    and the checkpoint's other tensors (all but ``skip``) after the experts widened off the CPU."""
+    dense, held, widened = sort_experts(blocks, cpu, what)
+    floats = ((name, w.dense(torch.float32)) for name, w in widened.items())
+    if widened:
+        logger.info("%s routed experts widened to the model's dtype off the CPU: %d matrices", what, len(widened))
+    return {**dense, **held}, chain(floats, safetensors_tensors(model_dir, skip))
 
 
 def check_runs(method: str, device: torch.device, dtype: torch.dtype) -> None:

@@ -11,8 +11,10 @@ from typing import Any
 
 import torch
 
+from glassbox.models.ct_int_config import ct_int_spec
 from glassbox.models.facts import ModelFacts
 from glassbox.models.fp8_config import fp8_spec
+from glassbox.models.quant_config import group_quant
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -87,8 +89,11 @@ class ModelConfig:
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         method = facts.quantization_config.get("quant_method", "?") if facts.quantization_config else None
-        # gpt-oss's MXFP4 experts: fp4_checkpoint.py; FP8 experts: fp8_checkpoint.py
-        if facts.is_moe and method not in (None, "mxfp4") and fp8_spec(facts.quantization_config) is None:
+        # gpt-oss's MXFP4 experts: fp4_checkpoint.py; FP8 experts: fp8_checkpoint.py; GPTQ/AWQ and
+        # compressed-tensors integer experts: expert_parts.py
+        qc = facts.quantization_config
+        held = method in (None, "mxfp4") or fp8_spec(qc) is not None or group_quant(qc) is not None
+        if facts.is_moe and not (held or ct_int_spec(qc) is not None):
             raise ValueError(f"quantized ({method}) mixture-of-experts checkpoints are not supported yet")
         # HF's default for a config that names no dtype is float32
         dtype = TORCH_DTYPES[facts.dtype] if facts.dtype_declared else torch.float32

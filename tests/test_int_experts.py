@@ -1,0 +1,127 @@
+"""Integer-quantized mixture-of-experts checkpoints (Qwen3-30B-A3B's GPTQ-Int4 and w4a16 releases: each
+expert's gate/up/down stored as its own GPTQ or compressed-tensors layer; models/expert_parts.py): kept in
+blocks as held experts on the CPU, float32 greedy token-exact with transformers running the weights as the
+format defines them (tests/test_gptq_awq.py's formula; the compressed-tensors package's decompression)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from test_gptq_awq import LINEARS, PROMPTS, Layer, _write, pack_gptq
+from test_gptq_awq import quant_config as gptq_config
+from tiny_models import build_tiny_model, hf_greedy
+
+from glassbox import LLM, SamplingParams
+from glassbox.layers.block_linear import BlockQuantLinear
+from glassbox.layers.held_experts import linear_bytes
+from glassbox.models.moe import MoEExperts
+from glassbox.tokenizer.hf_tokenizer import Tokenizer
+
+FORMATS = ("gptq", "compressed-tensors")
+
+
+def _quantize(fmt: str, w: torch.Tensor, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(the layer's stored tensors, its weight as the format defines it, float32), groups of 32."""
+    if fmt == "gptq":
+        layer = Layer(w.shape[1], w.shape[0], 32, 4, act_order=False, zmin=1, seed=seed)
+        return pack_gptq(layer, v1=True), layer.weight()
+    from test_ct_int import compress
+
+    return compress(w.float(), "w4a16-g32-asym", seed)
+
+
+def _config(fmt: str) -> dict[str, Any]:
+    if fmt == "gptq":
+        return gptq_config("gptq", 4, 32, True, False)
+    from test_ct_int import quant_config
+
+    return quant_config("w4a16-g32-asym", ignore=["lm_head", "re:.*mlp.gate$"])
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def moe_int4(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, str]:
+    """(a tiny Qwen3-MoE whose every projection, its 8 experts' included, is 4-bit in groups of 32; the same
+    weights as the format defines them, as a float32 checkpoint; the format). Router and LM head stay
+    float."""
+    fmt = str(request.param)
+    root = tmp_path_factory.mktemp(f"moe-{fmt}")
+    base = build_tiny_model("qwen3_moe", root)
+    floats = load_file(str(base / "model.safetensors"))
+    quant, dense = dict(floats), dict(floats)
+    for i, key in enumerate(sorted(n for n in floats if n.rpartition(".")[0].endswith(LINEARS))):
+        stored, weight = _quantize(fmt, floats[key], seed=i)
+        prefix = key.removesuffix(".weight")
+        del quant[key]
+        quant.update({f"{prefix}.{p}": t for p, t in stored.items()})
+        dense[key] = weight
+    return _write(base, root / fmt, quant, _config(fmt)), _write(base, root / "dense", dense, None), fmt
+
+
+def test_int4_experts_run_as_their_weights(moe_int4: tuple[Path, Path, str]) -> None:
+    qdir, ddir, _ = moe_int4
+    prompts = [Tokenizer.from_dir(qdir).encode(p) for p in PROMPTS]
+    ref = hf_greedy(ddir, prompts, 8)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
+    llm = LLM(str(qdir), dtype="float32", device="cpu")
+    experts = [m for m in llm.engine.executor.model.modules() if isinstance(m, MoEExperts)]
+    assert experts and all(m.linears for m in experts)  # held: each expert's own linears
+    held = [lin for m in experts for pair in m.linears for lin in pair]
+    assert held and all(isinstance(lin, BlockQuantLinear) or hasattr(lin, "parts") for lin in held)
+    for out, (toks, lps) in zip(llm.generate(prompts, params), ref, strict=True):
+        assert out.token_ids == toks
+        assert out.logprobs is not None
+        assert max(abs(out.logprobs[j][t] - lps[j]) for j, t in enumerate(toks)) < 1e-4
+    # the experts are counted at their stored bytes (4-bit codes, a scale and a zero per 32), not four a weight
+    dense = load_file(str(ddir / "model.safetensors"))
+    in_experts = sum(t.numel() for k, t in dense.items() if ".experts." in k)
+    assert sum(linear_bytes(lin) for lin in held) < in_experts
+    assert llm.engine.executor.weight_bytes < sum(t.numel() * 4 for t in dense.values()) - 3 * in_experts
+
+
+def test_missing_expert_part_is_named(moe_int4: tuple[Path, Path, str], tmp_path: Path) -> None:
+    qdir, _, fmt = moe_int4
+    tensors = load_file(str(qdir / "model.safetensors"))
+    prefix = next(k for k in tensors if ".experts.3.up_proj." in k).rpartition(".")[0]
+    for k in [k for k in tensors if k.startswith(prefix + ".")]:
+        del tensors[k]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in qdir.iterdir():
+        if f.name != "model.safetensors":
+            (bad / f.name).write_bytes(f.read_bytes())
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(bad / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"experts \[3\] lack a gate, up or down weight"):
+        LLM(str(bad), dtype="float32", device="cpu")
+
+
+def test_off_the_cpu_the_experts_are_widened(moe_int4: tuple[Path, Path, str]) -> None:
+    """For CUDA's fused MoE (float parameters): the experts come as float32 tensors, the format's values;
+    the dense layers stay in blocks."""
+    import json
+
+    from glassbox.layers.block_quant import BlockWeights
+    from glassbox.models.ct_int import read_ct_int
+    from glassbox.models.ct_int_config import ct_int_spec
+    from glassbox.models.gptq_awq import read_group_quant
+    from glassbox.models.quant_config import group_quant
+
+    qdir, ddir, fmt = moe_int4
+    qc = json.loads((qdir / "config.json").read_text())["quantization_config"]
+    if fmt == "gptq":
+        spec = group_quant(qc)
+        assert spec is not None
+        packed, rest = read_group_quant(qdir, spec, cpu=False)
+    else:
+        ct = ct_int_spec(qc)
+        assert ct is not None
+        packed, rest = read_ct_int(qdir, ct, cpu=False)
+    assert packed and all(isinstance(w, BlockWeights) and ".experts." not in k for k, w in packed.items())
+    floats, dense = dict(rest), load_file(str(ddir / "model.safetensors"))
+    experts = [k for k in dense if ".experts." in k]
+    assert experts and all(torch.equal(floats[k], dense[k]) for k in experts)
