@@ -4,7 +4,8 @@ The Qwen3-0.6B-shaped random bf16 checkpoint of benchmarks/bench_models.py, and 
 (benchmarks/gguf_export.py: bf16, and Q8_0 / Q4_0 quantized by the gguf package, llama.cpp's reference
 quantization). Engines:
   glassbox bf16 (the safetensors), int8 / int4 / int4-asym / fp8 (--quantization, at load), Q8_0 / Q4_0 (the
-  GGUF files as stored)
+  GGUF files as stored), CT W4A16 / CT W8A8 (compressed-tensors checkpoints written by the package:
+  benchmarks/ct_export.py)
   llama.cpp bf16 / Q8_0 / Q4_0 (the same GGUF files; llama-cpp-python, benchmarks/llamacpp_peer.py)
 Every engine decodes in turns for ``--rounds`` rounds (each a fresh 128-token prompt, 64 greedy steps), since this
 machine's speed drifts by half within minutes; medians and the per-round ratios are reported, with the read
@@ -29,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import qwen3_0_6b_random  # noqa: E402
+from ct_export import export_ct  # noqa: E402
 from gguf_export import export_gguf  # noqa: E402
 from llamacpp_peer import llamacpp_version, measure_llamacpp  # noqa: E402
 
@@ -85,6 +87,10 @@ def main() -> int:
         files[kind] = model / f"model-{kind}.gguf"
         if not files[kind].is_file():
             export_gguf(model, files[kind], kind)
+    for scheme in ("w4a16", "w8a8"):
+        files[scheme] = model.parent / f"{model.name}-ct-{scheme}"
+        if chosen(f"glassbox CT {scheme.upper()}") and not (files[scheme] / "config.json").is_file():
+            export_ct(model, files[scheme], scheme)
     bandwidth_start = measure_read_bandwidth("cpu")
     decoders: dict[str, Decoder] = {}
     info: dict[str, Any] = {}
@@ -96,6 +102,8 @@ def main() -> int:
         ("glassbox fp8", model, {"quantization": "fp8"}),
         ("glassbox Q8_0", files["q8_0"], {}),
         ("glassbox Q4_0", files["q4_0"], {}),
+        ("glassbox CT W4A16", files["w4a16"], {}),
+        ("glassbox CT W8A8", files["w8a8"], {}),
     ):
         if chosen(name):
             decoders[name], info[name] = glassbox_decoder(path, args.decode_tokens, **engine)

@@ -129,6 +129,9 @@ def test_blocks_dequantize_to_the_library_decompression(case: str, k: int) -> No
     assert torch.equal(blocks.dequantize_reference(), blocks.dequantize(torch.float32))
     assert (blocks.perm is not None) == CASES[case][6]
     assert blocks.bits == CASES[case][1]
+    # symmetric: held as Q4_0 / Q8_0 are (a constant offset), without zero codes
+    assert (blocks.zeros is None) == CASES[case][4]
+    assert blocks.offset_factor == (-float(1 << (CASES[case][1] - 1)) if CASES[case][4] else 0.0)
 
 
 def test_channel_rows_not_whole_blocks() -> None:

@@ -125,3 +125,13 @@ def test_off_the_cpu_the_experts_are_widened(moe_int4: tuple[Path, Path, str]) -
     floats, dense = dict(rest), load_file(str(ddir / "model.safetensors"))
     experts = [k for k in dense if ".experts." in k]
     assert experts and all(torch.equal(floats[k], dense[k]) for k in experts)
+
+
+def test_tensor_parallel_refuses_quantized_experts(moe_int4: tuple[Path, Path, str]) -> None:
+    from glassbox.engine import tp_runtime
+
+    try:
+        with pytest.raises(ValueError, match="a quantized checkpoint's MoE experts are not split across ranks"):
+            LLM(str(moe_int4[0]), dtype="float32", tensor_parallel_size=2)
+    finally:
+        tp_runtime.shutdown()

@@ -170,3 +170,52 @@ def test_smollm2_q4_1_gguf_tp3_matches_tp1(monkeypatch: pytest.MonkeyPatch) -> N
         assert all(0.3 < r / whole < 0.36 for r in ranks), (ranks, whole)
     finally:
         torch.set_num_threads(threads)
+
+
+# ---- quantized checkpoints: each rank decodes a layer, keeps its shard -----------------------------
+
+
+def _checkpoint(kind: str, root: Path) -> Path:
+    """A tiny Llama (hidden 256, FFN 384, 4 heads, 2 KV heads) in a quantized checkpoint format."""
+    if kind.startswith(("gptq", "awq")):
+        from test_gptq_awq import quantized_model as gptq_model
+
+        return gptq_model(root, kind)[0]
+    if kind.startswith("w"):
+        from test_ct_int import quantized_model as ct_model
+
+        return ct_model(root, kind)[0]
+    from test_fp8_checkpoint import fp8_model
+
+    return fp8_model(root, kind)[0]
+
+
+@pytest.mark.parametrize("kind", ["gptq-v1-g128", "awq-g32", "w4a16-g32-asym", "w8a8-int", "ct-channel"])
+def test_quantized_checkpoint_tp2_matches_tp1(tmp_path: Path, kind: str) -> None:
+    """GPTQ, AWQ, compressed-tensors integer and FP8 per-channel checkpoints over 2 ranks: each rank's
+    layers are cut from the decoded codes (o/down along K in whole blocks: g128's second group is half in
+    each rank), the same tokens as TP=1 and about half the quantized bytes a rank."""
+    d = _checkpoint(kind, tmp_path)
+    one = LLM(str(d), dtype="float32", max_num_seqs=2)
+    ref, whole = _ref(one.generate(PROMPTS, GREEDY)), one.engine.executor.weight_bytes
+    llm = LLM(str(d), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)
+    _check(llm.generate(PROMPTS, GREEDY), ref, 1e-5)
+    assert llm.engine.executor.block_formats == one.engine.executor.block_formats
+    ranks = llm.engine.executor.rank_weight_bytes  # the float embeddings, LM head and norms split too
+    assert len(ranks) == 2 and all(0.95 < r * 2 / whole < 1.1 for r in ranks), (ranks, whole)
+
+
+@pytest.mark.parametrize(
+    ("kind", "match"),
+    [
+        ("gptq-v2-g128-act", r"--tensor-parallel-size 2: model\.layers\.\d\.\S+: group \d+ holds \d+ input ch"),
+        ("hf-fp8-block128", r"--tensor-parallel-size 2: model\.layers\.\d\.\S+: its (rows|columns) 0\.\.\d+ cut its 128"),
+    ],
+)
+def test_quantized_checkpoint_cuts_that_break_blocks_are_named(tmp_path: Path, kind: str, match: str) -> None:
+    """An act-order layer's groups are scattered over its columns (a rank's half rarely holds whole blocks
+    of each); 128 x 128 FP8 scale blocks cut by a rank's 64 rows of k_proj (one of 2 KV heads) or 192
+    columns of down_proj (FFN 384)."""
+    d = _checkpoint(kind, tmp_path)
+    with pytest.raises(ValueError, match=match):
+        LLM(str(d), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)

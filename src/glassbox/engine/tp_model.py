@@ -17,9 +17,13 @@ from glassbox.engine.kv_plan import KVCachePlan
 from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.block_linear import block_kernel_rows
 from glassbox.models.causal_lm import CausalLM
+from glassbox.models.ct_int_config import ct_int_spec
+from glassbox.models.fp8_config import fp8_spec
 from glassbox.models.gguf_shards import check_gguf_tp, sharded_gguf
 from glassbox.models.loader import Forward, Packed
 from glassbox.models.model_config import ModelConfig
+from glassbox.models.quant_config import group_quant
+from glassbox.models.quant_shards import sharded_quantized
 from glassbox.models.tensor_parallel import apply_tp, check_tp, kv_heads_of, sharded_safetensors
 
 
@@ -59,8 +63,11 @@ def check_run(
             f"--tensor-parallel-size {n} with --quantization {config.quantization} is not built: its {what} "
             "would differ from shard to shard (int8, int4, int4-asym and mxfp4 split as the whole model's blocks)"
         )
-    packed = config.quantization not in (None, "none") or (
-        checkpoint is not None and checkpoint.gguf is not None
+    qc = checkpoint.facts.quantization_config if checkpoint is not None else {}
+    packed = (
+        config.quantization not in (None, "none")
+        or bool(qc)
+        or (checkpoint is not None and checkpoint.gguf is not None)
     )
     if packed and cfg.architecture in ("Gemma3ForCausalLM", "GptOssForCausalLM"):
         raise ValueError(
@@ -69,10 +76,15 @@ def check_run(
         )
     if config.quantization not in (None, "none"):
         check_k_blocks(n, str(config.quantization), cfg)
-    if checkpoint is not None and checkpoint.facts.quantization_config:
+    if qc and not (group_quant(qc) or ct_int_spec(qc) or fp8_spec(qc)):
         raise ValueError(
-            f"--tensor-parallel-size {n} loads 16/32-bit safetensors checkpoints and GGUF files only (no "
-            "GPTQ/AWQ, FP8 or FP4 checkpoint shards yet)"
+            f"--tensor-parallel-size {n} splits 16/32-bit, GPTQ/AWQ, compressed-tensors integer and FP8 "
+            f"safetensors checkpoints and GGUF files (not {qc.get('quant_method')!r} ones)"
+        )
+    if qc and any(cfg.layer_moe):
+        raise ValueError(
+            f"--tensor-parallel-size {n}: a quantized checkpoint's MoE experts are not split across ranks yet "
+            "(16/32-bit MoE checkpoints are)"
         )
     if checkpoint is not None and checkpoint.gguf is not None:
         check_gguf_tp(checkpoint.gguf, cfg, n)
@@ -103,9 +115,13 @@ def weights(
     tp: TPState, checkpoint: Checkpoint, cfg: ModelConfig, keep_packed: bool
 ) -> tuple[Tensors, dict[str, Packed]]:
     """This rank's shards: (float tensors, packed ones by HF name), read slice by slice from the
-    safetensors files, or from a GGUF file's blocks (kept packed with ``keep_packed``: models/gguf_shards.py)."""
+    safetensors files, from a GGUF file's blocks (kept packed with ``keep_packed``: models/gguf_shards.py),
+    or from a quantized checkpoint's layers (kept packed: models/quant_shards.py)."""
     if checkpoint.gguf is not None:
         return sharded_gguf(checkpoint.gguf, cfg, tp.rank, tp.world, keep_packed)
+    qc = checkpoint.facts.quantization_config
+    if qc:
+        return sharded_quantized(checkpoint.source.path, qc, cfg, tp.rank, tp.world)
     return sharded_safetensors(checkpoint.source.path, cfg, tp.rank, tp.world), {}
 
 

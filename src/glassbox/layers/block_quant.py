@@ -266,8 +266,15 @@ def from_zero_codes(
     label: str,
     perm: torch.Tensor | None,
 ) -> BlockWeights:
-    """From codes (N, nb, 32) uint8, per-block float16 scales and uint8 zero codes (N, nb) (GPTQ, AWQ)."""
-    w = _pack(q, scales, None, 0.0, bits, k, label, zeros)
+    """From codes (N, nb, 32) uint8, per-block float16 scales and uint8 zero codes (N, nb) (GPTQ, AWQ,
+    compressed-tensors). Symmetric weights (every zero the middle code 2^(bits-1)) are stored as Q4_0 and
+    Q8_0 are, W = d q - 2^(bits-1) d, without the zero codes (the same values; a byte less per block and
+    the kernels' faster constant-offset path)."""
+    middle = 1 << (bits - 1)
+    if bool((torch.as_tensor(zeros) == middle).all()):
+        w = _pack(q, scales, None, -float(middle), bits, k, label)
+    else:
+        w = _pack(q, scales, None, 0.0, bits, k, label, zeros)
     w.perm = perm
     return w
 

@@ -30,7 +30,7 @@ from safetensors import safe_open
 from glassbox.layers.block_quant import BlockWeights
 from glassbox.layers.held_experts import HeldExperts
 from glassbox.models.ct_int_config import CtIntSpec
-from glassbox.models.gptq_awq import Tensors, to_blocks, unpack_words, with_experts
+from glassbox.models.gptq_awq import GroupCodes, Tensors, unpack_words, with_experts
 from glassbox.models.loader import weight_files
 
 logger = logging.getLogger(__name__)
@@ -70,8 +70,13 @@ def _groups(
 
 
 def layer_blocks(spec: CtIntSpec, parts: dict[str, torch.Tensor], name: str) -> BlockWeights:
-    """One linear's stored tensors (``PARTS``, or an int8 ``weight`` and its ``weight_scale``) as block
-    weights; ``name`` (the module) for errors."""
+    """One linear's stored tensors as block weights; ``name`` (the module) for errors."""
+    return layer_codes(spec, parts, name).blocks(name)
+
+
+def layer_codes(spec: CtIntSpec, parts: dict[str, torch.Tensor], name: str) -> GroupCodes:
+    """One linear's stored tensors (``PARTS``, or an int8 ``weight`` and its ``weight_scale``) as codes
+    (gptq_awq.GroupCodes); ``name`` (the module) for errors."""
     scale = parts.get("weight_scale")
     if scale is None:
         raise ValueError(f"{name}: an integer weight without its weight_scale")
@@ -111,11 +116,7 @@ def layer_blocks(spec: CtIntSpec, parts: dict[str, torch.Tensor], name: str) -> 
         logger.warning("%s: weight_scale rounded to float16 (%s values outside its exact range)", name,
                        int((d.to(scale.dtype) != scale).sum()))  # fmt: skip
     groups, grouping = _groups(spec, k, ngroups, parts.get("weight_g_idx"), name)
-    label = f"CT int{bits} {grouping}"
-    try:
-        return to_blocks(q.t(), z.t(), d.t(), groups, bits, label)
-    except ValueError as e:
-        raise ValueError(f"{name}: {e}") from None
+    return GroupCodes(q.t(), z.t(), d.t(), groups, bits, f"CT int{bits} {grouping}")
 
 
 def read_ct_int(

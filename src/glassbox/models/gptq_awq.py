@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
 
@@ -98,8 +99,37 @@ def to_blocks(
     return from_zero_codes(codes.numpy(), d.numpy(), zeros.numpy(), bits, k, label, perm if moved else None)
 
 
-def layer_blocks(spec: GroupQuant, parts: dict[str, torch.Tensor], name: str) -> BlockWeights:
-    """One layer's stored tensors (``PARTS``, g_idx optional) as block weights; ``name`` for errors."""
+@dataclass
+class GroupCodes:
+    """One layer as the integer formats define it, input channels first: codes q (K, N), zero codes z
+    (G, N), float16 scales (G, N) and each input channel's group (K,). ``blocks`` repacks it; ``rows`` and
+    ``cols`` cut a tensor-parallel shard (models/quant_shards.py)."""
+
+    q: torch.Tensor
+    z: torch.Tensor
+    scales: torch.Tensor
+    groups: torch.Tensor
+    bits: int
+    label: str
+
+    def blocks(self, name: str) -> BlockWeights:
+        """The block weights; ValueError naming ``name`` where a group does not fill whole blocks."""
+        try:
+            return to_blocks(self.q, self.z, self.scales, self.groups, self.bits, self.label)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+
+    def rows(self, a: int, b: int) -> GroupCodes:
+        """Output rows a..b."""
+        return replace(self, q=self.q[:, a:b], z=self.z[:, a:b], scales=self.scales[:, a:b])
+
+    def cols(self, a: int, b: int) -> GroupCodes:
+        """Input channels a..b (with their groups' scales and zeros: the others go unused)."""
+        return replace(self, q=self.q[a:b], groups=self.groups[a:b])
+
+
+def layer_codes(spec: GroupQuant, parts: dict[str, torch.Tensor], name: str) -> GroupCodes:
+    """One layer's stored tensors (``PARTS``, g_idx optional) as codes; ``name`` for errors."""
     missing = [p for p in PARTS[:3] if p not in parts]
     if missing:
         raise ValueError(f"{name}: {spec.method.upper()} layer without {', '.join(missing)}")
@@ -113,10 +143,12 @@ def layer_blocks(spec: GroupQuant, parts: dict[str, torch.Tensor], name: str) ->
     if groups is None:
         size = k if spec.group_size == -1 else spec.group_size
         groups = torch.arange(k) // size
-    try:
-        return to_blocks(q, z[:, : q.shape[1]], scales, groups, spec.bits, spec.label)
-    except ValueError as e:
-        raise ValueError(f"{name}: {e}") from None
+    return GroupCodes(q, z[:, : q.shape[1]], scales, groups, spec.bits, spec.label)
+
+
+def layer_blocks(spec: GroupQuant, parts: dict[str, torch.Tensor], name: str) -> BlockWeights:
+    """One layer's stored tensors as block weights; ``name`` for errors."""
+    return layer_codes(spec, parts, name).blocks(name)
 
 
 def read_group_quant(

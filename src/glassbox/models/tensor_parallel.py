@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import torch
@@ -307,13 +308,16 @@ def _gpt_oss_experts(kind: str, shape: list[int], rank: int, world: int) -> tupl
 
 
 def sharded_safetensors(
-    model_dir: Path, cfg: ModelConfig, rank: int, world: int
+    model_dir: Path, cfg: ModelConfig, rank: int, world: int, skip: AbstractSet[str] = frozenset()
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, this rank's shard) of every tensor, each read with safetensors' ``get_slice`` (only the
-    shard's bytes leave the file)."""
+    """(HF name, this rank's shard) of every tensor but those in ``skip`` (a quantized checkpoint's reader
+    took them: models/quant_shards.py), each read with safetensors' ``get_slice`` (only the shard's bytes
+    leave the file)."""
     for path in weight_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                if name in skip:
+                    continue
                 sl = f.get_slice(name)
                 how, a, b, rows = shard_plan(name, list(sl.get_shape()), cfg, rank, world)
                 if how == "whole":
