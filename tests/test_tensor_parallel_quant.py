@@ -219,3 +219,16 @@ def test_quantized_checkpoint_cuts_that_break_blocks_are_named(tmp_path: Path, k
     d = _checkpoint(kind, tmp_path)
     with pytest.raises(ValueError, match=match):
         LLM(str(d), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)
+
+
+def test_quantized_moe_experts_tp2_matches_tp1(tmp_path: Path) -> None:
+    """--quantization int4 of a Qwen3-MoE: each rank quantizes its shard of every expert (gate/up rows,
+    down's 32 of 64 input columns: whole blocks), held per expert; TP=1's tokens."""
+    d = build_tiny_model("qwen3_moe", tmp_path, moe_intermediate_size=64)
+    one = LLM(str(d), dtype="float32", quantization="int4", max_num_seqs=2)
+    ref = _ref(one.generate(PROMPTS, GREEDY))
+    llm = LLM(str(d), dtype="float32", quantization="int4", tensor_parallel_size=2, max_num_seqs=2)
+    _check(llm.generate(PROMPTS, GREEDY), ref, 1e-5)
+    cfg = one.engine.executor.model_config
+    with pytest.raises(ValueError, match="the experts' down_proj's 64 input columns split into 16 a rank"):
+        tp_model.check_run(4, torch.device("cpu"), EngineConfig(quantization="int8"), None, cfg)

@@ -63,13 +63,14 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         default=None,
         choices=["none", "int8", "int4", "int4-asym", "fp8", "mxfp4", "nvfp4"],
         help="int8/int4/int4-asym: weight-only, 32-value blocks (as GGUF Q8_0/Q4_0/Q4_1: int4-asym keeps a "
-        "min per block, 5 bits a weight, closer to the weights), CPU and CUDA (Triton); fp8: linear layers in "
-        "E4M3 with a scale per output channel (LM head, embeddings and MoE experts stay), for GPUs (prompt "
+        "min per block, 5 bits a weight, closer to the weights), CPU and CUDA (Triton; MoE routed experts "
+        "quantized on the CPU only); fp8: linear layers in "
+        "E4M3 with a scale per output channel (LM head and embeddings stay; MoE experts too off the CPU), for GPUs (prompt "
         "rows W8A8 on FP8 tensor cores, not yet measured on a GPU; on the CPU it runs, slower than bf16: "
         "use int8 there); mxfp4/nvfp4: linear "
         "layers and routed experts in 4-bit floats (embeddings, LM head and routers stay), CPU only; none: "
         "16-bit weights (a GGUF file dequantized at load); default: as stored (GGUF Q4_0/Q4_1/Q8_0 and "
-        "Q4_K/Q5_K/Q6_K, and NVFP4/MXFP4/FP8/GPTQ/AWQ checkpoints kept packed on the CPU)",
+        "Q4_K/Q5_K/Q6_K, and NVFP4/MXFP4/FP8/GPTQ/AWQ/compressed-tensors checkpoints kept packed on the CPU)",
     )
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs or torch.compile")
     g.add_argument(

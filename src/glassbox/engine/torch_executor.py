@@ -131,7 +131,12 @@ class TorchExecutor:
         if bits is not None:
             from glassbox.layers.quantization import quantize_model
 
-            quantize_model(self.model, bits, asymmetric=config.quantization in ASYMMETRIC)
+            quantize_model(
+                self.model,
+                bits,
+                asymmetric=config.quantization in ASYMMETRIC,
+                experts=self.device.type == "cpu",
+            )
         self.triton_experts = 0  # MoE layers on the fused triton kernels (CUDA)
         if on_triton:
             from glassbox.models.moe_triton import use_triton_experts

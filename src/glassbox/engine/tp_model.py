@@ -98,8 +98,7 @@ def check_k_blocks(n: int, quantization: str, cfg: ModelConfig) -> None:
     widths = {"o_proj": cfg.num_heads * cfg.head_dim, "down_proj": cfg.intermediate_size}
     if any(cfg.layer_moe):
         widths["the shared expert's down_proj"] = cfg.shared_expert_intermediate_size
-        if quantization == "mxfp4":  # its routed experts too
-            widths["the experts' down_proj"] = cfg.moe_intermediate_size
+        widths["the experts' down_proj"] = cfg.moe_intermediate_size  # quantized too (on the CPU)
     for what, k in widths.items():
         if k and (k // n) % QUANT_BLOCK:
             raise ValueError(

@@ -69,7 +69,7 @@ class FP4Linear(nn.Module):
 def quantize_model_fp4(model: nn.Module, kind: str) -> int:
     """``--quantization mxfp4|nvfp4``: every ``nn.Linear`` but the LM head (attention, dense MLPs, shared
     experts; routers are ``RouterLinear`` and stay), and the routed experts of modules that hold them
-    otherwise (a ``quantize_fp4(kind)`` method: models/moe.py), in ``kind``; embeddings and the LM head stay
+    otherwise (a ``quantize_experts`` method: models/moe.py), in ``kind``; embeddings and the LM head stay
     in the model's dtype, as FP4 checkpoints keep them. Returns the matrices quantized."""
     count = 0
     for module in list(model.modules()):
@@ -79,7 +79,7 @@ def quantize_model_fp4(model: nn.Module, kind: str) -> int:
                 bias = None if hasattr(child, "around") else child.bias  # a row-parallel bias: after the sum
                 setattr(module, name, in_place_of(child, FP4Linear(quantize(child.weight, kind), bias)))
                 count += 1
-        hold = getattr(module, "quantize_fp4", None)
+        hold = getattr(module, "quantize_experts", None)
         if callable(hold):
-            count += int(hold(kind))
+            count += int(hold(lambda w: quantize(w, kind)))
     return count

@@ -3,7 +3,8 @@ scale per output channel, as llm-compressor's FP8_DYNAMIC scheme stores them (an
 fp8`` computes them, there per tensor): s = max|w_row| / 448, code = e4m3(w / s), rounded to nearest even by
 torch's float8 cast, so no weight saturates. Every ``nn.Linear`` but the LM head becomes an ``Fp8Linear``
 (layers/fp8_linear.py: the CPU's E4M3 GEMV, CUDA's Triton kernels); embeddings, the LM head, routers and
-MoE routed experts stay in the model's dtype.
+MoE routed experts are quantized too on the CPU (held per expert, as FP8 checkpoints' are); off the CPU
+they stay in the model's dtype (the fused Triton MoE takes float parameters).
 
 W8A8 (``scaled_mm_rows``): the activations quantized per row (token) the same way, s_x = max|x_row| / 448,
 then ``torch._scaled_mm`` with the weights' per-channel scales: y = (e4m3(x / s_x) . e4m3(W)^T) s_x s_w,
@@ -39,9 +40,10 @@ def quantize_fp8(weight: torch.Tensor) -> Fp8Weights:
     )
 
 
-def quantize_model_fp8(model: nn.Module) -> int:
-    """Every ``nn.Linear`` but the LM head in per-channel FP8 (routers are ``RouterLinear``, MoE experts
-    not linears: both stay). Returns how many."""
+def quantize_model_fp8(model: nn.Module, experts: bool = False) -> int:
+    """Every ``nn.Linear`` but the LM head in per-channel FP8 (routers are ``RouterLinear`` and stay); with
+    ``experts`` (the CPU's held experts) the routed experts too (models/moe.py ``quantize_experts``).
+    Returns how many matrices."""
     from glassbox.layers.fp8_linear import Fp8Linear
 
     count = 0
@@ -51,6 +53,9 @@ def quantize_model_fp8(model: nn.Module) -> int:
                 lin = Fp8Linear(quantize_fp8(child.weight), child.bias)
                 setattr(module, name, lin.to(child.weight.device))
                 count += 1
+        hold = getattr(module, "quantize_experts", None)
+        if experts and callable(hold):
+            count += int(hold(quantize_fp8))
     return count
 
 

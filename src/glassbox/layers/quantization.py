@@ -1,5 +1,5 @@
-"""``--quantization int4|int4-asym|int8``: a built model's linear layers (and embedding table) in 32-value
-blocks.
+"""``--quantization int4|int4-asym|int8``: a built model's linear layers (and embedding table; on the CPU the
+routed MoE experts) in 32-value blocks.
 
 Weight-only, per block: symmetric int4 as GGUF's Q4_0 and int8 as Q8_0, int4-asym as Q4_1 (a scale and a
 min; layers/block_quant.py), applied to a built model as oneDNN packing is. A tied LM head shares its
@@ -18,15 +18,18 @@ from glassbox.layers.fp4_linear import quantize_model_fp4
 from glassbox.layers.in_place import in_place_of, quantized_kind
 
 
-def quantize_model(model: nn.Module, bits: int | str, asymmetric: bool = False) -> int:
+def quantize_model(model: nn.Module, bits: int | str, asymmetric: bool = False, experts: bool = False) -> int:
     """Replace every nn.Linear and nn.Embedding with its block-quantized form (``bits`` 4 or 8; "mxfp4" or
     "nvfp4": ``quantize_model_fp4``; "fp8": ``quantize_model_fp8``); returns the count. ``asymmetric``:
     4-bit blocks with a min, and the token tables (embedding, LM head) in 8-bit blocks, as llama.cpp's Q4_1
-    files keep them: on SmolLM2 their 4 bits alone cost ~5% perplexity (benchmarks/quant_quality.py)."""
+    files keep them: on SmolLM2 their 4 bits alone cost ~5% perplexity (benchmarks/quant_quality.py).
+    ``experts`` (the CPU, whose MoE kernels run held experts; CUDA's fused MoE takes float parameters):
+    the routed experts too, each expert's matrices in the same blocks (models/moe.py ``quantize_experts``;
+    FP4 always quantizes them, being CPU-only)."""
     if bits == "fp8":
         from glassbox.layers.fp8_quantize import quantize_model_fp8
 
-        return quantize_model_fp8(model)
+        return quantize_model_fp8(model, experts)
     if isinstance(bits, str):
         return quantize_model_fp4(model, bits)
     done: dict[int, BlockWeights] = {}  # id(weight parameter) -> its blocks (tied tables are one)
@@ -54,4 +57,7 @@ def quantize_model(model: nn.Module, bits: int | str, asymmetric: bool = False) 
                 table = BlockQuantEmbedding(blocks(child.weight), child.weight.dtype)
                 setattr(module, name, in_place_of(child, table))
                 count += 1
+        hold = getattr(module, "quantize_experts", None)
+        if experts and callable(hold):
+            count += int(hold(lambda w: quantize(w, int(bits), asymmetric)))
     return count

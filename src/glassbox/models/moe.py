@@ -29,8 +29,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from glassbox.layers.activation import get_activation
-from glassbox.layers.fp4_quantize import quantize
-from glassbox.layers.held_experts import ExpertSlice, HeldExperts, kept_linear, linear_bytes, packed_slice
+from glassbox.layers.held_experts import (
+    ExpertMatrix,
+    ExpertSlice,
+    HeldExperts,
+    kept_linear,
+    linear_bytes,
+    packed_slice,
+)
 
 
 class RouterLinear(nn.Linear):
@@ -184,11 +190,14 @@ class MoEExperts(nn.Module):
             if bias is not None:
                 setattr(self, name, _emptied(bias))
 
-    def quantize_fp4(self, kind: str) -> int:
-        """``--quantization mxfp4|nvfp4``: each expert's two matrices quantized. Returns the count."""
+    def quantize_experts(self, quantize: Callable[[torch.Tensor], ExpertMatrix]) -> int:
+        """``--quantization``: each expert's two matrices quantized by ``quantize`` (its float (N, K) matrix
+        to its packed form) and held; the float parameters are freed. Returns the count."""
+        if self.linears:
+            return 0  # held as the checkpoint stores them (GGUF, FP8, GPTQ...) or packed already
         w1, w2 = self.gate_up_proj.detach(), self.down_proj.detach()
         n = self.num_experts
-        gate_up, down = [(quantize(w1[e], kind),) for e in range(n)], [quantize(w2[e], kind) for e in range(n)]
+        gate_up, down = [(quantize(w1[e]),) for e in range(n)], [quantize(w2[e]) for e in range(n)]
         self.hold(HeldExperts(list(gate_up), list(down)))
         self.fuse()
         return 2 * n
