@@ -26,7 +26,9 @@ attention (+ biases, sinks), norms, router, k of E experts, the LM head and one 
 
 With ``--gguf SHAPE=FTYPE+FTYPE,...`` the bf16 GGUF is quantized by llama.cpp's own quantizer
 (benchmarks/moe_gguf.quantize_gguf: Q4_K_M, Q4_0, MXFP4_MOE, ...) and glassbox loads THAT file too: only
-the paired batch-1 bursts run, per file type (``--llamacpp-no-amx`` where ggml's AMX kernels crash).
+the paired batch-1 bursts run, per file type (``--llamacpp-no-amx`` where ggml's AMX kernels crash). With
+``--glassbox-quantization Q`` glassbox loads the bf16 checkpoint with ``--quantization Q`` instead (int4
+against llama.cpp's Q4_0 of the same weights: the same rounding).
 
     PYTHONPATH=src .venv/bin/python benchmarks/moe_compare.py [--rounds 3] [--layers qwen3-30b-a3b=4,gpt-oss-20b=2]
     ... --gguf qwen3-30b-a3b=Q4_K_M+Q4_0,gpt-oss-20b=MXFP4_MOE --llamacpp-no-amx --threads 1
@@ -167,7 +169,8 @@ def glassbox_worker(model_dir: Path, work: dict[str, Any], threads: int) -> dict
     t0 = time.perf_counter()
     model = work.get("glassbox_model") or str(model_dir)  # --gguf: the quantized file llama.cpp runs
     llm = LLM(model, dtype="bfloat16", max_num_seqs=most, enable_prefix_caching=False,
-              num_kv_blocks=blocks, max_model_len=512)  # fmt: skip
+              num_kv_blocks=blocks, max_model_len=512,
+              quantization=work.get("glassbox_quantization"))  # fmt: skip
     load_s = time.perf_counter() - t0
     llm.generate(_prompts(1, 16, 99, vocab), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
 
@@ -383,7 +386,9 @@ def measure_gguf(shape: str, model_dir: Path, bf16: Path, args: argparse.Namespa
                 row: dict[str, Any] = {"round": r, "threads": threads, "load_avg_1m": os.getloadavg()[0],
                                        "mem_available_gib": round(_mem_available_gib(), 1),
                                        "idle": round(cpu_idle(0.5), 2)}  # fmt: skip
-                work = {"gguf": str(path), "glassbox_model": str(path), "no_amx": args.llamacpp_no_amx,
+                mine = {"glassbox_model": str(model_dir), "glassbox_quantization": args.glassbox_quantization} if (
+                    args.glassbox_quantization) else {"glassbox_model": str(path)}  # fmt: skip
+                work = {"gguf": str(path), **mine, "no_amx": args.llamacpp_no_amx,
                         "prompt_tokens": args.prompt_tokens,
                         "decode_tokens": args.decode_tokens, "burst_tokens": args.burst_tokens,
                         "bursts": _prompts(args.bursts, args.prompt_tokens, 1000 + 10 * r, vocab),
@@ -420,6 +425,8 @@ def main() -> int:
     ap.add_argument("--gguf", default="", help="SHAPE=FTYPE+FTYPE,...: glassbox loads the same quantized GGUF "
                     "llama.cpp runs (llama.cpp's quantizer, e.g. qwen3-30b-a3b=Q4_K_M+Q4_0,gpt-oss-20b=MXFP4_MOE); "
                     "batch-1 bursts only")  # fmt: skip
+    ap.add_argument("--glassbox-quantization", default=None, help="with --gguf: glassbox loads the bf16 "
+                    "checkpoint with this --quantization (int4: Q4_0's rounding) instead of the GGUF file")  # fmt: skip
     ap.add_argument("--llamacpp-no-amx", action="store_true",
                     help="keep ggml off its AMX kernels (SIGILL where a VM lists AMX without enabling it)")
     ap.add_argument("--out", type=Path, default=None)
