@@ -602,6 +602,8 @@ PARTS = {
     "gb_decode_int4": lambda args: part_gb_decode(args, quantization="int4"),
     # --quantization fp8: per-channel E4M3 weights, the 8K prompt's rows W8A8 on FP8 tensor cores
     "gb_decode_fp8": lambda args: part_gb_decode(args, quantization="fp8"),
+    # --quantization nvfp4: the linears in E2M1 with E4M3 half-block scales on the block kernels
+    "gb_decode_nvfp4": lambda args: part_gb_decode(args, quantization="nvfp4"),
     "hf_decode": part_hf_decode,
     "gb_throughput": part_gb_throughput,
     # the same with each step's text work done in the step instead of during the next one

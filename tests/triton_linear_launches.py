@@ -2,10 +2,11 @@
 CPU tensors as on a target GPU (its multiprocessors: the K splits), for
 tests/test_triton_compile.py, and a sweep of them all:
 
-    PYTHONPATH=src python tests/triton_linear_launches.py [h100,dgx-spark] [bfloat16,float16,float32] [block,fp8]
+    PYTHONPATH=src python tests/triton_linear_launches.py [h100,dgx-spark] [bfloat16,float16,float32] [block,fp4,fp8]
 
 prints the registers, stack and shared memory of every launch configuration (block weights: bits x offset
-kind x bias x dtype x row count; FP8: scale grid x bias x dtype x row count; each compiles apart).
+kind x bias x dtype x row count; 4-bit floats: MXFP4 / NVFP4 x bias x dtype x row count; FP8: scale grid x
+bias x dtype x row count; each compiles apart).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from glassbox.kernels import triton_fp8_linear as tfl
 
 Launch = tuple[Any, tuple[Any, ...], dict[str, Any]]  # (kernel, args, kwargs)
 OFFSETS = ("factor", "stored", "zeros")  # Q4_0/Q8_0/int, Q4_1, GPTQ/AWQ
+FP4 = ("mxfp4", "nvfp4")  # 4-bit floats, as ``offsets`` of 4-bit launches
 # one row: the GEMV; 4: split-K decode tiles; 48 and 200: the prompt tiles (64 and 128 rows; float32: 32)
 ROWS = (1, 4, 48, 200)
 KERNELS = ("_block_gemv_kernel", "_block_mm_kernel", "_split_sum_kernel")
@@ -65,16 +67,20 @@ def linear_launches(
     n, k = 4096, 4096
     blocks = k // 32
     codes = torch.zeros(n, k * bits // 8, dtype=torch.uint8)
-    scales = torch.zeros(n, blocks, dtype=torch.float16)
+    fp4 = offsets if offsets in FP4 else None  # 4-bit floats: byte scales (layers/fp4_triton.py)
+    scales = torch.zeros(n, blocks, dtype=torch.uint8 if fp4 else torch.float16)
     offs = torch.zeros(n, blocks, dtype=torch.float16) if offsets == "stored" else None
+    offs = torch.zeros(n, blocks, dtype=torch.uint8) if offsets == "nvfp4" else offs
     zeros = torch.zeros(n, blocks, dtype=torch.uint8) if offsets == "zeros" else None
+    row_scale = torch.zeros(n) if offsets == "nvfp4" else None
     b = torch.zeros(n) if bias else None
     with _recording(target) as calls:
         for m in rows:
             x = torch.zeros(m, k, dtype=dtype)
             tbl.block_matmul(
-                x, codes, scales, offs, zeros, -8.0 if offsets == "factor" else 0.0, bits, b, m <= 16
-            )
+                x, codes, scales, offs, zeros, -8.0 if offsets == "factor" else 0.0, bits, b, m <= 16,
+                fp4=fp4, row_scale=row_scale,
+            )  # fmt: skip
     return calls
 
 
@@ -105,6 +111,9 @@ def _sweep(targets: list[str], dtype_names: list[str], kinds: list[str]) -> None
             targets, (4, 8), OFFSETS, (False, True), dtypes
         ):
             cases.append((t, str(bits), offsets, bias, dtype, linear_launches(t, bits, offsets, bias, dtype)))
+    if "fp4" in kinds:
+        for t, kind, bias, dtype in itertools.product(targets, FP4, (False, True), dtypes):
+            cases.append((t, "4", kind, bias, dtype, linear_launches(t, 4, kind, bias, dtype)))
     if "fp8" in kinds:
         for t, (bn, bk), bias, dtype in itertools.product(
             targets, ((128, 128), (1, 4096)), (False, True), dtypes

@@ -68,7 +68,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         "E4M3 with a scale per output channel (LM head and embeddings stay; MoE experts too off the CPU), for GPUs (prompt "
         "rows W8A8 on FP8 tensor cores, not yet measured on a GPU; on the CPU it runs, slower than bf16: "
         "use int8 there); mxfp4/nvfp4: linear "
-        "layers and routed experts in 4-bit floats (embeddings, LM head and routers stay), CPU only; none: "
+        "layers and routed experts in 4-bit floats (embeddings, LM head and routers stay; on CUDA the linears "
+        "only, Triton kernels not yet measured on a GPU); none: "
         "16-bit weights (a GGUF file dequantized at load); default: as stored (GGUF Q4_0/Q4_1/Q8_0 and "
         "Q4_K/Q5_K/Q6_K, and NVFP4/MXFP4/FP8/GPTQ/AWQ/compressed-tensors checkpoints kept packed on the CPU)",
     )

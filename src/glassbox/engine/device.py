@@ -47,11 +47,11 @@ def packed_here(
     kernels (bf16 activations; the K-quants and MoE experts too) or the Triton kernels (CUDA, any dtype;
     layers/block_linear.to_triton), and not under ``--quantization``. ValueError for a ``--quantization``
     (``bits``: its QUANTIZED_AT_LOAD value) that no kernel on ``device`` runs: block bits on CUDA without
-    triton, the 4-bit floats off the CPU (fp8 runs anywhere: layers/fp8_linear.py)."""
-    runs_here = (isinstance(bits, int) and on_triton) or bits == "fp8"  # fp8: Triton, or PyTorch ops
+    triton (fp8 runs anywhere: layers/fp8_linear.py)."""
+    # fp8: Triton, or PyTorch ops; integer blocks and 4-bit floats: the Triton kernels
+    runs_here = (bits is not None and bits != "fp8" and on_triton) or bits == "fp8"
     if bits is not None and device.type != "cpu" and not runs_here:
-        needs = "needs triton on CUDA" if isinstance(bits, int) else "runs on the CPU only so far"
-        raise ValueError(f"--quantization {quantization} {needs} (not on {device.type})")
+        raise ValueError(f"--quantization {quantization} needs triton on CUDA (not on {device.type})")
     native_bf16 = attn_backend == "native" and dtype == torch.bfloat16
     return quantization is None and (native_bf16 or on_triton)
 

@@ -11,6 +11,35 @@ import triton.language as tl
 
 
 @triton.jit
+def _e2m1(c):  # type: ignore[no-untyped-def]
+    """4-bit E2M1 codes c (in the low bits of an integer) as float32, exact, built from bits (no
+    conversion): magnitude code m = c & 7 is 0, 0.5 (m = 1) or (1 + (m & 1) / 2) 2^((m >> 1) - 1); bit 3 the
+    sign."""
+    c = c.to(tl.int32)
+    m = c & 7
+    normal = (((m >> 1) + 126) << 23) | ((m & 1) << 22)
+    bits = tl.where(m >= 2, normal, tl.where(m == 1, 126 << 23, 0)) | ((c & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _scale(ptrs, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The blocks' scales at ``ptrs`` as float32: float16 (OFFSETS 0-2), an E8M0 byte 2^(e - 127) (3,
+    MXFP4; e = 0 reads as 0: 2^-127 is a subnormal the GPU flushes), an E4M3 byte (4, NVFP4's half-block
+    scales), all exact."""
+    raw = tl.load(ptrs)
+    if OFFSETS < 3:
+        return raw.to(tl.float32)
+    b = raw.to(tl.int32)
+    if OFFSETS == 3:
+        return (b << 23).to(tl.float32, bitcast=True)
+    e = (b >> 3) & 15
+    normal = ((((e + 120) << 23) | ((b & 7) << 20)) | ((b & 128) << 24)).to(tl.float32, bitcast=True)
+    sub = (b & 7).to(tl.float32) * 0.001953125  # 2^-9 per step below the smallest normal
+    return tl.where(e == 0, tl.where(b >= 128, -sub, sub), normal)
+
+
+@triton.jit
 def _dequant(c, d, offs_ptrs, offset_factor, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
     """Codes c (0..255, any integer type) of blocks with scales d (float32) and their offsets (from
     ``offs_ptrs``), dequantized in float32: d (q + f) for the constant f (an integer: -8, -128), d (q - z) for
@@ -18,6 +47,8 @@ def _dequant(c, d, offs_ptrs, offset_factor, OFFSETS: tl.constexpr):  # type: ig
     float32: at most 8 + 11 significant bits, so is their sum). The code becomes a float as the low mantissa
     bits of 2^23 (2^23 + q, exact), less 2^23 and the integer offset in one subtraction: no int-to-float
     conversion instruction (quarter rate on recent GPUs: it would bound a 4-bit GEMV)."""
+    if OFFSETS >= 3:  # E2M1 codes (MXFP4, NVFP4): the value times its scale, exact
+        return _e2m1(c) * d
     f = (c.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
     if OFFSETS == 0:
         w = (f - (8388608.0 - offset_factor)) * d
@@ -58,20 +89,28 @@ def _byte_dot(  # type: ignore[no-untyped-def]
     MASK_K: tl.constexpr,
 ):
     """(qx, xs) + (codes x activations, activations) of the byte at bits SHIFT.. (0 or 8) of ``word``: value
-    k of a block (4 bits: and value k + 16 in the high nibble), products fused into the running sum."""
+    k of a block (4 bits: and value k + 16 in the high nibble), products fused into the running sum. E2M1
+    codes (OFFSETS 3, 4): (low nibbles' values x activations, high nibbles' values x activations), which
+    NVFP4 scales apart."""
     if MASK_K:
         x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
     else:
         x = tl.load(x_ptr + k).to(tl.float32)
-    qx = tl.fma(_field(word, SHIFT, BITS if BITS == 8 else 4, OFFSETS, offset_factor), x, qx)
-    xs += x
+    if OFFSETS >= 3:  # E2M1: qx sums the low nibbles (a block's first 16 values), xs the high ones
+        qx = tl.fma(_e2m1(word >> SHIFT), x, qx)
+    else:
+        qx = tl.fma(_field(word, SHIFT, BITS if BITS == 8 else 4, OFFSETS, offset_factor), x, qx)
+        xs += x
     if BITS == 4:
         if MASK_K:
             x = tl.load(x_ptr + k + 16, mask=k + 16 < K, other=0.0).to(tl.float32)
         else:
             x = tl.load(x_ptr + k + 16).to(tl.float32)
-        qx = tl.fma(_field(word, SHIFT + 4, 4, OFFSETS, offset_factor), x, qx)
-        xs += x
+        if OFFSETS >= 3:
+            xs = tl.fma(_e2m1(word >> (SHIFT + 4)), x, xs)
+        else:
+            qx = tl.fma(_field(word, SHIFT + 4, 4, OFFSETS, offset_factor), x, qx)
+            xs += x
     return qx, xs
 
 
@@ -108,6 +147,7 @@ def _block_gemv_kernel(  # type: ignore[no-untyped-def]
     scales_ptr,
     offs_ptr,
     bias_ptr,
+    rs_ptr,  # NVFP4's per-row tensor scales (HAS_ROW_SCALE)
     out_ptr,
     ws_ptr,
     N,
@@ -120,6 +160,7 @@ def _block_gemv_kernel(  # type: ignore[no-untyped-def]
     BITS: tl.constexpr,
     OFFSETS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     VECS: tl.constexpr,  # 64-byte vectors of a chunk per step (a chunk has 4 at 4 bits, 8 at 8)
     MASK_K: tl.constexpr,  # K ends inside the whole chunks (K < 512 x chunks): mask the activations
@@ -147,8 +188,10 @@ def _block_gemv_kernel(  # type: ignore[no-untyped-def]
         k = s * 512 + j * 32 + vec * 4  # (1, VECS, 16): value 4p of block j
         qx, xs = _word_dot(w, x_ptr, k, K, offset_factor, BITS, OFFSETS, MASK_K)
         sp = (sbase + (s * height + r) * 16)[:, None, None] + j  # (BLOCK_N, 1, 16)
-        d = tl.load(scales_ptr + sp).to(tl.float32)
-        if OFFSETS == 0:  # d (q + f): the factor is in the codes
+        d = _scale(scales_ptr + sp, OFFSETS)
+        if OFFSETS >= 3:  # E2M1: the first halves by d, the second by NVFP4's other scale (MXFP4: d)
+            acc = tl.fma(xs, _scale(offs_ptr + sp, OFFSETS) if OFFSETS == 4 else d, tl.fma(qx, d, acc))
+        elif OFFSETS == 0:  # d (q + f): the factor is in the codes
             acc = tl.fma(qx, d, acc)
         elif OFFSETS == 1:  # + the block's offset times its activations' sum
             acc = tl.fma(qx, d, tl.fma(tl.load(offs_ptr + sp).to(tl.float32), xs, acc))
@@ -167,9 +210,9 @@ def _block_gemv_kernel(  # type: ignore[no-untyped-def]
             if BITS == 4:  # low nibbles: block 2a, high: block 2a + 1
                 x_hi = tl.load(x_ptr + k + 32, mask=k + 32 < K, other=0.0).to(tl.float32)[None, :]
                 sp = (stail + 2 * a)[:, None]
-                d = tl.load(scales_ptr + sp).to(tl.float32)
+                d = _tail_scale(scales_ptr, offs_ptr, sp, i, OFFSETS)
                 w = _dequant(c & 15, d, offs_ptr + sp, offset_factor, OFFSETS) * x
-                d = tl.load(scales_ptr + sp + 1).to(tl.float32)
+                d = _tail_scale(scales_ptr, offs_ptr, sp + 1, i, OFFSETS)
                 w += _dequant(c >> 4, d, offs_ptr + sp + 1, offset_factor, OFFSETS) * x_hi
             else:
                 sp = (stail + 2 * a)[:, None] + (i // 32)[None, :]
@@ -177,7 +220,19 @@ def _block_gemv_kernel(  # type: ignore[no-untyped-def]
                 w = _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS) * x
             y += tl.sum(w, 1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HAS_ROW_SCALE:  # NVFP4's tensor scale, per row
+        y *= tl.load(rs_ptr + n, mask=n < N, other=0.0)
     _finish_row(y, n, N, bias_ptr, out_ptr, ws_ptr, pid_k, splits, HAS_BIAS)
+
+
+@triton.jit
+def _tail_scale(scales_ptr, offs_ptr, sp, i, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The scales of a tail block's codes i (0..31, a row vector) at ``sp`` (a column): the block's, or for
+    NVFP4 the first half's (i < 16, from the scales) and the second half's (from ``offs_ptr``)."""
+    d = _scale(scales_ptr + sp, OFFSETS)
+    if OFFSETS == 4:
+        d = tl.where((i < 16)[None, :], d, _scale(offs_ptr + sp, OFFSETS))
+    return d
 
 
 @triton.jit

@@ -41,7 +41,11 @@ part times them. Tiles (``GEMV_TILES``, ``mm_tiles``) compile for sm_90 and sm_1
 | dot, float32 16 x 32, 8 warps | 52-74 | 52-74 | |
 
 Offsets (constexpr OFFSETS): 0 a constant times the scale (Q4_0, Q8_0, int4/int8), 1 stored float16 (Q4_1),
-2 uint8 zero codes, o = -z d (GPTQ, AWQ). As in triton_attention.py, the @triton.jit parameters carry no
+2 uint8 zero codes, o = -z d (GPTQ, AWQ). 4-bit floats (layers/fp4_triton.py) take the same kernels with
+E2M1 codes (a value built from the code's bits, ``_e2m1``) and byte scales decoded in registers
+(``_scale``): 3 MXFP4 (an E8M0 byte per block), 4 NVFP4 (an E4M3 byte per half block: the low nibbles are a
+block's first 16 values, the high ones its second 16, so each nibble has its own scale; the tensor scale,
+per row, multiplies the sums). As in triton_attention.py, the @triton.jit parameters carry no
 annotations (the compiler rejects any that is not a constexpr).
 """
 
@@ -54,7 +58,7 @@ import triton
 import triton.language as tl
 
 from glassbox.kernels.triton_attention import num_sms
-from glassbox.kernels.triton_block_gemv import _block_gemv_kernel, _dequant, _rows
+from glassbox.kernels.triton_block_gemv import _block_gemv_kernel, _dequant, _rows, _scale, _tail_scale
 
 BLOCK = 32
 
@@ -72,6 +76,7 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
     scales_ptr,
     offs_ptr,
     bias_ptr,
+    rs_ptr,  # NVFP4's per-row tensor scales (HAS_ROW_SCALE)
     out_ptr,
     ws_ptr,
     M,
@@ -87,6 +92,7 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
     BITS: tl.constexpr,
     OFFSETS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     STEP: tl.constexpr,  # code bytes per row per step: 64, 128, 256 (4 bits) or 512 (8 bits)
@@ -113,13 +119,15 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
         c = tl.load(codes_ptr + (cbase + (s * height + r) * SEG)[:, None] + bb[None, :])
         blk = (s * height + r) * 16
         sp = (sbase + blk)[:, None] + ((bb % 64) // 4)[None, :]
-        d = tl.load(scales_ptr + sp).to(tl.float32)
+        d = _scale(scales_ptr + sp, OFFSETS)
         k = s * 512 + _chunk_value(bb)
         x = tl.load(x_row + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
         if BITS == 4:
             w = _dequant(c & 15, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
             acc = _dot(x, w, acc, IEEE)
             x = tl.load(x_row + (k + 16)[None, :], mask=m_mask[:, None] & (k + 16 < K)[None, :], other=0.0)
+            if OFFSETS == 4:  # NVFP4: the high nibbles are the blocks' second halves
+                d = _scale(offs_ptr + sp, OFFSETS)
             w = _dequant(c >> 4, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
         else:
             w = _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
@@ -135,13 +143,13 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
             x = tl.load(x_row + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
             if BITS == 4:  # low nibbles: block 2a, high: block 2a + 1
                 sp = (stail + 2 * a)[:, None]
-                d = tl.load(scales_ptr + sp).to(tl.float32)
+                d = _tail_scale(scales_ptr, offs_ptr, sp, i, OFFSETS)
                 w = _dequant(c & 15, d, offs_ptr + sp, offset_factor, OFFSETS)
                 acc = _dot(x, w.to(x.dtype), acc, IEEE)
                 x = tl.load(
                     x_row + (k + 32)[None, :], mask=m_mask[:, None] & (k + 32 < K)[None, :], other=0.0
                 )
-                d = tl.load(scales_ptr + sp + 1).to(tl.float32)
+                d = _tail_scale(scales_ptr, offs_ptr, sp + 1, i, OFFSETS)
                 w = _dequant(c >> 4, d, offs_ptr + sp + 1, offset_factor, OFFSETS)
                 acc = _dot(x, w.to(x.dtype), acc, IEEE)
             else:
@@ -149,6 +157,8 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
                 d = tl.load(scales_ptr + sp).to(tl.float32)
                 acc = _dot(x, _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype), acc, IEEE)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HAS_ROW_SCALE:  # NVFP4's tensor scale, per row
+        acc *= tl.load(rs_ptr + n, mask=n < N, other=0.0)[None, :]
     _finish(acc, m, n, M, N, bias_ptr, out_ptr, ws_ptr, stride_om, pid_k, splits, HAS_BIAS)
 
 
@@ -254,17 +264,25 @@ def block_matmul(
     bias: torch.Tensor | None,  # (N,) float32
     decode: bool,  # a decode step: one row takes the GEMV, up to DECODE_ROWS the split-K tiles
     splits: int | None = None,  # K splits (None: from the SMs; tests force them)
+    fp4: str | None = None,  # "mxfp4" | "nvfp4": E2M1 codes; scales, offsets as the FP4 kinds store them
+    row_scale: torch.Tensor | None = None,  # (N,) float32: NVFP4's tensor scale per row
 ) -> torch.Tensor:
-    """x W^T + bias, (M, N) in x's dtype."""
+    """x W^T + bias, (M, N) in x's dtype. FP4 (layers/fp4_triton.py): ``scales`` the blocks' E8M0 bytes
+    (mxfp4) or their first halves' E4M3 bytes (nvfp4, ``offsets`` the second halves')."""
     m, k = x.shape
     n, length = codes.shape
     blocks = scales.shape[1]
     chunks = blocks // 16
     assert x.stride(1) == 1 and blocks * BLOCK >= k and length * (8 // bits) == blocks * BLOCK
-    kind = 1 if offsets is not None else 2 if zeros is not None else 0
+    if fp4 is not None:
+        assert bits == 4 and (offsets is not None) == (fp4 == "nvfp4") and zeros is None
+        kind = 3 if fp4 == "mxfp4" else 4
+    else:
+        kind = 1 if offsets is not None else 2 if zeros is not None else 0
     assert kind or offset_factor == int(offset_factor), "_dequant folds an integer offset factor"
     offs = offsets if offsets is not None else zeros if zeros is not None else scales
     bias_arg = bias if bias is not None else scales
+    rs_arg = row_scale if row_scale is not None else scales
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     seg = 256 if bits == 4 else 512
     if decode and m == 1:
@@ -274,8 +292,9 @@ def block_matmul(
         s = splits or _splits(programs, steps, x.device)
         ws = torch.empty(s, 1, n, dtype=torch.float32, device=x.device) if s > 1 else out
         _block_gemv_kernel[(programs, s)](
-            x, codes, scales, offs, bias_arg, out, ws, n, k, length, blocks, chunks, (blocks - chunks * 16) // 2,
-            offset_factor, BITS=bits, OFFSETS=kind, HAS_BIAS=bias is not None, BLOCK_N=gt.block_n,
+            x, codes, scales, offs, bias_arg, rs_arg, out, ws, n, k, length, blocks, chunks,
+            (blocks - chunks * 16) // 2, offset_factor, BITS=bits, OFFSETS=kind, HAS_BIAS=bias is not None,
+            HAS_ROW_SCALE=row_scale is not None, BLOCK_N=gt.block_n,
             VECS=gt.vecs, MASK_K=k < chunks * 512, num_warps=gt.num_warps, num_stages=gt.num_stages,
         )  # fmt: skip
     else:
@@ -285,9 +304,9 @@ def block_matmul(
         s = 1 if one_split else splits or _splits(grid_mn, chunks * seg // t.step, x.device)
         ws = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if s > 1 else out
         _block_mm_kernel[(triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), s)](
-            x, codes, scales, offs, bias_arg, out, ws, m, n, k, x.stride(0), out.stride(0), length, blocks,
-            chunks, (blocks - chunks * 16) // 2, offset_factor, BITS=bits, OFFSETS=kind,
-            HAS_BIAS=bias is not None, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STEP=t.step,
+            x, codes, scales, offs, bias_arg, rs_arg, out, ws, m, n, k, x.stride(0), out.stride(0), length,
+            blocks, chunks, (blocks - chunks * 16) // 2, offset_factor, BITS=bits, OFFSETS=kind,
+            HAS_BIAS=bias is not None, HAS_ROW_SCALE=row_scale is not None, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STEP=t.step,
             IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
     if s > 1:

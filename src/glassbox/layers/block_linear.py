@@ -175,11 +175,17 @@ def _triton_linear(x: torch.Tensor, w: BlockWeights, bias: torch.Tensor | None, 
 def to_triton(model: nn.Module, device: torch.device) -> int:
     """Move every block linear's and embedding's ``BlockWeights`` (a tied table once) and biases to
     ``device`` as they are, the linears to run the Triton kernels, and so other modules with Triton kernels
-    (a ``triton`` attribute: layers/fp8_linear.py); returns how many linears. ValueError for K-quants (no
-    GPU kernels: the checkpoint reader dequantizes them off the CPU)."""
+    (a ``triton`` attribute: layers/fp8_linear.py; a ``move_to_triton`` method: layers/fp4_linear.py's
+    4-bit floats); returns how many linears. ValueError for K-quants (no GPU kernels: the checkpoint reader
+    dequantizes them off the CPU)."""
     moved: dict[int, tuple[BlockWeights, BlockWeights]] = {}  # id -> (weights, moved): the ids stay taken
     count = 0
     for m in model.modules():
+        move = getattr(m, "move_to_triton", None)  # re-laid for the kernels (layers/fp4_linear.py)
+        if callable(move) and getattr(m, "triton", None) is None:
+            move(device)
+            count += 1
+            continue
         if getattr(m, "triton", None) is False and not isinstance(m, BlockQuantLinear):
             m.to(device)
             setattr(m, "triton", True)  # noqa: B010 (any module with Triton kernels: no type to name)

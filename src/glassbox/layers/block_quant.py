@@ -230,7 +230,22 @@ def _pack(
 ) -> BlockWeights:
     """From codes (N, nb, 32) uint8 and per-block float16 scales (and offsets, or uint8 zero codes)
     (N, nb), NumPy arrays or tensors (on any device: the blocks are made there): pad to Kp, pack nibbles."""
-    n, nb = scales.shape
+    codes, (d, off, z) = tile_blocks(
+        q, [(scales, torch.float16), (offsets, torch.float16), (zeros, torch.uint8)], bits, k
+    )
+    assert d is not None
+    return BlockWeights(codes, d, off, factor, bits, k, label, z)
+
+
+def tile_blocks(
+    q: Array, per_block: list[tuple[Array | None, torch.dtype]], bits: int, k: int
+) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """Codes (N, nb, 32) uint8 in value order and per-block arrays (N, nb) (each with its dtype; None stays
+    None) in the kernels' layout: rows padded to Kp (zero codes, zero per-block values), the codes'
+    chunks interleaved (nibbles packed at 4 bits), all in 16-row tiles. Also the Triton kernels' layout for
+    4-bit floats (layers/fp4_triton.py)."""
+    first = next(a for a, _ in per_block if a is not None)
+    n, nb = first.shape
     kp = _padded(k)
     pad = kp // BLOCK - nb
     codes_t = _tensor(q, torch.uint8)
@@ -252,9 +267,7 @@ def _pack(
         t = padded(a, dtype)
         return None if t is None else to_tiles(t, CHUNK, chunks * CHUNK)
 
-    d, off, z = tiled(scales, torch.float16), tiled(offsets, torch.float16), tiled(zeros, torch.uint8)
-    assert d is not None
-    return BlockWeights(to_tiles(codes, seg, chunks * seg), d, off, factor, bits, k, label, z)
+    return to_tiles(codes, seg, chunks * seg), [tiled(a, dtype) for a, dtype in per_block]
 
 
 def from_zero_codes(

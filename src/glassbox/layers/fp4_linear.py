@@ -16,6 +16,7 @@ from torch import nn
 from glassbox.layers.block_linear import kernel_chosen
 from glassbox.layers.fp4_quant import FP4Weights, native_library
 from glassbox.layers.fp4_quantize import quantize
+from glassbox.layers.fp4_triton import TritonFP4, for_triton, triton_fp4_linear
 from glassbox.layers.in_place import in_place_of, quantized_kind
 
 
@@ -41,7 +42,7 @@ def fp4_linear(x: torch.Tensor, w: FP4Weights, bias: torch.Tensor | None = None)
 
 
 class FP4Linear(nn.Module):
-    """y = x W^T + b with W in ``FP4Weights`` (CPU)."""
+    """y = x W^T + b with W in ``FP4Weights`` (CPU), or on CUDA's Triton kernels after ``move_to_triton``."""
 
     def __init__(self, weights: FP4Weights, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -58,19 +59,45 @@ class FP4Linear(nn.Module):
             None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
         )
         self.nbytes = weights.nbytes
+        self.triton: TritonFP4 | None = None  # the weights on CUDA's Triton kernels (``move_to_triton``)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.triton is not None:
+            lead = x.shape[:-1]
+            x2 = x.reshape(-1, self.in_features).contiguous()
+            y = _triton(x2, self.triton, self.bias, kernel_chosen(x2.shape[0]))
+            return y.view(*lead, self.out_features)
         return fp4_linear(x, self.w, self.bias)
 
-    def packed_weights(self) -> list[FP4Weights]:
-        return [self.w]
+    def move_to_triton(self, device: torch.device) -> None:
+        """The weights re-laid for the Triton kernels (layers/fp4_triton.py) on ``device``, the CPU layout's
+        buffers let go; the bias moved (layers/block_linear.to_triton calls this)."""
+        self.triton = for_triton(self.w).to(device)
+        for name in ("codes", "scales", "row_scale"):
+            self._buffers.pop(name, None)
+        for name, t in (("codes", self.triton.codes), ("scales", self.triton.lo), ("scales_hi", self.triton.hi),
+                        ("row_scale", self.triton.row_scale)):  # fmt: skip
+            if t is not None:
+                self.register_buffer(name, t, persistent=False)
+        if self.bias is not None:
+            self.bias = nn.Parameter(self.bias.detach().to(device), requires_grad=False)
+        self.nbytes = self.triton.nbytes
+
+    def packed_weights(self) -> list[FP4Weights | TritonFP4]:
+        return [self.w if self.triton is None else self.triton]
 
 
-def quantize_model_fp4(model: nn.Module, kind: str) -> int:
+@torch.compiler.disable  # a launch, not a graph (as layers/block_linear.py's)
+def _triton(x: torch.Tensor, w: TritonFP4, bias: torch.Tensor | None, decode: bool) -> torch.Tensor:
+    return triton_fp4_linear(x, w, bias, decode)
+
+
+def quantize_model_fp4(model: nn.Module, kind: str, experts: bool = True) -> int:
     """``--quantization mxfp4|nvfp4``: every ``nn.Linear`` but the LM head (attention, dense MLPs, shared
-    experts; routers are ``RouterLinear`` and stay), and the routed experts of modules that hold them
-    otherwise (a ``quantize_experts`` method: models/moe.py), in ``kind``; embeddings and the LM head stay
-    in the model's dtype, as FP4 checkpoints keep them. Returns the matrices quantized."""
+    experts; routers are ``RouterLinear`` and stay), and with ``experts`` (the CPU's held experts; CUDA's
+    fused MoE takes float parameters) the routed experts of modules that hold them otherwise (a
+    ``quantize_experts`` method: models/moe.py), in ``kind``; embeddings and the LM head stay in the model's
+    dtype, as FP4 checkpoints keep them. Returns the matrices quantized."""
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
@@ -80,6 +107,6 @@ def quantize_model_fp4(model: nn.Module, kind: str) -> int:
                 setattr(module, name, in_place_of(child, FP4Linear(quantize(child.weight, kind), bias)))
                 count += 1
         hold = getattr(module, "quantize_experts", None)
-        if callable(hold):
+        if experts and callable(hold):
             count += int(hold(lambda w: quantize(w, kind)))
     return count

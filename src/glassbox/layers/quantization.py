@@ -24,14 +24,13 @@ def quantize_model(model: nn.Module, bits: int | str, asymmetric: bool = False, 
     4-bit blocks with a min, and the token tables (embedding, LM head) in 8-bit blocks, as llama.cpp's Q4_1
     files keep them: on SmolLM2 their 4 bits alone cost ~5% perplexity (benchmarks/quant_quality.py).
     ``experts`` (the CPU, whose MoE kernels run held experts; CUDA's fused MoE takes float parameters):
-    the routed experts too, each expert's matrices in the same blocks (models/moe.py ``quantize_experts``;
-    FP4 always quantizes them, being CPU-only)."""
+    the routed experts too, each expert's matrices in the same blocks (models/moe.py ``quantize_experts``)."""
     if bits == "fp8":
         from glassbox.layers.fp8_quantize import quantize_model_fp8
 
         return quantize_model_fp8(model, experts)
     if isinstance(bits, str):
-        return quantize_model_fp4(model, bits)
+        return quantize_model_fp4(model, bits, experts)
     done: dict[int, BlockWeights] = {}  # id(weight parameter) -> its blocks (tied tables are one)
     head = getattr(model, "lm_head", None)
     tables = {id(m.weight) for m in model.modules() if quantized_kind(m) is nn.Embedding}

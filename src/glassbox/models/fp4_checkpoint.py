@@ -19,6 +19,7 @@ lm_head: ``modules_to_not_convert``) are float tensors.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -157,15 +158,19 @@ def read_fp4(
 ) -> tuple[dict[str, FP4Weights | HeldExperts], Tensors] | None:
     """A 4-bit float checkpoint's packed weights by HF name (NVFP4 linears by weight name, MXFP4 experts
     by module name) and its other tensors; None for other checkpoints. ValueError for settings the loader
-    cannot run, or off the CPU / in a dtype other than bf16 or float32."""
+    cannot run, or where no kernel runs them: the CPU in bf16 or float32; NVFP4 linears also on CUDA with
+    triton (layers/fp4_triton.py), in bf16, float16 or float32."""
     nvfp4 = nvfp4_spec(qc)
     mxfp4 = str(qc.get("quant_method", "")).lower() == "mxfp4"
     if nvfp4 is None and not mxfp4:
         return None
-    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
+    cuda = device.type == "cuda" and nvfp4 is not None and importlib.util.find_spec("triton") is not None
+    if cuda and dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"NVFP4 weights run in bf16, float16 or float32 on CUDA (got {dtype})")
+    if not cuda and (device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32)):
+        where = "on the CPU in bf16 or float32, and NVFP4 linears on CUDA with triton"
         raise ValueError(
-            f"{'NVFP4' if nvfp4 else 'MXFP4'} weights run on the CPU only so far, in bf16 or float32 "
-            f"(got {device.type}, {dtype}): use --device cpu"
+            f"{'NVFP4' if nvfp4 else 'MXFP4'} weights run {where} (got {device.type}, {dtype}): use --device cpu"
         )
     if nvfp4 is not None:
         linears, rest = read_nvfp4(model_dir, nvfp4)
