@@ -224,3 +224,29 @@ def test_gpt_oss_mxfp4_checkpoint_runs_as_transformers_loads_it(root: Path) -> N
     assert llm.engine.executor.block_formats == ["MXFP4"]
     _greedy_matches(llm, prompts, ref, 1e-4)
     _bf16_top_choices(LLM(str(qdir), dtype="bfloat16", device="cpu"), prompts, qdir)
+
+
+def test_gpt_oss_mxfp4_experts_widen_off_the_cpu(root: Path) -> None:
+    """On CUDA the fused MoE takes float parameters: the reader hands gpt-oss's MXFP4 experts on as the
+    16-bit checkpoint stores them, (E, H, 2I) and (E, I, H), equal to transformers' dequantization; nothing
+    stays packed."""
+    from glassbox.models.fp4_checkpoint import read_fp4
+
+    base = build_tiny_model("gpt_oss", root / "widen")
+    tensors = load_file(str(base / "model.safetensors"))
+    packed: dict[str, torch.Tensor] = {}
+    for name in [n for n in tensors if n.endswith((".experts.gate_up_proj", ".experts.down_proj"))]:
+        w = tensors.pop(name).transpose(1, 2)
+        parts = [quantize_mxfp4(w[e]) for e in range(w.shape[0])]
+        tensors[f"{name}_blocks"] = packed[f"{name}_blocks"] = torch.stack([b for b, _ in parts])
+        tensors[f"{name}_scales"] = packed[f"{name}_scales"] = torch.stack([s for _, s in parts])
+    qc = {"quant_method": "mxfp4"}
+    qdir = _write(base, root / "gpt-oss-mxfp4-widen", tensors, qc)
+    got = read_fp4(qdir, qc, torch.device("cuda"), torch.bfloat16)
+    assert got is not None
+    held, rest = got
+    floats = dict(rest)
+    assert held == {}
+    for name in [n.removesuffix("_blocks") for n in packed if n.endswith("_blocks")]:
+        ref = convert_moe_packed_tensors(packed[f"{name}_blocks"], packed[f"{name}_scales"], dtype=torch.float32)
+        assert floats[name].shape == ref.shape and torch.equal(floats[name], ref), name

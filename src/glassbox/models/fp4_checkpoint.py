@@ -20,10 +20,12 @@ lm_head: ``modules_to_not_convert``) are float tensors.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from fnmatch import fnmatch
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,8 @@ Tensors = Iterator[tuple[str, torch.Tensor]]
 EXPERT_PARTS = ("gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales")
 PARTS = ("weight", "weight_scale", "weight_scale_2", "input_scale")
 ALGOS = ("NVFP4", "W4A16_NVFP4")  # the same weights; W4A16 stores no input_scale
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -158,17 +162,19 @@ def read_fp4(
 ) -> tuple[dict[str, FP4Weights | HeldExperts], Tensors] | None:
     """A 4-bit float checkpoint's packed weights by HF name (NVFP4 linears by weight name, MXFP4 experts
     by module name) and its other tensors; None for other checkpoints. ValueError for settings the loader
-    cannot run, or where no kernel runs them: the CPU in bf16 or float32; NVFP4 linears also on CUDA with
-    triton (layers/fp4_triton.py), in bf16, float16 or float32."""
+    cannot run, or where no kernel runs them: the CPU in bf16 or float32; CUDA with triton in bf16, float16 or
+    float32: NVFP4 linears on the block kernels (layers/fp4_triton.py), MXFP4 experts widened to float (none
+    packed: ``widened_experts``) for the fused MoE."""
     nvfp4 = nvfp4_spec(qc)
     mxfp4 = str(qc.get("quant_method", "")).lower() == "mxfp4"
     if nvfp4 is None and not mxfp4:
         return None
-    cuda = device.type == "cuda" and nvfp4 is not None and importlib.util.find_spec("triton") is not None
+    cuda = device.type == "cuda" and importlib.util.find_spec("triton") is not None
     if cuda and dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"NVFP4 weights run in bf16, float16 or float32 on CUDA (got {dtype})")
+        raise ValueError(f"{'NVFP4' if nvfp4 else 'MXFP4'} weights run in bf16, float16 or float32 on CUDA "
+                         f"(got {dtype})")  # fmt: skip
     if not cuda and (device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32)):
-        where = "on the CPU in bf16 or float32, and NVFP4 linears on CUDA with triton"
+        where = "on the CPU in bf16 or float32, and on CUDA with triton"
         raise ValueError(
             f"{'NVFP4' if nvfp4 else 'MXFP4'} weights run {where} (got {device.type}, {dtype}): use --device cpu"
         )
@@ -176,4 +182,18 @@ def read_fp4(
         linears, rest = read_nvfp4(model_dir, nvfp4)
         return dict(linears), rest
     experts, rest = read_mxfp4_experts(model_dir)
-    return dict(experts), rest
+    if device.type == "cpu":
+        return dict(experts), rest
+    logger.info("MXFP4 experts of %d MoE layers widened to the model's dtype off the CPU (the fused MoE takes "
+                "float parameters)", len(experts))  # fmt: skip
+    return {}, chain(widened_experts(experts), rest)
+
+
+def widened_experts(experts: dict[str, HeldExperts]) -> Tensors:
+    """Each MoE layer's MXFP4 experts dequantized (float32, exact), one layer at a time, as the 16-bit
+    checkpoint stores them: ``gate_up_proj`` (E, H, 2I) and ``down_proj`` (E, I, H), each expert's (N, K)
+    matrix transposed."""
+    for prefix, held in experts.items():
+        assert held.gate_up is not None and held.down is not None
+        for name, mats in (("gate_up_proj", [p[0] for p in held.gate_up]), ("down_proj", list(held.down))):
+            yield f"{prefix}.{name}", torch.stack([w.dequantize(torch.float32).t() for w in mats])
