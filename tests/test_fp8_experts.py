@@ -6,6 +6,7 @@ token-exact in float32 with transformers running the weights dequantized by the 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,10 +22,13 @@ from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 @pytest.fixture(scope="module")
 def moe_fp8(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return fp8_moe(tmp_path_factory.mktemp("fp8moe"))
+
+
+def fp8_moe(root: Path, **overrides: Any) -> tuple[Path, Path]:
     """(a tiny Qwen3-MoE whose every projection, its 8 experts' included, is FP8 with 16 x 32 blocks; the
     same weights dequantized, as a plain float32 checkpoint). Router and LM head stay float."""
-    root = tmp_path_factory.mktemp("fp8moe")
-    base = build_tiny_model("qwen3_moe", root)
+    base = build_tiny_model("qwen3_moe", root, **overrides)
     floats = load_file(str(base / "model.safetensors"))
     quant, dense = dict(floats), dict(floats)
     for key in sorted(n for n in floats if n.rpartition(".")[0].endswith(LINEARS)):
@@ -90,3 +94,27 @@ def test_off_the_cpu_the_experts_are_widened(moe_fp8: tuple[Path, Path]) -> None
     floats, dense = dict(rest), load_file(str(ddir / "model.safetensors"))
     experts = [k for k in dense if ".experts." in k]
     assert experts and all(torch.equal(floats[k], dense[k]) for k in experts)
+
+
+def test_tensor_parallel_splits_fp8_experts(tmp_path: Path) -> None:
+    """TP=2: each expert's gate/up rows (32 of 64: whole 16-row scale blocks) and down's input columns (32:
+    one 32-column scale block) cut from the FP8 weights with their scales, held per expert; TP=1's tokens."""
+    from test_tensor_parallel import GREEDY, _check
+
+    from glassbox.engine import tp_runtime
+
+    qdir, _ = fp8_moe(tmp_path, moe_intermediate_size=64)
+    prompts = [[1, 5, 9, 20, 33], list(range(3, 60))]
+    one = LLM(str(qdir), dtype="float32", max_num_seqs=2)
+    ref = [
+        (o.token_ids, [o.logprobs[j][t] for j, t in enumerate(o.token_ids)])
+        for o in one.generate(prompts, GREEDY)
+    ]
+    try:
+        _check(
+            LLM(str(qdir), dtype="float32", tensor_parallel_size=2, max_num_seqs=2).generate(prompts, GREEDY),
+            ref,
+            1e-5,
+        )
+    finally:
+        tp_runtime.shutdown()

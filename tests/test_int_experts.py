@@ -42,16 +42,10 @@ def _config(fmt: str) -> dict[str, Any]:
     return quant_config("w4a16-g32-asym", ignore=["lm_head", "re:.*mlp.gate$"])
 
 
-@pytest.fixture(scope="module", params=FORMATS)
-def moe_int4(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, Path, str]:
+def moe_checkpoint(fmt: str, root: Path, **overrides: Any) -> tuple[Path, Path]:
     """(a tiny Qwen3-MoE whose every projection, its 8 experts' included, is 4-bit in groups of 32; the same
-    weights as the format defines them, as a float32 checkpoint; the format). Router and LM head stay
-    float."""
-    fmt = str(request.param)
-    root = tmp_path_factory.mktemp(f"moe-{fmt}")
-    base = build_tiny_model("qwen3_moe", root)
+    weights as the format defines them, as a float32 checkpoint). Router and LM head stay float."""
+    base = build_tiny_model("qwen3_moe", root, **overrides)
     floats = load_file(str(base / "model.safetensors"))
     quant, dense = dict(floats), dict(floats)
     for i, key in enumerate(sorted(n for n in floats if n.rpartition(".")[0].endswith(LINEARS))):
@@ -60,7 +54,16 @@ def moe_int4(
         del quant[key]
         quant.update({f"{prefix}.{p}": t for p, t in stored.items()})
         dense[key] = weight
-    return _write(base, root / fmt, quant, _config(fmt)), _write(base, root / "dense", dense, None), fmt
+    return _write(base, root / fmt, quant, _config(fmt)), _write(base, root / "dense", dense, None)
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def moe_int4(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, str]:
+    """``moe_checkpoint`` of each format, and the format."""
+    fmt = str(request.param)
+    return (*moe_checkpoint(fmt, tmp_path_factory.mktemp(f"moe-{fmt}")), fmt)
 
 
 def test_int4_experts_run_as_their_weights(moe_int4: tuple[Path, Path, str]) -> None:
@@ -127,11 +130,25 @@ def test_off_the_cpu_the_experts_are_widened(moe_int4: tuple[Path, Path, str]) -
     assert experts and all(torch.equal(floats[k], dense[k]) for k in experts)
 
 
-def test_tensor_parallel_refuses_quantized_experts(moe_int4: tuple[Path, Path, str]) -> None:
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tensor_parallel_splits_quantized_experts(tmp_path: Path, fmt: str) -> None:
+    """TP=2: each rank cuts every expert's gate/up rows and down's input columns (32 of 64: whole blocks)
+    from the decoded codes and holds them per expert; TP=1's tokens."""
+    from test_tensor_parallel import GREEDY, _check
+
     from glassbox.engine import tp_runtime
 
+    qdir, _ = moe_checkpoint(fmt, tmp_path, moe_intermediate_size=64)
+    prompts = [[1, 5, 9, 20, 33], list(range(3, 60))]
+    one = LLM(str(qdir), dtype="float32", max_num_seqs=2)
+    ref = [
+        (o.token_ids, [o.logprobs[j][t] for j, t in enumerate(o.token_ids)])
+        for o in one.generate(prompts, GREEDY)
+    ]
     try:
-        with pytest.raises(ValueError, match="a quantized checkpoint's MoE experts are not split across ranks"):
-            LLM(str(moe_int4[0]), dtype="float32", tensor_parallel_size=2)
+        llm = LLM(str(qdir), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)
+        _check(llm.generate(prompts, GREEDY), ref, 1e-5)
+        experts = [m for m in llm.engine.executor.model.modules() if isinstance(m, MoEExperts)]
+        assert experts and all(m.linears for m in experts)  # held, on rank 0 at least
     finally:
         tp_runtime.shutdown()

@@ -81,11 +81,6 @@ def check_run(
             f"--tensor-parallel-size {n} splits 16/32-bit, GPTQ/AWQ, compressed-tensors integer and FP8 "
             f"safetensors checkpoints and GGUF files (not {qc.get('quant_method')!r} ones)"
         )
-    if qc and any(cfg.layer_moe):
-        raise ValueError(
-            f"--tensor-parallel-size {n}: a quantized checkpoint's MoE experts are not split across ranks yet "
-            "(16/32-bit MoE checkpoints are)"
-        )
     if checkpoint is not None and checkpoint.gguf is not None:
         check_gguf_tp(checkpoint.gguf, cfg, n)
     check_tp(cfg, n)

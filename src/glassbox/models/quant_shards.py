@@ -4,8 +4,9 @@ rank's shards (models/tensor_parallel.py's split): each quantized layer read alo
 columns: o and down) and repacked, so that a rank holds one whole layer at a time and keeps 1/N of each.
 A cut along the input columns must leave whole 32-value blocks within one group (integer formats; an
 act-order layer's groups are scattered over its columns, so its cut rarely does) or whole scale blocks
-(FP8 block layouts): ValueError naming the layer otherwise. The other tensors come from
-``sharded_safetensors``.
+(FP8 block layouts): ValueError naming the layer otherwise. A MoE's routed experts, a layer per expert
+projection, are cut the same way and held per MoE module (models/expert_parts.py). The other tensors come
+from ``sharded_safetensors``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from glassbox.layers.block_quant import BlockWeights
 from glassbox.layers.fp8_weights import Fp8Weights
 from glassbox.models import ct_int, fp8_checkpoint, gptq_awq
 from glassbox.models.ct_int_config import ct_int_spec
+from glassbox.models.expert_parts import sort_experts
 from glassbox.models.fp8_config import ACTIVATION_PARTS, fp8_spec
 from glassbox.models.loader import Packed, weight_files
 from glassbox.models.model_config import ModelConfig
@@ -123,7 +126,7 @@ def sharded_quantized(
                          "checkpoints are not split across ranks (GPTQ/AWQ, compressed-tensors integer and "
                          "FP8 are)")  # fmt: skip
     layers, taken = _layers(model_dir, take)
-    packed: dict[str, Packed] = {}
+    shards: dict[str, BlockWeights | Fp8Weights] = {}  # by module name
     for prefix, parts in layers:
         name = f"{prefix}.weight"
         w = decode(parts, prefix)
@@ -134,9 +137,12 @@ def sharded_quantized(
                 raise ValueError(f"a {how} split of a quantized layer is not built")
             if isinstance(w, gptq_awq.GroupCodes):
                 c = w if how == "whole" else w.rows(a, b) if how == "rows" else w.cols(a, b)
-                packed[name] = gptq_awq.to_blocks(c.q, c.z, c.scales, c.groups, c.bits, c.label)
+                shards[prefix] = gptq_awq.to_blocks(c.q, c.z, c.scales, c.groups, c.bits, c.label)
             else:
-                packed[name] = w if how == "whole" else fp8_shard(w, how, a, b)
+                shards[prefix] = w if how == "whole" else fp8_shard(w, how, a, b)
         except ValueError as e:
             raise ValueError(f"--tensor-parallel-size {world}: {prefix}: {e}") from None
-    return sharded_safetensors(model_dir, cfg, rank, world, skip=taken), packed
+    # routed experts (each expert's projections cut as a dense MLP's: gate/up rows, down columns) held per
+    # MoE module, as without TP on the CPU
+    dense, held, _ = sort_experts(shards, True, "quantized")
+    return sharded_safetensors(model_dir, cfg, rank, world, skip=taken), {**dense, **held}
