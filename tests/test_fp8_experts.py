@@ -43,19 +43,8 @@ def fp8_moe(root: Path, **overrides: Any) -> tuple[Path, Path]:
 
 
 def test_fp8_experts_run_as_their_dequantized_weights(moe_fp8: tuple[Path, Path]) -> None:
-    qdir, ddir = moe_fp8
-    prompts = [Tokenizer.from_dir(qdir).encode(p) for p in PROMPTS]
-    ref = hf_greedy(ddir, prompts, 8)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
-    llm = LLM(str(qdir), dtype="float32", device="cpu")
-    experts = [m for m in llm.engine.executor.model.modules() if isinstance(m, MoEExperts)]
-    assert experts and all(m.linears for m in experts)  # held: each expert's own linears
-    held = [lin for m in experts for pair in m.linears for lin in pair]
-    assert held and all(isinstance(lin, Fp8Linear) for lin in held)
-    for out, (toks, lps) in zip(llm.generate(prompts, params), ref, strict=True):
-        assert out.token_ids == toks
-        assert out.logprobs is not None
-        assert max(abs(out.logprobs[j][t] - lps[j]) for j, t in enumerate(toks)) < 1e-4
+    llm, held = held_experts_run_as(*moe_fp8)
+    assert all(isinstance(lin, Fp8Linear) for lin in held)
     # the experts are counted at one byte a weight (and their scales), not four
     dense = load_file(str(moe_fp8[1] / "model.safetensors"))
     in_experts = sum(t.numel() for k, t in dense.items() if ".experts." in k)
@@ -67,14 +56,35 @@ def test_missing_expert_part_is_named(moe_fp8: tuple[Path, Path], tmp_path: Path
     tensors = load_file(str(qdir / "model.safetensors"))
     name = next(k for k in tensors if k.endswith(".experts.3.up_proj.weight"))
     del tensors[name], tensors[name.replace(".weight", ".weight_scale")]
-    bad = tmp_path / "bad"
-    bad.mkdir()
+    with pytest.raises(ValueError, match=r"experts: FP8 experts \[3\] lack a gate, up or down weight"):
+        LLM(str(rewritten(qdir, tensors, tmp_path / "bad")), dtype="float32", device="cpu")
+
+
+def held_experts_run_as(qdir: Path, ddir: Path) -> tuple[LLM, list[torch.nn.Module]]:
+    """(the engine on ``qdir``, its experts' linears): held per expert, float32 greedy token-exact with
+    transformers on ``ddir`` (the same weights as the format defines them), logprobs within 1e-4."""
+    prompts = [Tokenizer.from_dir(qdir).encode(p) for p in PROMPTS]
+    ref = hf_greedy(ddir, prompts, 8)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
+    llm = LLM(str(qdir), dtype="float32", device="cpu")
+    experts = [m for m in llm.engine.executor.model.modules() if isinstance(m, MoEExperts)]
+    assert experts and all(m.linears for m in experts)  # held: each expert's own linears
+    held = [lin for m in experts for pair in m.linears for lin in pair]
+    for out, (toks, lps) in zip(llm.generate(prompts, params), ref, strict=True):
+        assert out.token_ids == toks
+        assert out.logprobs is not None
+        assert max(abs(out.logprobs[j][t] - lps[j]) for j, t in enumerate(toks)) < 1e-4
+    return llm, held
+
+
+def rewritten(qdir: Path, tensors: dict[str, torch.Tensor], out: Path) -> Path:
+    """``qdir`` with ``tensors`` as its weights, at ``out``."""
+    out.mkdir()
     for f in qdir.iterdir():
         if f.name != "model.safetensors":
-            (bad / f.name).write_bytes(f.read_bytes())
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(bad / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"experts: FP8 experts \[3\] lack a gate, up or down weight"):
-        LLM(str(bad), dtype="float32", device="cpu")
+            (out / f.name).write_bytes(f.read_bytes())
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    return out
 
 
 def test_off_the_cpu_the_experts_are_widened(moe_fp8: tuple[Path, Path]) -> None:
@@ -99,11 +109,15 @@ def test_off_the_cpu_the_experts_are_widened(moe_fp8: tuple[Path, Path]) -> None
 def test_tensor_parallel_splits_fp8_experts(tmp_path: Path) -> None:
     """TP=2: each expert's gate/up rows (32 of 64: whole 16-row scale blocks) and down's input columns (32:
     one 32-column scale block) cut from the FP8 weights with their scales, held per expert; TP=1's tokens."""
+    tp2_matches_tp1(fp8_moe(tmp_path, moe_intermediate_size=64)[0])
+
+
+def tp2_matches_tp1(qdir: Path) -> None:
+    """The checkpoint's float32 greedy tokens and logprobs at TP=2 are TP=1's; rank 0 holds its experts."""
     from test_tensor_parallel import GREEDY, _check
 
     from glassbox.engine import tp_runtime
 
-    qdir, _ = fp8_moe(tmp_path, moe_intermediate_size=64)
     prompts = [[1, 5, 9, 20, 33], list(range(3, 60))]
     one = LLM(str(qdir), dtype="float32", max_num_seqs=2)
     ref = [
@@ -111,10 +125,9 @@ def test_tensor_parallel_splits_fp8_experts(tmp_path: Path) -> None:
         for o in one.generate(prompts, GREEDY)
     ]
     try:
-        _check(
-            LLM(str(qdir), dtype="float32", tensor_parallel_size=2, max_num_seqs=2).generate(prompts, GREEDY),
-            ref,
-            1e-5,
-        )
+        llm = LLM(str(qdir), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)
+        _check(llm.generate(prompts, GREEDY), ref, 1e-5)
+        experts = [m for m in llm.engine.executor.model.modules() if isinstance(m, MoEExperts)]
+        assert experts and all(m.linears for m in experts)
     finally:
         tp_runtime.shutdown()

@@ -10,16 +10,15 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-from test_gptq_awq import LINEARS, PROMPTS, Layer, _write, pack_gptq
+from safetensors.torch import load_file
+from test_fp8_experts import held_experts_run_as, rewritten, tp2_matches_tp1
+from test_gptq_awq import LINEARS, Layer, _write, pack_gptq
 from test_gptq_awq import quant_config as gptq_config
-from tiny_models import build_tiny_model, hf_greedy
+from tiny_models import build_tiny_model
 
-from glassbox import LLM, SamplingParams
+from glassbox import LLM
 from glassbox.layers.block_linear import BlockQuantLinear
 from glassbox.layers.held_experts import linear_bytes
-from glassbox.models.moe import MoEExperts
-from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 FORMATS = ("gptq", "compressed-tensors")
 
@@ -68,18 +67,8 @@ def moe_int4(
 
 def test_int4_experts_run_as_their_weights(moe_int4: tuple[Path, Path, str]) -> None:
     qdir, ddir, _ = moe_int4
-    prompts = [Tokenizer.from_dir(qdir).encode(p) for p in PROMPTS]
-    ref = hf_greedy(ddir, prompts, 8)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
-    llm = LLM(str(qdir), dtype="float32", device="cpu")
-    experts = [m for m in llm.engine.executor.model.modules() if isinstance(m, MoEExperts)]
-    assert experts and all(m.linears for m in experts)  # held: each expert's own linears
-    held = [lin for m in experts for pair in m.linears for lin in pair]
-    assert held and all(isinstance(lin, BlockQuantLinear) or hasattr(lin, "parts") for lin in held)
-    for out, (toks, lps) in zip(llm.generate(prompts, params), ref, strict=True):
-        assert out.token_ids == toks
-        assert out.logprobs is not None
-        assert max(abs(out.logprobs[j][t] - lps[j]) for j, t in enumerate(toks)) < 1e-4
+    llm, held = held_experts_run_as(qdir, ddir)
+    assert all(isinstance(lin, BlockQuantLinear) or hasattr(lin, "parts") for lin in held)
     # the experts are counted at their stored bytes (4-bit codes, a scale and a zero per 32), not four a weight
     dense = load_file(str(ddir / "model.safetensors"))
     in_experts = sum(t.numel() for k, t in dense.items() if ".experts." in k)
@@ -93,14 +82,8 @@ def test_missing_expert_part_is_named(moe_int4: tuple[Path, Path, str], tmp_path
     prefix = next(k for k in tensors if ".experts.3.up_proj." in k).rpartition(".")[0]
     for k in [k for k in tensors if k.startswith(prefix + ".")]:
         del tensors[k]
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    for f in qdir.iterdir():
-        if f.name != "model.safetensors":
-            (bad / f.name).write_bytes(f.read_bytes())
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(bad / "model.safetensors"))
     with pytest.raises(ValueError, match=r"experts \[3\] lack a gate, up or down weight"):
-        LLM(str(bad), dtype="float32", device="cpu")
+        LLM(str(rewritten(qdir, tensors, tmp_path / "bad")), dtype="float32", device="cpu")
 
 
 def test_off_the_cpu_the_experts_are_widened(moe_int4: tuple[Path, Path, str]) -> None:
@@ -134,21 +117,4 @@ def test_off_the_cpu_the_experts_are_widened(moe_int4: tuple[Path, Path, str]) -
 def test_tensor_parallel_splits_quantized_experts(tmp_path: Path, fmt: str) -> None:
     """TP=2: each rank cuts every expert's gate/up rows and down's input columns (32 of 64: whole blocks)
     from the decoded codes and holds them per expert; TP=1's tokens."""
-    from test_tensor_parallel import GREEDY, _check
-
-    from glassbox.engine import tp_runtime
-
-    qdir, _ = moe_checkpoint(fmt, tmp_path, moe_intermediate_size=64)
-    prompts = [[1, 5, 9, 20, 33], list(range(3, 60))]
-    one = LLM(str(qdir), dtype="float32", max_num_seqs=2)
-    ref = [
-        (o.token_ids, [o.logprobs[j][t] for j, t in enumerate(o.token_ids)])
-        for o in one.generate(prompts, GREEDY)
-    ]
-    try:
-        llm = LLM(str(qdir), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)
-        _check(llm.generate(prompts, GREEDY), ref, 1e-5)
-        experts = [m for m in llm.engine.executor.model.modules() if isinstance(m, MoEExperts)]
-        assert experts and all(m.linears for m in experts)  # held, on rank 0 at least
-    finally:
-        tp_runtime.shutdown()
+    tp2_matches_tp1(moe_checkpoint(fmt, tmp_path, moe_intermediate_size=64)[0])

@@ -16,9 +16,7 @@ class CtIntSpec:
 
     bits: tuple[int, ...]
     group_sizes: tuple[int, ...]  # of "group" strategies
-    symmetric: bool  # every group symmetric (no zero points)
     left_aside: tuple[str, ...] = ()
-    method: str = "compressed-tensors"
 
 
 def _unsupported(key: str, value: Any, why: str) -> ValueError:
@@ -52,7 +50,6 @@ def ct_int_spec(qc: dict[str, Any]) -> CtIntSpec | None:
     fmt = str(qc.get("format") or "")
     bits: set[int] = set()
     sizes: set[int] = set()
-    symmetric = True
     aside: list[str] = []
     for name, group in qc["config_groups"].items():
         key = f"config_groups.{name}"
@@ -87,7 +84,6 @@ def ct_int_spec(qc: dict[str, Any]) -> CtIntSpec | None:
             kind = "dynamic" if act.get("dynamic") else "static"
             aside.append(f"{kind} int{act.get('num_bits')} activation quantization ({key}.input_activations)")
         bits.add(int(nb))
-        symmetric = symmetric and bool(w.get("symmetric", True))
     if qc.get("kv_cache_scheme"):
         aside.append("the KV-cache scheme (kv_cache_scheme; --kv-cache-dtype chooses the cache)")
-    return CtIntSpec(tuple(sorted(bits)), tuple(sorted(sizes)), symmetric, tuple(aside))
+    return CtIntSpec(tuple(sorted(bits)), tuple(sorted(sizes)), tuple(aside))
