@@ -23,6 +23,7 @@ from glassbox.llm import LLM
 from glassbox.models.gguf_reader import hf_shape
 from glassbox.models.gguf_shards import check_gguf_tp, read_shard
 from glassbox.models.model_config import ModelConfig
+from glassbox.models.moe import MoEExperts
 from glassbox.models.sources import resolve_model
 from glassbox.models.tensor_parallel import kv_heads_of
 from glassbox.sampling_params import SamplingParams
@@ -143,8 +144,6 @@ def test_refusals(tmp_path: Path) -> None:
         ValueError, match=r"o_proj.weight \(Q4_K\) would give each rank 128 of its 512 input "
     ):
         tp_model.check_run(4, torch.device("cpu"), EngineConfig(), ckpt, cfg)
-    with pytest.raises(ValueError, match="a GGUF file's MoE experts are not split across ranks yet"):
-        check_gguf_tp(ckpt.gguf, dataclasses.replace(cfg, layer_moe=(True, True)), 2)
 
 
 def test_smollm2_q4_1_gguf_tp3_matches_tp1(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -208,8 +207,14 @@ def test_quantized_checkpoint_tp2_matches_tp1(tmp_path: Path, kind: str) -> None
 @pytest.mark.parametrize(
     ("kind", "match"),
     [
-        ("gptq-v2-g128-act", r"--tensor-parallel-size 2: model\.layers\.\d\.\S+: group \d+ holds \d+ input ch"),
-        ("hf-fp8-block128", r"--tensor-parallel-size 2: model\.layers\.\d\.\S+: its (rows|columns) 0\.\.\d+ cut its 128"),
+        (
+            "gptq-v2-g128-act",
+            r"--tensor-parallel-size 2: model\.layers\.\d\.\S+: group \d+ holds \d+ input ch",
+        ),
+        (
+            "hf-fp8-block128",
+            r"--tensor-parallel-size 2: model\.layers\.\d\.\S+: its (rows|columns) 0\.\.\d+ cut its 128",
+        ),
     ],
 )
 def test_quantized_checkpoint_cuts_that_break_blocks_are_named(tmp_path: Path, kind: str, match: str) -> None:
@@ -232,3 +237,30 @@ def test_quantized_moe_experts_tp2_matches_tp1(tmp_path: Path) -> None:
     cfg = one.engine.executor.model_config
     with pytest.raises(ValueError, match="the experts' down_proj's 64 input columns split into 16 a rank"):
         tp_model.check_run(4, torch.device("cpu"), EngineConfig(quantization="int8"), None, cfg)
+
+
+@pytest.mark.parametrize("experts", ["Q4_0+Q8_0", "F32"])
+def test_gguf_moe_tp2_matches_tp1(tmp_path: Path, experts: str) -> None:
+    """A Qwen3-MoE GGUF file (llama.cpp's stacked ffn_*_exps): each rank cuts every expert's gate/up rows
+    and down's input columns (32 of 64: whole blocks) from the stacked blocks, held per expert in their
+    GGML types (Q4_0 gate/up, Q8_0 down), or dequantized into the float experts (F32); TP=1's tokens. A
+    cut of 16 columns is refused, naming the tensor."""
+    from gguf_factory import write_moe_model
+
+    d = build_tiny_model("qwen3_moe", tmp_path, moe_intermediate_size=64, decoder_sparse_step=1)  # all MoE
+    path = tmp_path / "moe.gguf"
+    types = (lambda name: Q.Q8_0 if "down_proj" in name else Q.Q4_0) if experts != "F32" else Q.F32
+    write_moe_model(path, d, expert_type=types)
+    one = LLM(str(path), dtype="float32", max_num_seqs=2)
+    ref = _ref(one.generate(PROMPTS, GREEDY))
+    llm = LLM(str(path), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)
+    _check(llm.generate(PROMPTS, GREEDY), ref, 1e-5)
+    moe = [m for m in llm.engine.executor.model.modules() if isinstance(m, MoEExperts)]
+    assert moe and all(bool(m.linears) == (experts != "F32") for m in moe)  # rank 0's: held in their types
+    ckpt = open_checkpoint(resolve_model(str(path)))
+    assert ckpt.gguf is not None
+    if experts != "F32":
+        with pytest.raises(
+            ValueError, match=r"experts.down_proj.weight \(Q8_0\) would give each rank 16 of its 64"
+        ):
+            check_gguf_tp(ckpt.gguf, ModelConfig.from_facts(ckpt.facts), 4)

@@ -10,12 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from glassbox.layers import kquant
-from glassbox.layers.block_quant import GGUF_TYPES, from_gguf
-from glassbox.layers.fp4_quant import from_ggml_mxfp4
+from glassbox.layers.block_quant import GGUF_TYPES
 from glassbox.layers.held_experts import ExpertMatrix, HeldExperts
 from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
 from glassbox.models.ct_int import read_ct_int
@@ -24,6 +22,7 @@ from glassbox.models.facts import ModelFacts
 from glassbox.models.fp4_checkpoint import read_fp4
 from glassbox.models.fp8_checkpoint import read_fp8
 from glassbox.models.fp8_config import fp8_spec
+from glassbox.models.gguf_experts import EXPERT_TYPES, expert_matrix, held_gguf_experts
 from glassbox.models.gguf_reader import GGUFCheckpoint, open_gguf
 from glassbox.models.gptq_awq import check_runs, read_group_quant
 from glassbox.models.loader import Packed, safetensors_tensors
@@ -76,7 +75,7 @@ class Checkpoint:
         if keep_packed:
             types = {*GGUF_TYPES, *(kquant.KQUANT_TYPES if cpu else ())}
             for name, ggml_type, raw, shape in gguf.stored_tensors(types):
-                packed[name] = _matrix(ggml_type, raw, shape)
+                packed[name] = expert_matrix(ggml_type, raw, shape)
             skip = set(packed)
             if cpu:  # MoE experts: held for the CPU kernels
                 experts, held_names = gguf_experts(gguf)
@@ -90,42 +89,16 @@ class Checkpoint:
         return floats(), packed
 
 
-EXPERT_TYPES = (*GGUF_TYPES, *kquant.KQUANT_TYPES, "MXFP4")  # GGML types a MoE layer's experts stay in
-
-
-def _matrix(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> ExpertMatrix:
-    if ggml_type == "MXFP4":
-        return from_ggml_mxfp4(raw, shape)
-    return (kquant.from_gguf if ggml_type in kquant.KQUANT_TYPES else from_gguf)(ggml_type, raw, shape)
-
-
 def gguf_experts(gguf: GGUFCheckpoint) -> tuple[dict[str, HeldExperts], set[str]]:
-    """Each MoE layer's stacked experts (models/gguf_names.py) kept in their GGML types where the CPU
-    kernels run those (``EXPERT_TYPES``), by module name, and the tensor names taken. The gate and up stay
-    as stored only together (each expert's pair then stacks into one matrix when the types match);
-    a projection of another type is dequantized into the float parameters."""
-    stacked: dict[str, dict[str, tuple[str, np.ndarray, tuple[int, ...]]]] = {}
+    """Each MoE layer's stacked experts kept in their GGML types where the CPU kernels run those
+    (``EXPERT_TYPES``), by module name, and the tensor names taken (models/gguf_experts.py)."""
+    stacked: dict[str, dict[str, list[ExpertMatrix]]] = {}
     for name, ggml_type, raw, shape in gguf.stored_tensors(set(EXPERT_TYPES), ndim=3):
         module, _, proj = name.removesuffix(".weight").rpartition(".")
-        stacked.setdefault(module, {})[proj] = (ggml_type, raw, shape)
-    held: dict[str, HeldExperts] = {}
-    taken: set[str] = set()
-
-    def matrices(proj: str, parts: dict[str, tuple[str, np.ndarray, tuple[int, ...]]]) -> list[ExpertMatrix]:
-        ggml_type, raw, shape = parts[proj]
-        return [_matrix(ggml_type, raw[e], shape[1:]) for e in range(shape[0])]
-
-    for module, parts in stacked.items():
-        experts = HeldExperts()
-        if "gate_proj" in parts and "up_proj" in parts:
-            experts.gate_up = list(zip(matrices("gate_proj", parts), matrices("up_proj", parts), strict=True))
-            taken |= {f"{module}.gate_proj.weight", f"{module}.up_proj.weight"}
-        if "down_proj" in parts:
-            experts.down = matrices("down_proj", parts)
-            taken.add(f"{module}.down_proj.weight")
-        if experts.gate_up is not None or experts.down is not None:
-            held[module] = experts
-    return held, taken
+        stacked.setdefault(module, {})[proj] = [
+            expert_matrix(ggml_type, raw[e], shape[1:]) for e in range(shape[0])
+        ]
+    return held_gguf_experts(stacked)
 
 
 def open_checkpoint(source: ModelSource) -> Checkpoint:

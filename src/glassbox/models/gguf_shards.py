@@ -11,7 +11,9 @@ dequantized or repacked, so that a rank reads and holds 1/N of every split tenso
   K-quants' super-blocks), so that a shard's blocks are the file's own.
 The packed types (Q4_0, Q4_1, Q8_0; the K-quants Q4_K, Q5_K, Q6_K) stay in their blocks
 (layers/block_quant.py, layers/kquant.py) unless ``keep_packed`` is off; the rest (F32, F16, BF16, other
-quants) are dequantized to float32, shard by shard. A MoE layer's stacked experts are not split yet.
+quants) are dequantized to float32, shard by shard. A MoE layer's stacked experts (E, rows, K) are cut per
+expert the same way (gate/up by rows, down by whole blocks of columns) and held per expert in the packed
+types, as without TP on the CPU (models/gguf_experts.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from gguf.quants import dequantize
 
 from glassbox.layers import kquant
 from glassbox.layers.block_quant import GGUF_TYPES, from_gguf
+from glassbox.layers.held_experts import ExpertMatrix
+from glassbox.models.gguf_experts import EXPERT_TYPES, expert_matrix, held_gguf_experts
 from glassbox.models.gguf_reader import GGUFCheckpoint, hf_shape, unpermute_rotary_rows
 from glassbox.models.loader import Packed
 from glassbox.models.model_config import ModelConfig
@@ -36,22 +40,17 @@ PACKED_TYPES = frozenset({*GGUF_TYPES, *kquant.KQUANT_TYPES})
 
 
 def check_gguf_tp(gguf: GGUFCheckpoint, cfg: ModelConfig, world: int) -> None:
-    """ValueError naming what a GGUF file's split over ``world`` ranks cannot run: MoE experts, or a
-    column-split tensor (o_proj, down_proj) whose shard would cut its type's blocks."""
-    if any(cfg.layer_moe):
-        raise ValueError(
-            f"--tensor-parallel-size {world}: a GGUF file's MoE experts are not split across ranks yet "
-            "(safetensors MoE checkpoints are)"
-        )
+    """ValueError naming what a GGUF file's split over ``world`` ranks cannot run: a column-split tensor
+    (o_proj, down_proj, the experts' down_proj) whose shard would cut its type's blocks."""
     for name, t in gguf.entries():
         shape = hf_shape(t)
         how, a, b, _ = shard_plan(name, list(shape), cfg, 0, world)
         values = GGML_QUANT_SIZES[t.tensor_type][0]
-        if how == "cols" and (b - a) % values:
+        if how in ("cols", "cols3") and (b - a) % values:
             kind = "super-blocks" if t.tensor_type.name.endswith("_K") else "blocks"
             raise ValueError(
                 f"--tensor-parallel-size {world}: {name} ({t.tensor_type.name}) would give each rank {b - a} "
-                f"of its {shape[1]} input columns, not whole {values}-value {kind}"
+                f"of its {shape[-1]} input columns, not whole {values}-value {kind}"
             )
 
 
@@ -68,6 +67,15 @@ def read_shard(
     Face order, and the shard's HF shape."""
     shape = hf_shape(t)
     how, a, b, rows = shard_plan(name, list(shape), cfg, rank, world)
+    if how in ("rows3", "cols3"):  # a layer's stacked experts (E, rows, row bytes): each expert's cut
+        experts = np.asarray(t.data).view(np.uint8).reshape(shape[0], shape[1], -1)
+        if how == "rows3":
+            return np.ascontiguousarray(experts[:, a:b]), (shape[0], b - a, shape[2])
+        values, size = GGML_QUANT_SIZES[t.tensor_type]
+        return np.ascontiguousarray(experts[:, :, a // values * size : b // values * size]), (
+            *shape[:2],
+            b - a,
+        )
     raw, heads = _row_bytes(t), gguf.permuted_heads(t.name)
     if how == "cols":
         values, size = GGML_QUANT_SIZES[t.tensor_type]
@@ -90,7 +98,9 @@ def sharded_gguf(
     """(this rank's float shards, one at a time; its packed 2-D shards by HF name), as
     engine/checkpoint.py's ``Checkpoint.weights`` gives a whole file's."""
     packed: dict[str, Packed] = {}
+    taken: set[str] = set()
     if keep_packed:
+        stacked: dict[str, dict[str, list[ExpertMatrix]]] = {}  # MoE module -> projection -> experts
         for name, t in gguf.entries():
             kind = t.tensor_type.name
             if kind in PACKED_TYPES and len(t.shape) == 2:
@@ -98,10 +108,20 @@ def sharded_gguf(
                 packed[name] = (kquant.from_gguf if kind in kquant.KQUANT_TYPES else from_gguf)(
                     kind, raw, shape
                 )
+                taken.add(name)
+            elif kind in EXPERT_TYPES and len(t.shape) == 3:
+                raw, shape = read_shard(gguf, name, t, cfg, rank, world)
+                module, _, proj = name.removesuffix(".weight").rpartition(".")
+                stacked.setdefault(module, {})[proj] = [
+                    expert_matrix(kind, raw[e], shape[1:]) for e in range(shape[0])
+                ]
+        held, names = held_gguf_experts(stacked)
+        packed.update(held)
+        taken |= names
 
     def floats() -> Tensors:
         for name, t in gguf.entries():
-            if name not in packed:
+            if name not in taken:
                 raw, shape = read_shard(gguf, name, t, cfg, rank, world)
                 values = np.array(dequantize(raw, t.tensor_type), dtype=np.float32)  # a copy
                 yield name, torch.from_numpy(values.reshape(shape))

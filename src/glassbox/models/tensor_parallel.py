@@ -258,8 +258,8 @@ _COLS = ("o_proj", "down_proj", "w2")  # by input columns
 def shard_plan(
     name: str, shape: list[int], cfg: ModelConfig, rank: int, world: int
 ) -> tuple[str, int, int, int]:
-    """How rank ``rank`` reads tensor ``name``: ("rows" | "cols" | "whole" | "zeros" | "gate_up" | "cols3",
-    start, end, padded rows)."""
+    """How rank ``rank`` reads tensor ``name``: ("rows" | "cols" | "whole" | "zeros" | "gate_up" | "cols3" |
+    "rows3" (dim 1 of a 3-D tensor), start, end, padded rows)."""
     hd = cfg.head_dim
     part = name.rsplit(".", 2)
     module, kind = (part[-2], part[-1]) if len(part) >= 2 else ("", name)
@@ -274,6 +274,13 @@ def shard_plan(
     if len(shape) == 3 and kind == "down_proj":  # fused experts (E, H, I)
         per = shape[2] // world
         return "cols3", rank * per, (rank + 1) * per, 0
+    if len(shape) == 3 and kind == "weight":  # a GGUF file's stacked experts: gate/up (E, I, H), down (E, H, I)
+        if module == "down_proj":
+            per = shape[2] // world
+            return "cols3", rank * per, (rank + 1) * per, 0
+        if module in ("gate_proj", "up_proj"):
+            per = shape[1] // world
+            return "rows3", rank * per, (rank + 1) * per, per
     if module in ("embed_tokens", "lm_head"):
         per = -(-cfg.vocab_size // world)
         return "rows", min(rank * per, shape[0]), min((rank + 1) * per, shape[0]), per
