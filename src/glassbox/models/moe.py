@@ -23,20 +23,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from glassbox.layers.activation import get_activation
-from glassbox.layers.held_experts import (
-    ExpertMatrix,
-    ExpertSlice,
-    HeldExperts,
-    kept_linear,
-    linear_bytes,
-    packed_slice,
-)
+from glassbox.layers.held_experts import ExpertSlice, HeldExperts, kept_linear, linear_bytes, packed_slice
+
+if TYPE_CHECKING:
+    from glassbox.layers.held_experts import ExpertMatrix
 
 
 class RouterLinear(nn.Linear):
@@ -191,14 +188,12 @@ class MoEExperts(nn.Module):
                 setattr(self, name, _emptied(bias))
 
     def quantize_experts(self, quantize: Callable[[torch.Tensor], ExpertMatrix]) -> int:
-        """``--quantization``: each expert's two matrices quantized by ``quantize`` (its float (N, K) matrix
-        to its packed form) and held; the float parameters are freed. Returns the count."""
+        """``--quantization``: each expert's two (N, K) matrices packed by ``quantize`` and held (the float
+        parameters freed; none where held or packed already). Returns the count."""
         if self.linears:
-            return 0  # held as the checkpoint stores them (GGUF, FP8, GPTQ...) or packed already
-        w1, w2 = self.gate_up_proj.detach(), self.down_proj.detach()
-        n = self.num_experts
-        gate_up, down = [(quantize(w1[e]),) for e in range(n)], [quantize(w2[e]) for e in range(n)]
-        self.hold(HeldExperts(list(gate_up), list(down)))
+            return 0
+        w1, w2, n = self.gate_up_proj.detach(), self.down_proj.detach(), self.num_experts
+        self.hold(HeldExperts([(quantize(w1[e]),) for e in range(n)], [quantize(w2[e]) for e in range(n)]))
         self.fuse()
         return 2 * n
 
@@ -402,4 +397,3 @@ def stacked_slot(
         return None
     gate, up = gate_up_rows(ClampedSwiGLU(0.0, 0.0, interleaved) if interleaved else gated("silu"), inter)
     return target, params[target][:, gate if proj == "gate_proj" else up]
-
