@@ -255,3 +255,13 @@ def test_float_formats_are_not_taken() -> None:
     qc["config_groups"]["group_0"]["weights"] |= {"type": "float", "num_bits": 8}
     assert ct_int_spec(qc) is None
     assert ct_int_spec({"quant_method": "gptq", "bits": 4}) is None
+
+
+def test_a_scale_without_integer_codes_is_named() -> None:
+    spec = _spec("w8a8-int")
+    with pytest.raises(ValueError, match=r"^m: weight_scale beside a torch.bfloat16 weight"):
+        layer_blocks(
+            spec, {"weight_scale": torch.ones(4, 1), "weight": torch.ones(4, 32, dtype=torch.bfloat16)}, "m"
+        )
+    with pytest.raises(ValueError, match="^m: an integer weight without its weight_scale"):
+        layer_blocks(spec, {"weight": torch.ones(4, 32, dtype=torch.int8)}, "m")

@@ -92,9 +92,10 @@ def layer_codes(spec: CtIntSpec, parts: dict[str, torch.Tensor], name: str) -> G
         bits = fits[0]
         q = _unpack_k(words, bits, k)  # (N, K), already unsigned (code + 2^(bits-1))
     else:
-        w = parts["weight"]
-        if w.dtype != torch.int8:
-            raise ValueError(f"{name}: weight_scale beside a {w.dtype} weight (int8 expected)")
+        w = parts.get("weight")
+        if w is None or w.dtype != torch.int8:
+            got = "no weight" if w is None else f"a {w.dtype} weight"
+            raise ValueError(f"{name}: weight_scale beside {got} (int8 codes or weight_packed expected)")
         n, k = (int(s) for s in w.shape)
         bits = 8
         q = _unsigned(w, 128)
