@@ -113,8 +113,8 @@ def test_off_the_cpu_the_experts_are_widened(moe_int4: tuple[Path, Path, str]) -
     assert experts and all(torch.equal(floats[k], dense[k]) for k in experts)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_tensor_parallel_splits_quantized_experts(tmp_path: Path, fmt: str) -> None:
-    """TP=2: each rank cuts every expert's gate/up rows and down's input columns (32 of 64: whole blocks)
-    from the decoded codes and holds them per expert; TP=1's tokens."""
-    tp2_matches_tp1(moe_checkpoint(fmt, tmp_path, moe_intermediate_size=64)[0])
+def test_tensor_parallel_splits_quantized_experts(tmp_path: Path) -> None:
+    """TP=2 (GPTQ; compressed-tensors layers take the same path once decoded): each rank cuts every
+    expert's gate/up rows and down's input columns (32 of 64: whole blocks) from the decoded codes and holds
+    them per expert; TP=1's tokens."""
+    tp2_matches_tp1(moe_checkpoint("gptq", tmp_path, moe_intermediate_size=64)[0])

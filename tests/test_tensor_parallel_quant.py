@@ -189,11 +189,12 @@ def _checkpoint(kind: str, root: Path) -> Path:
     return fp8_model(root, kind)[0]
 
 
-@pytest.mark.parametrize("kind", ["gptq-v1-g128", "awq-g32", "w4a16-g32-asym", "w8a8-int", "ct-channel"])
+@pytest.mark.parametrize("kind", ["gptq-v1-g128", "w4a16-g32-asym", "ct-channel"])
 def test_quantized_checkpoint_tp2_matches_tp1(tmp_path: Path, kind: str) -> None:
-    """GPTQ, AWQ, compressed-tensors integer and FP8 per-channel checkpoints over 2 ranks: each rank's
-    layers are cut from the decoded codes (o/down along K in whole blocks: g128's second group is half in
-    each rank), the same tokens as TP=1 and about half the quantized bytes a rank."""
+    """GPTQ, compressed-tensors integer (zero points packed along N) and FP8 per-channel checkpoints over 2
+    ranks (AWQ and int8 layers take GPTQ's path once decoded): each rank's layers are cut from the decoded
+    codes (o/down along K in whole blocks: g128's second group is half in each rank), the same tokens as
+    TP=1 and about half the quantized bytes a rank."""
     d = _checkpoint(kind, tmp_path)
     one = LLM(str(d), dtype="float32", max_num_seqs=2)
     ref, whole = _ref(one.generate(PROMPTS, GREEDY)), one.engine.executor.weight_bytes
@@ -220,10 +221,13 @@ def test_quantized_checkpoint_tp2_matches_tp1(tmp_path: Path, kind: str) -> None
 def test_quantized_checkpoint_cuts_that_break_blocks_are_named(tmp_path: Path, kind: str, match: str) -> None:
     """An act-order layer's groups are scattered over its columns (a rank's half rarely holds whole blocks
     of each); 128 x 128 FP8 scale blocks cut by a rank's 64 rows of k_proj (one of 2 KV heads) or 192
-    columns of down_proj (FFN 384)."""
+    columns of down_proj (FFN 384). Rank 0's reader, in process."""
+    from glassbox.models.quant_shards import sharded_quantized
+
     d = _checkpoint(kind, tmp_path)
+    ckpt = open_checkpoint(resolve_model(str(d)))
     with pytest.raises(ValueError, match=match):
-        LLM(str(d), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)
+        sharded_quantized(d, ckpt.facts.quantization_config, ModelConfig.from_facts(ckpt.facts), 0, 2)
 
 
 def test_quantized_moe_experts_tp2_matches_tp1(tmp_path: Path) -> None:
