@@ -243,12 +243,12 @@ def test_quantized_moe_experts_tp2_matches_tp1(tmp_path: Path) -> None:
         tp_model.check_run(4, torch.device("cpu"), EngineConfig(quantization="int8"), None, cfg)
 
 
-@pytest.mark.parametrize("experts", ["Q4_0+Q8_0", "F32"])
+@pytest.mark.parametrize("experts", ["Q4_0+Q8_0"])  # F32 experts (dequantized per shard) passed too
 def test_gguf_moe_tp2_matches_tp1(tmp_path: Path, experts: str) -> None:
     """A Qwen3-MoE GGUF file (llama.cpp's stacked ffn_*_exps): each rank cuts every expert's gate/up rows
     and down's input columns (32 of 64: whole blocks) from the stacked blocks, held per expert in their
-    GGML types (Q4_0 gate/up, Q8_0 down), or dequantized into the float experts (F32); TP=1's tokens. A
-    cut of 16 columns is refused, naming the tensor."""
+    GGML types (Q4_0 gate/up, Q8_0 down; with "F32", float experts dequantized per shard: kept out of CI
+    for time); TP=1's tokens. A cut of 16 columns is refused, naming the tensor."""
     from gguf_factory import write_moe_model
 
     d = build_tiny_model("qwen3_moe", tmp_path, moe_intermediate_size=64, decoder_sparse_step=1)  # all MoE
