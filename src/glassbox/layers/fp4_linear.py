@@ -9,6 +9,8 @@ the PyTorch reference.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,6 +75,8 @@ class FP4Linear(nn.Module):
         """The weights re-laid for the Triton kernels (layers/fp4_triton.py) on ``device``, the CPU layout's
         buffers let go; the bias moved (layers/block_linear.to_triton calls this)."""
         self.triton = for_triton(self.w).to(device)
+        w = self.w  # its CPU bytes let go (on a unified-memory machine they would be the device's too)
+        self.w = replace(w, codes=w.codes.new_empty(w.out_features, 0), scales=w.scales.new_empty(0, 0))
         for name in ("codes", "scales", "row_scale"):
             self._buffers.pop(name, None)
         for name, t in (("codes", self.triton.codes), ("scales", self.triton.lo), ("scales_hi", self.triton.hi),
