@@ -104,9 +104,13 @@ def test_each_rank_reads_only_its_shards(llama: tuple[Path, list[list[int]], lis
     assert held[0] == held[1] == (sum(t.numel() for t in full.values()) - norms) // 2 + norms
 
 
-def test_tp2_moe_with_shared_expert_matches_transformers_then_a_killed_worker(tmp_path: Path) -> None:
+def test_tp2_moe_with_shared_expert_matches_transformers_then_a_killed_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Qwen2-MoE (8 experts, top-2, a gated shared expert, one dense layer): each expert split by FFN width.
-    Then a worker is killed."""
+    Then a worker is killed. The step timeout is 5 s here: gloo notices a dead peer at once on most paths,
+    but only at the timeout (30 s by default) on others (a CI run saw 30 s once)."""
+    monkeypatch.setenv("GLASSBOX_TP_TIMEOUT", "5")
     d = build_tiny_model("qwen2_moe", tmp_path)
     prompts = [[1, 5, 9, 20, 33], list(range(3, 40))]
     ref = hf_greedy(d, prompts, MAX_NEW)
