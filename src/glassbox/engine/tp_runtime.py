@@ -11,8 +11,9 @@ Where the ranks come from:
   and holds ranks [i N/M, (i+1) N/M); node 0's first rank is rank 0 (the server), the other nodes only work;
 - torchrun: ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` in the environment name this process's
   rank; nothing is spawned.
-A rank that dies breaks its peers' next collective at once (the socket closes); one that hangs fails it
-after ``GLASSBOX_TP_TIMEOUT`` seconds (default 30): TensorParallelError, which stops rank 0's
+A rank that dies breaks its peers' next collective, mostly at once (the socket closes) but on some paths
+only at the timeout (seen once in a test); one that hangs fails it after ``GLASSBOX_TP_TIMEOUT`` seconds
+(default 30): TensorParallelError, which stops rank 0's
 engine loudly. Workers wait for steps on a group with a long timeout (the server may idle); rank 0's end of
 it has the short one.
 """
