@@ -5,6 +5,7 @@ token-exact in float32 with transformers running the weights dequantized by the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +100,15 @@ def test_off_the_cpu_the_experts_are_widened(moe_fp8: tuple[Path, Path]) -> None
     qdir, ddir = moe_fp8
     spec = fp8_spec(json.loads((qdir / "config.json").read_text())["quantization_config"])
     assert spec is not None
-    packed, rest = read_fp8(qdir, spec, cpu=False)
-    assert packed and all(isinstance(w, Fp8Weights) and ".experts." not in k for k, w in packed.items())
+    widened_as_defined(*read_fp8(qdir, spec, cpu=False), ddir, Fp8Weights)
+
+
+def widened_as_defined(
+    packed: dict[str, Any], rest: Iterable[tuple[str, torch.Tensor]], ddir: Path, kind: type
+) -> None:
+    """A reader's output off the CPU: only dense layers packed (as ``kind``), every expert among the float
+    tensors, equal to ``ddir``'s (the weights as the format defines them)."""
+    assert packed and all(isinstance(w, kind) and ".experts." not in k for k, w in packed.items())
     floats, dense = dict(rest), load_file(str(ddir / "model.safetensors"))
     experts = [k for k in dense if ".experts." in k]
     assert experts and all(torch.equal(floats[k], dense[k]) for k in experts)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_fp8_experts import held_experts_run_as, rewritten, tp2_matches_tp1
+from test_fp8_experts import held_experts_run_as, rewritten, tp2_matches_tp1, widened_as_defined
 from test_gptq_awq import LINEARS, Layer, _write, pack_gptq
 from test_gptq_awq import quant_config as gptq_config
 from tiny_models import build_tiny_model
@@ -107,10 +107,7 @@ def test_off_the_cpu_the_experts_are_widened(moe_int4: tuple[Path, Path, str]) -
         ct = ct_int_spec(qc)
         assert ct is not None
         packed, rest = read_ct_int(qdir, ct, cpu=False)
-    assert packed and all(isinstance(w, BlockWeights) and ".experts." not in k for k, w in packed.items())
-    floats, dense = dict(rest), load_file(str(ddir / "model.safetensors"))
-    experts = [k for k in dense if ".experts." in k]
-    assert experts and all(torch.equal(floats[k], dense[k]) for k in experts)
+    widened_as_defined(packed, rest, ddir, BlockWeights)
 
 
 def test_tensor_parallel_splits_quantized_experts(tmp_path: Path) -> None:

@@ -5,11 +5,18 @@ for the CPU's kernels, or are widened to float32 (the format's definition) for t
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from itertools import chain
 from typing import TypeVar
 
+import torch
+
 from glassbox.layers.held_experts import ExpertMatrix, HeldExperts
+
+Tensors = Iterator[tuple[str, torch.Tensor]]
+logger = logging.getLogger(__name__)
 
 W = TypeVar("W", bound=ExpertMatrix)
 
@@ -52,3 +59,15 @@ def sort_experts(
         else:
             widened[f"{prefix}.weight"] = w
     return dense, held_experts(found, what), widened
+
+
+def widened_first(
+    widened: Mapping[str, W], widen: Callable[[W], torch.Tensor], rest: Tensors, what: str
+) -> Tensors:
+    """The experts ``sort_experts`` handed on off the CPU, each widened to float32 by ``widen`` as it is
+    read (one at a time), then the checkpoint's other tensors ``rest``; logged."""
+    if widened:
+        logger.info(
+            "%s routed experts widened to the model's dtype off the CPU: %d matrices", what, len(widened)
+        )
+    return chain(((name, widen(w)) for name, w in widened.items()), rest)

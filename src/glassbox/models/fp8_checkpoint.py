@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from itertools import chain
 from pathlib import Path
 
 import torch
@@ -16,7 +15,7 @@ from safetensors import safe_open
 
 from glassbox.layers.fp8_weights import Fp8Weights
 from glassbox.layers.held_experts import HeldExperts
-from glassbox.models.expert_parts import sort_experts
+from glassbox.models.expert_parts import sort_experts, widened_first
 from glassbox.models.fp8_config import ACTIVATION_PARTS, Fp8Layout, Fp8Spec
 from glassbox.models.loader import safetensors_tensors, weight_files
 
@@ -109,11 +108,9 @@ def read_fp8(
     skip = dropped | {f"{p}.weight" for p in layers} | {f"{p}.{spec.scale_part}" for p in layers}
     logger.info("FP8 weights kept 8-bit: %d linear layers, %d MoE layers' experts (%s), %.1f MiB",
                 len(dense), len(held), spec.label, stored / 2**20)  # fmt: skip
-    if widened:
-        logger.info("FP8 routed experts widened to the model's dtype off the CPU: %d matrices", len(widened))
     if spec.left_aside:
         logger.info("weight-only FP8: not applied (activations stay in the model's dtype): %s",
                     "; ".join(spec.left_aside))  # fmt: skip
 
-    floats = ((name, w.dequantize_reference(torch.float32)) for name, w in widened.items())
-    return packed, chain(floats, safetensors_tensors(model_dir, skip))
+    rest = safetensors_tensors(model_dir, skip)
+    return packed, widened_first(widened, lambda w: w.dequantize_reference(torch.float32), rest, "FP8")

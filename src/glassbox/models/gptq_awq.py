@@ -16,10 +16,8 @@ permutation (the linear applies it to its input).
 from __future__ import annotations
 
 import importlib.util
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from itertools import chain
 from pathlib import Path
 
 import torch
@@ -27,14 +25,13 @@ from safetensors import safe_open
 
 from glassbox.layers.block_quant import BLOCK, BlockWeights, from_zero_codes
 from glassbox.layers.held_experts import HeldExperts
-from glassbox.models.expert_parts import sort_experts
+from glassbox.models.expert_parts import sort_experts, widened_first
 from glassbox.models.loader import safetensors_tensors, weight_files
 from glassbox.models.quant_config import GroupQuant
 
 PARTS = ("qweight", "qzeros", "scales", "g_idx")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 Tensors = Iterator[tuple[str, torch.Tensor]]
-logger = logging.getLogger(__name__)
 
 
 def unpack_words(words: torch.Tensor, bits: int) -> torch.Tensor:
@@ -177,10 +174,8 @@ def with_experts(
     """Block weights by module name sorted into dense layers and routed experts (models/expert_parts.py),
     and the checkpoint's other tensors (all but ``skip``) after the experts widened off the CPU."""
     dense, held, widened = sort_experts(blocks, cpu, what)
-    floats = ((name, w.dense(torch.float32)) for name, w in widened.items())
-    if widened:
-        logger.info("%s routed experts widened to the model's dtype off the CPU: %d matrices", what, len(widened))
-    return {**dense, **held}, chain(floats, safetensors_tensors(model_dir, skip))
+    rest = safetensors_tensors(model_dir, skip)
+    return {**dense, **held}, widened_first(widened, lambda w: w.dense(torch.float32), rest, what)
 
 
 def check_runs(method: str, device: torch.device, dtype: torch.dtype) -> None:
