@@ -181,11 +181,11 @@ def test_the_jit_specialization_reaches_the_compile() -> None:
 # split sum; 48 and 200: the 64- and 128-row prompt tiles; float32: its own): 4-bit block weights on both
 # targets with the offset kind that loads most (Q4_1's stored offsets); on the DGX Spark alone (the tighter
 # target: 99 KiB of shared memory, no wgmma) 8-bit ones (GPTQ's zero codes), FP8 (128 x 128 blocks, a
-# bias), NVFP4 (the 4-bit float that loads most: two scale bytes and a row scale) and float32 (the
-# interpreter tests' dtype): ~26 compiles. The full matrix (both targets, bits x
-# offset kinds x bias x bf16/float16/float32 x rows; MXFP4 and NVFP4; FP8 block and per-channel scales) is
-# tests/triton_linear_launches.py's sweep: none spills or overflows shared memory (figures in
-# kernels/triton_block_linear.py's docstring).
+# bias), NVFP4 (the 4-bit float that loads most: two scale bytes and a row scale), the K-quants Q4_K
+# (one row and the largest tiles) and Q6_K (decode rows) and float32 (the interpreter tests' dtype): ~31
+# compiles. The full matrix (both targets, bits x offset kinds x bias x bf16/float16/float32 x rows; MXFP4
+# and NVFP4; the K-quants; FP8 block and per-channel scales) is tests/triton_linear_launches.py's sweep:
+# none spills or overflows shared memory (figures in kernels/triton_block_linear.py's docstring).
 from triton_linear_launches import fp8_launches, linear_launches  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -193,6 +193,17 @@ LINEAR_CASES: list[tuple[str, str, Any]] = [  # (id, target, launches)
     *((f"{t}-bf16-q4-stored", t, lambda t=t: linear_launches(t, 4, "stored", False, BF16)) for t in TARGETS),
     ("dgx-spark-bf16-q8-zeros", "dgx-spark", lambda: linear_launches("dgx-spark", 8, "zeros", False, BF16)),
     ("dgx-spark-bf16-nvfp4", "dgx-spark", lambda: linear_launches("dgx-spark", 4, "nvfp4", False, BF16)),
+    # K-quants: Q4_K's GEMV and its largest tiles (246 registers on sm_121), Q6_K's half-block scales
+    (
+        "dgx-spark-bf16-q4k",
+        "dgx-spark",
+        lambda: linear_launches("dgx-spark", 4, "Q4_K", False, BF16, rows=(1, 200)),
+    ),
+    (
+        "dgx-spark-bf16-q6k",
+        "dgx-spark",
+        lambda: linear_launches("dgx-spark", 8, "Q6_K", False, BF16, rows=(1, 4)),
+    ),
     ("dgx-spark-bf16-fp8-bias", "dgx-spark", lambda: fp8_launches("dgx-spark", (128, 128), True, BF16)),
     (
         "dgx-spark-fp32-q4",

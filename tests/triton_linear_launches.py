@@ -2,10 +2,11 @@
 CPU tensors as on a target GPU (its multiprocessors: the K splits), for
 tests/test_triton_compile.py, and a sweep of them all:
 
-    PYTHONPATH=src python tests/triton_linear_launches.py [h100,dgx-spark] [bfloat16,float16,float32] [block,fp4,fp8]
+    PYTHONPATH=src python tests/triton_linear_launches.py [h100,dgx-spark] [bfloat16,float16,float32] [block,fp4,kquant,fp8]
 
 prints the registers, stack and shared memory of every launch configuration (block weights: bits x offset
-kind x bias x dtype x row count; 4-bit floats: MXFP4 / NVFP4 x bias x dtype x row count; FP8: scale grid x
+kind x bias x dtype x row count; 4-bit floats: MXFP4 / NVFP4 x bias x dtype x row count; K-quants: Q4_K /
+Q5_K / Q6_K x bias x dtype x row count; FP8: scale grid x
 bias x dtype x row count; each compiles apart).
 """
 
@@ -25,6 +26,7 @@ from glassbox.kernels import triton_fp8_linear as tfl
 Launch = tuple[Any, tuple[Any, ...], dict[str, Any]]  # (kernel, args, kwargs)
 OFFSETS = ("factor", "stored", "zeros")  # Q4_0/Q8_0/int, Q4_1, GPTQ/AWQ
 FP4 = ("mxfp4", "nvfp4")  # 4-bit floats, as ``offsets`` of 4-bit launches
+KQUANTS = {"Q4_K": 4, "Q5_K": 8, "Q6_K": 8}  # GGUF K-quants (layers/kquant_triton.py) and their code bits
 # one row: the GEMV; 4: split-K decode tiles; 48 and 200: the prompt tiles (64 and 128 rows; float32: 32)
 ROWS = (1, 4, 48, 200)
 KERNELS = ("_block_gemv_kernel", "_block_mm_kernel", "_split_sum_kernel")
@@ -68,6 +70,20 @@ def linear_launches(
     blocks = k // 32
     codes = torch.zeros(n, k * bits // 8, dtype=torch.uint8)
     fp4 = offsets if offsets in FP4 else None  # 4-bit floats: byte scales (layers/fp4_triton.py)
+    if offsets in KQUANTS:  # byte scales (Q6_K: two a block) and float16 super-block scales
+        assert bits == KQUANTS[offsets]
+        six = offsets == "Q6_K"
+        sub = torch.zeros(n, blocks * (2 if six else 1), dtype=torch.int8 if six else torch.uint8)
+        mins = None if six else torch.zeros(n, blocks, dtype=torch.uint8)
+        sup = torch.zeros(n, k // 256 * (1 if six else 2), dtype=torch.float16)
+        with _recording(target) as calls:
+            for m in rows:
+                x = torch.zeros(m, k, dtype=dtype)
+                tbl.block_matmul(
+                    x, codes, sub, mins, None, -32.0 if six else 0.0, bits, torch.zeros(n) if bias else None,
+                    m <= 16, super_scales=sup,
+                )  # fmt: skip
+        return calls
     scales = torch.zeros(n, blocks, dtype=torch.uint8 if fp4 else torch.float16)
     offs = torch.zeros(n, blocks, dtype=torch.float16) if offsets == "stored" else None
     offs = torch.zeros(n, blocks, dtype=torch.uint8) if offsets == "nvfp4" else offs
@@ -114,6 +130,10 @@ def _sweep(targets: list[str], dtype_names: list[str], kinds: list[str]) -> None
     if "fp4" in kinds:
         for t, kind, bias, dtype in itertools.product(targets, FP4, (False, True), dtypes):
             cases.append((t, "4", kind, bias, dtype, linear_launches(t, 4, kind, bias, dtype)))
+    if "kquant" in kinds:
+        for t, kind, bias, dtype in itertools.product(targets, KQUANTS, (False, True), dtypes):
+            b = KQUANTS[kind]
+            cases.append((t, str(b), kind, bias, dtype, linear_launches(t, b, kind, bias, dtype)))
     if "fp8" in kinds:
         for t, (bn, bk), bias, dtype in itertools.product(
             targets, ((128, 128), (1, 4096)), (False, True), dtypes

@@ -45,9 +45,9 @@ class Checkpoint:
         self, keep_packed: bool, device: torch.device, dtype: torch.dtype, cpu: bool = True
     ) -> tuple[Tensors, dict[str, Packed]]:
         """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
-        tensors of the packed types (layers/block_quant.py; with ``cpu``, for the CPU's kernels, layers/kquant.py's
-        too, and its experts by MoE module: ``gguf_experts``, MXFP4 too: layers/fp4_quant.py) stay in their
-        blocks; a GPTQ/AWQ, compressed-tensors integer, NVFP4 or MXFP4 checkpoint's layers always do (ValueError where no kernels run
+        tensors of the packed types (layers/block_quant.py, layers/kquant.py; with ``cpu``, for the CPU's
+        kernels, its experts too by MoE module: ``gguf_experts``, MXFP4 too: layers/fp4_quant.py) stay in
+        their blocks; a GPTQ/AWQ, compressed-tensors integer, NVFP4 or MXFP4 checkpoint's layers always do (ValueError where no kernels run
         them: gptq_awq.check_runs, fp4_checkpoint; or for settings the loader cannot run), and an FP8
         checkpoint's stay 8-bit (any device and dtype); all else is float."""
         if self.gguf is None:
@@ -73,7 +73,7 @@ class Checkpoint:
         packed: dict[str, Packed] = {}
         skip: set[str] = set()
         if keep_packed:
-            types = {*GGUF_TYPES, *(kquant.KQUANT_TYPES if cpu else ())}
+            types = {*GGUF_TYPES, *kquant.KQUANT_TYPES}
             for name, ggml_type, raw, shape in gguf.stored_tensors(types):
                 packed[name] = expert_matrix(ggml_type, raw, shape)
             skip = set(packed)

@@ -43,8 +43,8 @@ def packed_here(
     dtype: torch.dtype,
     on_triton: bool,
 ) -> bool:
-    """Whether a GGUF file's Q4_0/Q4_1/Q8_0 tensors stay in their blocks: where kernels run them, the CPU's C
-    kernels (bf16 activations; the K-quants and MoE experts too) or the Triton kernels (CUDA, any dtype;
+    """Whether a GGUF file's Q4_0/Q4_1/Q8_0 and K-quant tensors stay in their blocks: where kernels run them,
+    the CPU's C kernels (bf16 activations; MoE experts too) or the Triton kernels (CUDA, any dtype;
     layers/block_linear.to_triton), and not under ``--quantization``. ValueError for a ``--quantization``
     (``bits``: its QUANTIZED_AT_LOAD value) that no kernel on ``device`` runs: block bits on CUDA without
     triton (fp8 runs anywhere: layers/fp8_linear.py)."""

@@ -40,22 +40,51 @@ def _scale(ptrs, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _dequant(c, d, offs_ptrs, offset_factor, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Codes c (0..255, any integer type) of blocks with scales d (float32) and their offsets (from
-    ``offs_ptrs``), dequantized in float32: d (q + f) for the constant f (an integer: -8, -128), d (q - z) for
-    zero codes z, d q + m for stored offsets m: the reference's d q + o to the bit (q d and o d are exact in
-    float32: at most 8 + 11 significant bits, so is their sum). The code becomes a float as the low mantissa
-    bits of 2^23 (2^23 + q, exact), less 2^23 and the integer offset in one subtraction: no int-to-float
+def _block_scale(scales_ptr, sb_ptr, sp, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The scales d (float32) of the blocks at tiled positions sp: ``_scale`` of the stored ones, or for the
+    K-quants a super-block's float16 d (``sb_ptr``) times a sub-block's integer scale in float32, exact: 5
+    (Q4_K, Q5_K; sp a block's position) d at 2 (sp >> 3) (the super-block's pair d, dmin) times the 6-bit
+    sc byte; 6 (Q6_K; sp a half block's position, 2 x its block's + the half) d at sp >> 4 times the int8
+    sc."""
+    if OFFSETS == 5:
+        return tl.load(sb_ptr + 2 * (sp >> 3)).to(tl.float32) * tl.load(scales_ptr + sp).to(tl.float32)
+    elif OFFSETS == 6:
+        return tl.load(sb_ptr + (sp >> 4)).to(tl.float32) * tl.load(scales_ptr + sp).to(tl.float32)
+    else:
+        return _scale(scales_ptr + sp, OFFSETS)
+
+
+@triton.jit
+def _block_offset(offs_ptr, sb_ptr, sp, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """What ``_dequant`` adds per block at tiled positions sp, float32: the stored offset m (1), the zero
+    code z (2), a K-quant's -dmin m (5: the super-block's dmin at 2 (sp >> 3) + 1 times the 6-bit min byte,
+    exact); 0 where the kind has none."""
+    if OFFSETS == 1 or OFFSETS == 2:
+        return tl.load(offs_ptr + sp).to(tl.float32)
+    elif OFFSETS == 5:
+        return -(tl.load(sb_ptr + 2 * (sp >> 3) + 1).to(tl.float32) * tl.load(offs_ptr + sp).to(tl.float32))
+    else:  # one return a kind: the compiler types every return it reaches
+        return tl.full(sp.shape, 0.0, tl.float32)
+
+
+@triton.jit
+def _dequant(c, d, o, offset_factor, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Codes c (0..255, any integer type) of blocks with scales d (float32) and their ``_block_offset`` o,
+    dequantized in float32: d (q + f) for the constant f (an integer: -8, -128; Q6_K's -32), d (q - z) for
+    zero codes z, d q + m for stored offsets m (and a K-quant's -dmin m): the reference's d q + o to the bit
+    (q d is exact in float32: at most 8 + 17 significant bits but for Q6_K's (q - 32) d, rounded once as
+    the reference rounds it; the sum rounds once). The code becomes a float as the low mantissa bits of
+    2^23 (2^23 + q, exact), less 2^23 and the integer offset in one subtraction: no int-to-float
     conversion instruction (quarter rate on recent GPUs: it would bound a 4-bit GEMV)."""
-    if OFFSETS >= 3:  # E2M1 codes (MXFP4, NVFP4): the value times its scale, exact
+    if OFFSETS == 3 or OFFSETS == 4:  # E2M1 codes (MXFP4, NVFP4): the value times its scale, exact
         return _e2m1(c) * d
     f = (c.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
-    if OFFSETS == 0:
+    if OFFSETS == 0 or OFFSETS == 6:
         w = (f - (8388608.0 - offset_factor)) * d
-    elif OFFSETS == 1:
-        w = (f - 8388608.0) * d + tl.load(offs_ptrs).to(tl.float32)
+    elif OFFSETS == 1 or OFFSETS == 5:
+        w = (f - 8388608.0) * d + o
     else:
-        w = (f - (8388608.0 + tl.load(offs_ptrs).to(tl.float32))) * d
+        w = (f - (8388608.0 + o)) * d
     return w
 
 
@@ -69,7 +98,7 @@ def _field(w, SHIFT: tl.constexpr, BITS: tl.constexpr, OFFSETS: tl.constexpr, of
     exponent: tl.constexpr = (150 - SHIFT) << 23
     base: tl.constexpr = float(1 << (23 - SHIFT))
     f = ((w & mask) | exponent).to(tl.float32, bitcast=True)
-    if OFFSETS == 0:
+    if OFFSETS == 0 or OFFSETS == 6:
         return f - (base - offset_factor)
     return f - base
 
@@ -96,7 +125,7 @@ def _byte_dot(  # type: ignore[no-untyped-def]
         x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
     else:
         x = tl.load(x_ptr + k).to(tl.float32)
-    if OFFSETS >= 3:  # E2M1: qx sums the low nibbles (a block's first 16 values), xs the high ones
+    if OFFSETS == 3 or OFFSETS == 4:  # E2M1: qx sums the low nibbles (a block's first 16 values), xs the high
         qx = tl.fma(_e2m1(word >> SHIFT), x, qx)
     else:
         qx = tl.fma(_field(word, SHIFT, BITS if BITS == 8 else 4, OFFSETS, offset_factor), x, qx)
@@ -106,7 +135,7 @@ def _byte_dot(  # type: ignore[no-untyped-def]
             x = tl.load(x_ptr + k + 16, mask=k + 16 < K, other=0.0).to(tl.float32)
         else:
             x = tl.load(x_ptr + k + 16).to(tl.float32)
-        if OFFSETS >= 3:
+        if OFFSETS == 3 or OFFSETS == 4:
             xs = tl.fma(_e2m1(word >> (SHIFT + 4)), x, xs)
         else:
             qx = tl.fma(_field(word, SHIFT + 4, 4, OFFSETS, offset_factor), x, qx)
@@ -148,6 +177,7 @@ def _block_gemv_kernel(  # type: ignore[no-untyped-def]
     offs_ptr,
     bias_ptr,
     rs_ptr,  # NVFP4's per-row tensor scales (HAS_ROW_SCALE)
+    sb_ptr,  # the K-quants' super-block scales (OFFSETS 5, 6)
     out_ptr,
     ws_ptr,
     N,
@@ -188,15 +218,19 @@ def _block_gemv_kernel(  # type: ignore[no-untyped-def]
         k = s * 512 + j * 32 + vec * 4  # (1, VECS, 16): value 4p of block j
         qx, xs = _word_dot(w, x_ptr, k, K, offset_factor, BITS, OFFSETS, MASK_K)
         sp = (sbase + (s * height + r) * 16)[:, None, None] + j  # (BLOCK_N, 1, 16)
-        d = _scale(scales_ptr + sp, OFFSETS)
-        if OFFSETS >= 3:  # E2M1: the first halves by d, the second by NVFP4's other scale (MXFP4: d)
-            acc = tl.fma(xs, _scale(offs_ptr + sp, OFFSETS) if OFFSETS == 4 else d, tl.fma(qx, d, acc))
-        elif OFFSETS == 0:  # d (q + f): the factor is in the codes
-            acc = tl.fma(qx, d, acc)
-        elif OFFSETS == 1:  # + the block's offset times its activations' sum
-            acc = tl.fma(qx, d, tl.fma(tl.load(offs_ptr + sp).to(tl.float32), xs, acc))
+        if OFFSETS == 6:  # Q6_K's scale per half block: a step's vectors lie in one half (values 4p.., p < 4)
+            tl.static_assert(4 % VECS == 0)
+            d = _block_scale(scales_ptr, sb_ptr, 2 * sp + (step % per_chunk) * VECS // 4, OFFSETS)
         else:
-            acc = tl.fma(qx - tl.load(offs_ptr + sp).to(tl.float32) * xs, d, acc)
+            d = _block_scale(scales_ptr, sb_ptr, sp, OFFSETS)
+        if OFFSETS == 3 or OFFSETS == 4:  # E2M1: the first halves by d, the second by NVFP4's other scale
+            acc = tl.fma(xs, _scale(offs_ptr + sp, OFFSETS) if OFFSETS == 4 else d, tl.fma(qx, d, acc))
+        elif OFFSETS == 0 or OFFSETS == 6:  # d (q + f): the factor is in the codes
+            acc = tl.fma(qx, d, acc)
+        elif OFFSETS == 1 or OFFSETS == 5:  # + the block's offset times its activations' sum
+            acc = tl.fma(qx, d, tl.fma(_block_offset(offs_ptr, sb_ptr, sp, OFFSETS), xs, acc))
+        else:
+            acc = tl.fma(qx - _block_offset(offs_ptr, sb_ptr, sp, OFFSETS) * xs, d, acc)
     y = tl.sum(tl.sum(acc, 2), 1)
     if pid_k == splits - 1:  # the blocks past the last whole chunk, in pairs
         TB: tl.constexpr = 32 if BITS == 4 else 64
@@ -210,14 +244,16 @@ def _block_gemv_kernel(  # type: ignore[no-untyped-def]
             if BITS == 4:  # low nibbles: block 2a, high: block 2a + 1
                 x_hi = tl.load(x_ptr + k + 32, mask=k + 32 < K, other=0.0).to(tl.float32)[None, :]
                 sp = (stail + 2 * a)[:, None]
-                d = _tail_scale(scales_ptr, offs_ptr, sp, i, OFFSETS)
-                w = _dequant(c & 15, d, offs_ptr + sp, offset_factor, OFFSETS) * x
-                d = _tail_scale(scales_ptr, offs_ptr, sp + 1, i, OFFSETS)
-                w += _dequant(c >> 4, d, offs_ptr + sp + 1, offset_factor, OFFSETS) * x_hi
+                d = _tail_scale(scales_ptr, offs_ptr, sb_ptr, sp, i, OFFSETS)
+                o = _block_offset(offs_ptr, sb_ptr, sp, OFFSETS)
+                w = _dequant(c & 15, d, o, offset_factor, OFFSETS) * x
+                d = _tail_scale(scales_ptr, offs_ptr, sb_ptr, sp + 1, i, OFFSETS)
+                o = _block_offset(offs_ptr, sb_ptr, sp + 1, OFFSETS)
+                w += _dequant(c >> 4, d, o, offset_factor, OFFSETS) * x_hi
             else:
                 sp = (stail + 2 * a)[:, None] + (i // 32)[None, :]
-                d = tl.load(scales_ptr + sp).to(tl.float32)
-                w = _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS) * x
+                d = _tail_scale(scales_ptr, offs_ptr, sb_ptr, sp, i % 32, OFFSETS)
+                w = _dequant(c, d, _block_offset(offs_ptr, sb_ptr, sp, OFFSETS), offset_factor, OFFSETS) * x
             y += tl.sum(w, 1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_ROW_SCALE:  # NVFP4's tensor scale, per row
@@ -226,10 +262,12 @@ def _block_gemv_kernel(  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _tail_scale(scales_ptr, offs_ptr, sp, i, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
-    """The scales of a tail block's codes i (0..31, a row vector) at ``sp`` (a column): the block's, or for
-    NVFP4 the first half's (i < 16, from the scales) and the second half's (from ``offs_ptr``)."""
-    d = _scale(scales_ptr + sp, OFFSETS)
+def _tail_scale(scales_ptr, offs_ptr, sb_ptr, sp, i, OFFSETS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The scales of tail codes, values i (0..31, a row vector) of the blocks at ``sp``: the block's, or the
+    half block's for NVFP4 (the first half's from the scales, the second's from ``offs_ptr``) and Q6_K."""
+    if OFFSETS == 6:
+        return _block_scale(scales_ptr, sb_ptr, 2 * sp + (i // 16)[None, :], OFFSETS)
+    d = _block_scale(scales_ptr, sb_ptr, sp, OFFSETS)
     if OFFSETS == 4:
         d = tl.where((i < 16)[None, :], d, _scale(offs_ptr + sp, OFFSETS))
     return d

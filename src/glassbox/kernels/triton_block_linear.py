@@ -45,8 +45,15 @@ Offsets (constexpr OFFSETS): 0 a constant times the scale (Q4_0, Q8_0, int4/int8
 E2M1 codes (a value built from the code's bits, ``_e2m1``) and byte scales decoded in registers
 (``_scale``): 3 MXFP4 (an E8M0 byte per block), 4 NVFP4 (an E4M3 byte per half block: the low nibbles are a
 block's first 16 values, the high ones its second 16, so each nibble has its own scale; the tensor scale,
-per row, multiplies the sums). As in triton_attention.py, the @triton.jit parameters carry no
-annotations (the compiler rejects any that is not a constexpr).
+per row, multiplies the sums). GGUF's K-quants (layers/kquant_triton.py) take them too: 5 Q4_K (4 bits) and
+Q5_K (8), a block's scale d sc and offset -dmin m formed in float32 from its 6-bit sc and m bytes and its
+super-block's float16 d and dmin (``_block_scale``, ``_block_offset``; the super-block arrays are tiled so
+that a block's super-block sits at its position >> 3); 6 Q6_K (8 bits, codes less 32), an int8 scale per
+half block (two a block, at 2 x the block's position + the half: a step's bytes lie in one half). Register
+figures of the K-quant variants (tests/triton_linear_launches.py ... kquant): within the table's ranges
+but the 128 x 128 Q4_K dot tiles on sm_121 (246). As in triton_attention.py, the @triton.jit parameters
+carry no annotations (the compiler rejects any that is not a constexpr), and a helper with returns for
+several constexpr kinds returns from if/elif/else branches (the compiler types every return it reaches).
 """
 
 from __future__ import annotations
@@ -58,7 +65,15 @@ import triton
 import triton.language as tl
 
 from glassbox.kernels.triton_attention import num_sms
-from glassbox.kernels.triton_block_gemv import _block_gemv_kernel, _dequant, _rows, _scale, _tail_scale
+from glassbox.kernels.triton_block_gemv import (
+    _block_gemv_kernel,
+    _block_offset,
+    _block_scale,
+    _dequant,
+    _rows,
+    _scale,
+    _tail_scale,
+)
 
 BLOCK = 32
 
@@ -77,6 +92,7 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
     offs_ptr,
     bias_ptr,
     rs_ptr,  # NVFP4's per-row tensor scales (HAS_ROW_SCALE)
+    sb_ptr,  # the K-quants' super-block scales (OFFSETS 5, 6)
     out_ptr,
     ws_ptr,
     M,
@@ -119,18 +135,23 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
         c = tl.load(codes_ptr + (cbase + (s * height + r) * SEG)[:, None] + bb[None, :])
         blk = (s * height + r) * 16
         sp = (sbase + blk)[:, None] + ((bb % 64) // 4)[None, :]
-        d = _scale(scales_ptr + sp, OFFSETS)
+        if OFFSETS == 6:  # Q6_K's scale per half block: a step's bytes lie in one half (values 4p.., p < 4)
+            tl.static_assert(256 % STEP == 0)
+            d = _block_scale(scales_ptr, sb_ptr, 2 * sp + (step % per_chunk) * STEP // 256, OFFSETS)
+        else:
+            d = _block_scale(scales_ptr, sb_ptr, sp, OFFSETS)
+        o = _block_offset(offs_ptr, sb_ptr, sp, OFFSETS)
         k = s * 512 + _chunk_value(bb)
         x = tl.load(x_row + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
         if BITS == 4:
-            w = _dequant(c & 15, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
+            w = _dequant(c & 15, d, o, offset_factor, OFFSETS).to(x.dtype)
             acc = _dot(x, w, acc, IEEE)
             x = tl.load(x_row + (k + 16)[None, :], mask=m_mask[:, None] & (k + 16 < K)[None, :], other=0.0)
             if OFFSETS == 4:  # NVFP4: the high nibbles are the blocks' second halves
                 d = _scale(offs_ptr + sp, OFFSETS)
-            w = _dequant(c >> 4, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
+            w = _dequant(c >> 4, d, o, offset_factor, OFFSETS).to(x.dtype)
         else:
-            w = _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype)
+            w = _dequant(c, d, o, offset_factor, OFFSETS).to(x.dtype)
         acc = _dot(x, w, acc, IEEE)
     if pid_k == splits - 1:  # the blocks past the last whole chunk, in pairs
         TB: tl.constexpr = 32 if BITS == 4 else 64  # code bytes per pair per row
@@ -143,19 +164,20 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
             x = tl.load(x_row + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
             if BITS == 4:  # low nibbles: block 2a, high: block 2a + 1
                 sp = (stail + 2 * a)[:, None]
-                d = _tail_scale(scales_ptr, offs_ptr, sp, i, OFFSETS)
-                w = _dequant(c & 15, d, offs_ptr + sp, offset_factor, OFFSETS)
+                d = _tail_scale(scales_ptr, offs_ptr, sb_ptr, sp, i, OFFSETS)
+                w = _dequant(c & 15, d, _block_offset(offs_ptr, sb_ptr, sp, OFFSETS), offset_factor, OFFSETS)
                 acc = _dot(x, w.to(x.dtype), acc, IEEE)
                 x = tl.load(
                     x_row + (k + 32)[None, :], mask=m_mask[:, None] & (k + 32 < K)[None, :], other=0.0
                 )
-                d = _tail_scale(scales_ptr, offs_ptr, sp + 1, i, OFFSETS)
-                w = _dequant(c >> 4, d, offs_ptr + sp + 1, offset_factor, OFFSETS)
-                acc = _dot(x, w.to(x.dtype), acc, IEEE)
+                d = _tail_scale(scales_ptr, offs_ptr, sb_ptr, sp + 1, i, OFFSETS)
+                o = _block_offset(offs_ptr, sb_ptr, sp + 1, OFFSETS)
+                acc = _dot(x, _dequant(c >> 4, d, o, offset_factor, OFFSETS).to(x.dtype), acc, IEEE)
             else:
                 sp = (stail + 2 * a)[:, None] + (i // 32)[None, :]
-                d = tl.load(scales_ptr + sp).to(tl.float32)
-                acc = _dot(x, _dequant(c, d, offs_ptr + sp, offset_factor, OFFSETS).to(x.dtype), acc, IEEE)
+                d = _tail_scale(scales_ptr, offs_ptr, sb_ptr, sp, i % 32, OFFSETS)
+                w = _dequant(c, d, _block_offset(offs_ptr, sb_ptr, sp, OFFSETS), offset_factor, OFFSETS)
+                acc = _dot(x, w.to(x.dtype), acc, IEEE)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_ROW_SCALE:  # NVFP4's tensor scale, per row
         acc *= tl.load(rs_ptr + n, mask=n < N, other=0.0)[None, :]
@@ -266,23 +288,30 @@ def block_matmul(
     splits: int | None = None,  # K splits (None: from the SMs; tests force them)
     fp4: str | None = None,  # "mxfp4" | "nvfp4": E2M1 codes; scales, offsets as the FP4 kinds store them
     row_scale: torch.Tensor | None = None,  # (N,) float32: NVFP4's tensor scale per row
+    super_scales: torch.Tensor | None = None,  # float16, tiled: the K-quants' super-block scales
 ) -> torch.Tensor:
     """x W^T + bias, (M, N) in x's dtype. FP4 (layers/fp4_triton.py): ``scales`` the blocks' E8M0 bytes
-    (mxfp4) or their first halves' E4M3 bytes (nvfp4, ``offsets`` the second halves')."""
+    (mxfp4) or their first halves' E4M3 bytes (nvfp4, ``offsets`` the second halves'). K-quants
+    (layers/kquant_triton.py, ``super_scales`` given): ``scales`` the 6-bit sub-block scales and ``offsets``
+    the mins (Q4_K, Q5_K), or the int8 scales of the half blocks, two a block (Q6_K, no offsets)."""
     m, k = x.shape
     n, length = codes.shape
-    blocks = scales.shape[1]
+    blocks = length * (8 // bits) // BLOCK
     chunks = blocks // 16
-    assert x.stride(1) == 1 and blocks * BLOCK >= k and length * (8 // bits) == blocks * BLOCK
     if fp4 is not None:
         assert bits == 4 and (offsets is not None) == (fp4 == "nvfp4") and zeros is None
         kind = 3 if fp4 == "mxfp4" else 4
+    elif super_scales is not None:  # K-quants: with mins (Q4_K, Q5_K) or Q6_K's half-block scales
+        assert zeros is None
+        kind = 5 if offsets is not None else 6
     else:
         kind = 1 if offsets is not None else 2 if zeros is not None else 0
+    assert x.stride(1) == 1 and blocks * BLOCK >= k and scales.shape[1] == blocks * (2 if kind == 6 else 1)
     assert kind or offset_factor == int(offset_factor), "_dequant folds an integer offset factor"
     offs = offsets if offsets is not None else zeros if zeros is not None else scales
     bias_arg = bias if bias is not None else scales
     rs_arg = row_scale if row_scale is not None else scales
+    sb_arg = super_scales if super_scales is not None else scales
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     seg = 256 if bits == 4 else 512
     if decode and m == 1:
@@ -292,7 +321,7 @@ def block_matmul(
         s = splits or _splits(programs, steps, x.device)
         ws = torch.empty(s, 1, n, dtype=torch.float32, device=x.device) if s > 1 else out
         _block_gemv_kernel[(programs, s)](
-            x, codes, scales, offs, bias_arg, rs_arg, out, ws, n, k, length, blocks, chunks,
+            x, codes, scales, offs, bias_arg, rs_arg, sb_arg, out, ws, n, k, length, blocks, chunks,
             (blocks - chunks * 16) // 2, offset_factor, BITS=bits, OFFSETS=kind, HAS_BIAS=bias is not None,
             HAS_ROW_SCALE=row_scale is not None, BLOCK_N=gt.block_n,
             VECS=gt.vecs, MASK_K=k < chunks * 512, num_warps=gt.num_warps, num_stages=gt.num_stages,
@@ -304,7 +333,7 @@ def block_matmul(
         s = 1 if one_split else splits or _splits(grid_mn, chunks * seg // t.step, x.device)
         ws = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if s > 1 else out
         _block_mm_kernel[(triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), s)](
-            x, codes, scales, offs, bias_arg, rs_arg, out, ws, m, n, k, x.stride(0), out.stride(0), length,
+            x, codes, scales, offs, bias_arg, rs_arg, sb_arg, out, ws, m, n, k, x.stride(0), out.stride(0), length,
             blocks, chunks, (blocks - chunks * 16) // 2, offset_factor, BITS=bits, OFFSETS=kind,
             HAS_BIAS=bias is not None, HAS_ROW_SCALE=row_scale is not None, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STEP=t.step,
             IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages,

@@ -3,9 +3,10 @@ a linear layer and an embedding table.
 
 On the CPU, decode rows run the kernels' int8-activation GEMV (llama.cpp's arithmetic); other rows, and
 float32 models, multiply the dequantized weight (exact in float32), so a float32 model gives what the
-dequantized model gives. On CUDA (``to_triton``) the blocks move to the device as they are and the linears
-run kernels/triton_block_linear.py (decode rows: a GEMV or split-K kernel; prompt rows: a tiled GEMM; both
-dequantize in registers); an embedding table dequantizes the rows it looks up with the PyTorch ops.
+dequantized model gives. On CUDA (``to_triton``) the blocks move to the device as they are (K-quants re-laid
+for the kernels first: layers/kquant_triton.py) and the linears run kernels/triton_block_linear.py (decode
+rows: a GEMV or split-K kernel; prompt rows: a tiled GEMM; both dequantize in registers); an embedding table
+dequantizes the rows it looks up with the PyTorch ops.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ from torch import nn
 from glassbox.layers.block_quant import BlockWeights, concat, native_library
 from glassbox.layers.kquant import KQuantWeights
 from glassbox.layers.kquant import concat as concat_kquant
+from glassbox.layers.kquant_triton import TritonKQuant, for_triton, triton_kquant_linear
 
 PackedWeights = BlockWeights | KQuantWeights
+HeldWeights = PackedWeights | TritonKQuant  # what a module holds: K-quants re-laid on CUDA
+_BUFFERS = ("codes", "scales", "offsets", "zeros", "perm", "meta", "sub", "mins", "sup")  # _register's names
 
 # Up to this many rows run the int8-activation kernel and more multiply the dequantized weight (bf16 GEMM).
 # Measured on a 3072 x 1024 Q4 layer (2 cores): kernel 0.60 / 2.69 / 5.54 ms at 16 / 64 / 128 rows,
@@ -59,9 +63,13 @@ def kernel_chosen(rows: int) -> bool:
     return rows <= KERNEL_ROWS if step is None else step
 
 
-def _register(module: nn.Module, w: PackedWeights) -> None:
-    """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold."""
-    if isinstance(w, BlockWeights):  # its tiled tensors (``scales`` etc. are rows-in-order copies)
+def _register(module: nn.Module, w: HeldWeights) -> None:
+    """The blocks as (non-persistent) buffers, so that ``model.buffers()`` sees the bytes they hold (and
+    only those: the buffers of weights held before are let go)."""
+    for name in _BUFFERS:
+        module._buffers.pop(name, None)
+        module._non_persistent_buffers_set.discard(name)
+    if isinstance(w, BlockWeights | TritonKQuant):  # its tiled tensors (``scales`` etc. are row copies)
         for name, t in w.stored().items():
             module.register_buffer(name, t, persistent=False)
         return
@@ -105,7 +113,7 @@ class BlockQuantLinear(nn.Module):
 
     kernel_rows = KERNEL_ROWS
 
-    def __init__(self, weights: PackedWeights, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weights: HeldWeights, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.w = weights
         _register(self, weights)
@@ -132,7 +140,6 @@ class BlockQuantLinear(nn.Module):
         step = _STEP_KERNEL.get()
         kernel = rows <= self.kernel_rows if step is None else step
         if self.triton:
-            assert isinstance(self.w, BlockWeights)
             return _triton_linear(x2, self.w, self.bias, kernel).view(*lead, self.out_features)
         unbuilt = self._call is None and native_library() is None  # no C kernels
         if not kernel or x.dtype != torch.bfloat16 or x.device.type != "cpu" or unbuilt:
@@ -147,6 +154,7 @@ class BlockQuantLinear(nn.Module):
             lib = native_library()
             assert lib is not None
             w = self.w
+            assert not isinstance(w, TritonKQuant)
             if isinstance(w, KQuantWeights):
                 self._call = w.kernel_call(self._bias_ptr)
             else:
@@ -163,9 +171,12 @@ class BlockQuantLinear(nn.Module):
 
 
 @torch.compiler.disable  # a launch, not a graph: torch.compile of the MLP around it breaks here
-def _triton_linear(x: torch.Tensor, w: BlockWeights, bias: torch.Tensor | None, decode: bool) -> torch.Tensor:
+def _triton_linear(x: torch.Tensor, w: HeldWeights, bias: torch.Tensor | None, decode: bool) -> torch.Tensor:
     from glassbox.kernels.triton_block_linear import block_matmul
 
+    if isinstance(w, TritonKQuant):
+        return triton_kquant_linear(x.contiguous(), w, bias, decode)
+    assert isinstance(w, BlockWeights), "K-quants run re-laid (to_triton)"
     return block_matmul(
         x.contiguous(), w.codes, w.tiled_scales, w.tiled_offsets, w.tiled_zeros, w.offset_factor, w.bits,
         bias, decode,
@@ -174,11 +185,11 @@ def _triton_linear(x: torch.Tensor, w: BlockWeights, bias: torch.Tensor | None, 
 
 def to_triton(model: nn.Module, device: torch.device) -> int:
     """Move every block linear's and embedding's ``BlockWeights`` (a tied table once) and biases to
-    ``device`` as they are, the linears to run the Triton kernels, and so other modules with Triton kernels
-    (a ``triton`` attribute: layers/fp8_linear.py; a ``move_to_triton`` method: layers/fp4_linear.py's
-    4-bit floats); returns how many linears. ValueError for K-quants (no GPU kernels: the checkpoint reader
-    dequantizes them off the CPU)."""
-    moved: dict[int, tuple[BlockWeights, BlockWeights]] = {}  # id -> (weights, moved): the ids stay taken
+    ``device`` as they are (``KQuantWeights`` re-laid for the kernels first: layers/kquant_triton.py), the
+    linears to run the Triton kernels, and so other modules with Triton kernels (a ``triton`` attribute:
+    layers/fp8_linear.py; a ``move_to_triton`` method: layers/fp4_linear.py's 4-bit floats); returns how
+    many linears."""
+    moved: dict[int, tuple[HeldWeights, HeldWeights]] = {}  # id -> (weights, moved): the ids stay taken
     count = 0
     for m in model.modules():
         move = getattr(m, "move_to_triton", None)  # re-laid for the kernels (layers/fp4_linear.py)
@@ -192,10 +203,8 @@ def to_triton(model: nn.Module, device: torch.device) -> int:
             count += 1
         if not isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
             continue
-        if not isinstance(m.w, BlockWeights):
-            raise ValueError(f"{m.w.label} weights have no kernels on {device.type}")
         if id(m.w) not in moved:
-            moved[id(m.w)] = (m.w, m.w.to(device))
+            moved[id(m.w)] = (m.w, (for_triton(m.w) if isinstance(m.w, KQuantWeights) else m.w).to(device))
         m.w = moved[id(m.w)][1]
         _register(m, m.w)
         if isinstance(m, BlockQuantLinear):
@@ -211,7 +220,7 @@ class BlockQuantEmbedding(nn.Module):
     times ``scale`` where the table it replaces scales them (Gemma 3: sqrt(hidden), rounded to the dtype
     first, as models/gemma3.py's ScaledEmbedding does)."""
 
-    def __init__(self, weights: PackedWeights, dtype: torch.dtype, scale: float | None = None) -> None:
+    def __init__(self, weights: HeldWeights, dtype: torch.dtype, scale: float | None = None) -> None:
         super().__init__()
         self.w = weights
         _register(self, weights)
@@ -224,7 +233,7 @@ class BlockQuantEmbedding(nn.Module):
         return rows if self.scale is None else rows * self.scale
 
 
-def concat_weights(parts: list[PackedWeights]) -> PackedWeights | None:
+def concat_weights(parts: list[HeldWeights]) -> PackedWeights | None:
     """The parts stacked by rows (one kernel call for a fused q/k/v or gate/up), or None when they are of
     different layouts, bits or widths."""
     blocks = [p for p in parts if isinstance(p, BlockWeights)]

@@ -244,8 +244,7 @@ def tile_blocks(
     None) in the kernels' layout: rows padded to Kp (zero codes, zero per-block values), the codes'
     chunks interleaved (nibbles packed at 4 bits), all in 16-row tiles. Also the Triton kernels' layout for
     4-bit floats (layers/fp4_triton.py)."""
-    first = next(a for a, _ in per_block if a is not None)
-    n, nb = first.shape
+    n, nb = q.shape[:2]
     kp = _padded(k)
     pad = kp // BLOCK - nb
     codes_t = _tensor(q, torch.uint8)

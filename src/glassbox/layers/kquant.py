@@ -37,6 +37,28 @@ def _library() -> ctypes.CDLL | None:
 
 
 @dataclass
+class KQuantParts:
+    """A K-quant weight's codes and scales apart, rows in order: W = d sc q - dmin m per 32 values (Q4_K,
+    Q5_K) or d sc (q - 32) per 16 (Q6_K), each product formed in float32 (exact)."""
+
+    q: torch.Tensor  # (N, K) uint8 codes in value order (Q6_K: unsigned, the value is q - 32)
+    d: torch.Tensor  # (N, K/256) float32: the super-blocks' scales
+    dmin: torch.Tensor | None  # (N, K/256) float32: their min scales (Q4_K, Q5_K)
+    sc: torch.Tensor  # (N, K/32) uint8 6-bit sub-block scales (Q4_K, Q5_K), (N, K/16) int8 (Q6_K)
+    mins: torch.Tensor | None  # (N, K/32) uint8 6-bit sub-block mins (Q4_K, Q5_K)
+
+    def unpacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q (N, K) int32, less 32 for Q6_K; S, O (N, K/16) float32 per 16-value lane): W = S q + O."""
+        n, nsb = self.d.shape
+        per = self.sc.shape[1] // nsb  # sub-blocks per super-block: 8 (32 values) or 16
+        s = (self.d.unsqueeze(-1) * self.sc.float().view(n, nsb, per)).view(n, -1)
+        if self.dmin is None or self.mins is None:
+            return self.q.int() - 32, s, torch.zeros_like(s)
+        o = -(self.dmin.unsqueeze(-1) * self.mins.float().view(n, nsb, per)).view(n, -1)
+        return self.q.int(), s.repeat_interleave(2, dim=-1), o.repeat_interleave(2, dim=-1)
+
+
+@dataclass
 class KQuantWeights:
     """A weight matrix (N x K, K a multiple of 256) in K-quant super-blocks: ``codes`` uint8 (N, K/256 *
     CODE_BYTES), ``meta`` uint8 (N, K/256 * META_BYTES), both in 16-row tiles (``_segments``), ``kind`` 4,
@@ -65,14 +87,13 @@ class KQuantWeights:
         args = (self.codes.data_ptr(), self.meta.data_ptr(), self.kind, bias, self.out_features)
         return lib.gb_linear_kquant, args
 
-    def unpacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(codes (N, K) int32 in value order, less 32 for Q6_K; per 16-value lane the scale S and offset
-        O (N, K/16) float32): W = S q + O."""
+    def parts(self) -> KQuantParts:
+        """The codes and scales apart, rows in order (PyTorch ops, on the tensors' device)."""
         n, nsb = self.out_features, self.in_features // SUPER
         rec = from_tiles(self.codes, *_segments(self.kind, nsb, CODE_BYTES)).view(n, nsb, -1).int()
         nib = rec[..., :128].reshape(n, nsb, 2, 64)
         v = torch.stack([nib & 15, nib >> 4], dim=3).view(n, nsb, 4, 64)  # V_p, byte i
-        bit = torch.arange(8, dtype=torch.int32)
+        bit = torch.arange(8, dtype=torch.int32, device=rec.device)
         if self.kind != 4:  # bit masks: byte i of V_p is bit i % 8 of mask byte i // 8
             masks = ((rec[..., 128:].reshape(n, nsb, -1, 8, 1) >> bit) & 1).reshape(n, nsb, -1, 64)
             if self.kind == 5:
@@ -80,20 +101,22 @@ class KQuantWeights:
             else:
                 v = v | (masks[:, :, 0::2] << 4) | (masks[:, :, 1::2] << 5)
         # byte i = 4 j + t of V_p holds value 16 j + 4 p + t
-        q = v.view(n, nsb, 4, 16, 4).permute(0, 1, 3, 2, 4).reshape(n, -1)
+        q = v.view(n, nsb, 4, 16, 4).permute(0, 1, 3, 2, 4).reshape(n, -1).to(torch.uint8)
         meta = from_tiles(self.meta, *_segments(self.kind, nsb, META_BYTES)).view(
             n, nsb, META_BYTES[self.kind]
         )
         if self.kind == 6:
-            d = meta[..., 16:18].contiguous().view(torch.float16).float()  # (n, nsb, 1)
-            s = d * meta[..., :16].view(torch.int8).float()
-            return q - 32, s.reshape(n, -1), torch.zeros(n, nsb * 16)
-        d = meta[..., 0:2].contiguous().view(torch.float16).float()
-        dmin = meta[..., 2:4].contiguous().view(torch.float16).float()
+            d = meta[..., 16:18].contiguous().view(torch.float16).float().view(n, nsb)
+            return KQuantParts(q, d, None, meta[..., :16].contiguous().view(torch.int8).view(n, -1), None)
+        d = meta[..., 0:2].contiguous().view(torch.float16).float().view(n, nsb)
+        dmin = meta[..., 2:4].contiguous().view(torch.float16).float().view(n, nsb)
         sc, mn = _scale_min(meta[..., 4:16].int())
-        s = (d * sc.float()).repeat_interleave(2, dim=-1)
-        o = (-(dmin * mn.float())).repeat_interleave(2, dim=-1)
-        return q, s.reshape(n, -1), o.reshape(n, -1)
+        return KQuantParts(q, d, dmin, sc.to(torch.uint8).view(n, -1), mn.to(torch.uint8).view(n, -1))
+
+    def unpacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(codes (N, K) int32 in value order, less 32 for Q6_K; per 16-value lane the scale S and offset
+        O (N, K/16) float32): W = S q + O."""
+        return self.parts().unpacked()
 
     def dequantize_reference(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(N, K) in ``dtype``: S q + O in float32, rounded once (PyTorch ops)."""

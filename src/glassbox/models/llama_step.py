@@ -66,7 +66,7 @@ def step_linear(module: object, k: int) -> StepLinear | None:
     w, n = module.w, module.out_features
     if isinstance(w, KQuantWeights):  # its meta bytes where block weights have their scales
         return StepLinear(w.codes.data_ptr(), w.meta.data_ptr(), None, None, bias, n, k, k, 0.0, 0, w.kind)
-    return block_linear(w, bias)
+    return block_linear(w, bias) if isinstance(w, BlockWeights) else None
 
 
 def block_linear(w: BlockWeights, bias: int | None = None) -> StepLinear:
