@@ -508,6 +508,63 @@ def part_block_kernels(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def _random_kquant(kind: int, n: int, k: int) -> Any:
+    """A K-quant weight in the Triton layout (layers/kquant_triton.py) of random valid bytes, on the device:
+    Q4_K (kind 4) or Q6_K (6); codes, 6-bit or int8 sub-block scales, small float16 super-block scales."""
+    from glassbox.layers.kquant_triton import TritonKQuant
+
+    dev, nb, nsb = "cuda", k // 32, k // 256
+    if kind == 6:
+        codes = torch.randint(0, 64, (n, k), dtype=torch.uint8, device=dev)
+        sub = torch.randint(-128, 128, (n, 2 * nb), dtype=torch.int8, device=dev)
+        sup = (torch.rand(n, nsb, device=dev) * 1e-3).half()
+        return TritonKQuant(codes, sub, None, sup, 6, k, "Q6_K")
+    codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=dev)
+    sub, mins = (torch.randint(0, 64, (n, nb), dtype=torch.uint8, device=dev) for _ in range(2))
+    sup = (torch.rand(n, 2 * nsb, device=dev) * 1e-3).half()
+    return TritonKQuant(codes, sub, mins, sup, 4, k, "Q4_K")
+
+
+def part_kquant_kernels(args: argparse.Namespace) -> dict[str, Any]:
+    """GGUF K-quants on the block kernels (Q4_K, Q6_K: layers/kquant_triton.py) on two of Llama-3.1-8B's
+    shapes at 1 row (the GEMV) and 16 (split-K), bf16 ``F.linear`` beside them: microseconds, weight bytes
+    read per second, and the relative error against the layout's PyTorch dequantization on the device
+    (the embedding lookup's path). Weights rotate among copies that read 4x the L2 per round."""
+    import torch.nn.functional as F
+
+    from glassbox.layers.kquant_triton import triton_kquant_linear
+
+    if SMOKE:
+        return {"skipped": "the Triton kernels need CUDA"}
+    res: dict[str, Any] = {}
+    for n, k in ((4096, 4096), (28672, 4096)):
+        for kind in (4, 6):
+            w = _random_kquant(kind, n, k)
+            ref_w = w.dequantize_reference(torch.float32)
+            copies = l2_copies(w, w.nbytes, functools.partial(_random_kquant, kind, n, k))
+            for m in (1, 16):
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                ref = F.linear(x.float(), ref_w)
+                err = ((triton_kquant_linear(x, w, None, True).float() - ref).norm() / ref.norm()).item()
+                turn = itertools.cycle(copies)
+                ms = graph_ms(
+                    lambda x=x, t=turn: triton_kquant_linear(x, next(t), None, True), len(copies) * 4
+                )
+                res[f"Q{kind}_K_{n}x{k}_m{m}"] = {"us": 1e3 * ms, "GBps": w.nbytes / ms / 1e6, "rel_err": err}
+            del copies, w, ref_w
+        dense = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        dense_copies = l2_copies(dense, dense.nbytes, dense.clone)
+        for m in (1, 16):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ms = graph_ms(
+                lambda x=x, t=itertools.cycle(dense_copies): F.linear(x, next(t)), len(dense_copies) * 4
+            )
+            res[f"bf16_{n}x{k}_m{m}"] = {"us": 1e3 * ms, "GBps": dense.nbytes / ms / 1e6}
+        del dense, dense_copies
+        torch.cuda.empty_cache()
+    return res
+
+
 def _tinygemm_case(w: Any, x: torch.Tensor, ref: torch.Tensor, copies: int) -> dict[str, Any]:
     """torch's int4 weight-only kernel (``_weight_int4pack_mm``, gpt-fast's tinygemm: (q - 8) scale + zero
     per group, bf16 scales) on the same 4-bit codes and scales (bf16-rounded), graph-timed over as many
@@ -598,6 +655,7 @@ PARTS = {
     "kernels": part_kernels,
     "block_kernels": part_block_kernels,
     "gemv_sweep": part_gemv_sweep,
+    "kquant_kernels": part_kquant_kernels,
     "gb_decode": part_gb_decode,
     "gb_decode_int4": lambda args: part_gb_decode(args, quantization="int4"),
     # --quantization fp8: per-channel E4M3 weights, the 8K prompt's rows W8A8 on FP8 tensor cores

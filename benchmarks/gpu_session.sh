@@ -46,7 +46,8 @@ G=tests/test_gpu.py
 FIRST="$G::test_gpu_float32_greedy_parity[llama] $G::test_gpu_bf16_logprobs_within_tolerance \
 $G::test_graphs_and_eager_agree_bf16 $G::test_memory_budget_respects_utilization \
 tests/test_triton_block_linear.py::test_cuda_engine_matches_the_cpu tests/test_triton_block_linear.py::test_split_k_partial_sums \
-tests/test_triton_fp8_linear.py tests/test_triton_fp4_linear.py $G::test_eager_launches_never_synchronize $G::test_prompt_logprobs_on_the_triton_path \
+tests/test_triton_fp8_linear.py tests/test_triton_fp4_linear.py tests/test_triton_kquant_linear.py \
+$G::test_eager_launches_never_synchronize $G::test_prompt_logprobs_on_the_triton_path \
 $G::test_speculative_decoding_on_the_triton_path $G::test_gpu_float32_greedy_parity"
 t=$(left ${TESTS_S:-180})
 timeout -s INT -k 15 "$t" python3 -m pytest -v -o addopts= --tb=short -rfE -p no:cacheprovider --timeout 90 \
@@ -67,7 +68,7 @@ log "gpu_profile rc=$?"
 t=$(left ${QUANT_S:-150})
 mkdir -p "$OUT/q"
 timeout "$t" python3 benchmarks/gpu_bench.py --out "$OUT/q" --timeout 140 \
-    --parts ${QUANT_PARTS:-gemv_sweep,probe,gb_decode_int4,gb_decode_fp8,gb_decode_nvfp4} >>"$OUT/bench.log" 2>&1
+    --parts ${QUANT_PARTS:-gemv_sweep,probe,kquant_kernels,gb_decode_int4,gb_decode_fp8,gb_decode_nvfp4} >>"$OUT/bench.log" 2>&1
 log "gpu_bench int4/fp8/nvfp4 rc=$?"
 
 t=$(left ${FP8_S:-60})  # FP8 linears: bf16 vs weight-only Triton vs W8A8 _scaled_mm, 1 to 8,192 rows
