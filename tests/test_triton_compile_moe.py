@@ -29,6 +29,13 @@ MOE = [
     ("gpt-oss-20b", torch.bfloat16, 32, 4, 2880, 2880, "swiglu", True, (1, 200), tuple(TARGETS)),
     ("tiny-gpt-oss", torch.float32, 8, 2, 64, 32, "swiglu", True, (5,), tuple(TARGETS)),
 ]
+# the fused MoE on experts in blocks (kernels/triton_block_moe.py): Qwen3-30B-A3B in Q4_K (the 4-bit kind that
+# loads most: byte scales and mins, float16 super-block scales) on the DGX Spark (the tighter target: its
+# 64-row gate_up tiles spilled at 64 weight rows), 1 and 512 tokens; the full matrix (targets x Q4_K,
+# Q6_K, MXFP4, int4 x Qwen3 / gpt-oss shapes) compiled without spills when the tiles were chosen
+BLOCK_MOE = [
+    ("qwen3-30b-a3b-q4k", torch.bfloat16, 128, 8, 2048, 768, "silu", False, (1, 512), ("dgx-spark",))
+]
 # (name, dtype, (Hq, Hk, D), KV cache dtype, targets): gpt-oss-20b/120b's attention, the tiny model's. The
 # sinks add a load and two selects to a softmax's start: the shapes nearest a target's limits (sm_121's
 # 8-bit-cache prefill: 232-240 registers) and one of each other kind, to keep the compile time small
@@ -54,6 +61,31 @@ def _moe_launches(
         x, w = torch.zeros(t, h, dtype=dtype), torch.zeros(t, k, dtype=dtype)
         ids = torch.zeros(t, k, dtype=torch.long)
         tm.fused_moe(x, ids, w, w1, w2, b1, b2, act, 1.702, 7.0, reads=torch.zeros((), dtype=torch.int64))
+    return rec.calls
+
+
+def _block_moe_launches(
+    monkeypatch: pytest.MonkeyPatch, target: str, case: tuple[Any, ...]
+) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """block_fused_moe's host side on CPU tensors (Q4_K experts) as on ``target``, keeping each launch."""
+    from glassbox.kernels import triton_block_moe as tbm
+
+    rec = _Launches()
+    for name in ("_gate_up_kernel", "_down_kernel"):
+        monkeypatch.setattr(tbm, name, rec.bind(getattr(tbm, name)))
+    monkeypatch.setattr(tm, "_align_kernel", _Launches().bind(tm._align_kernel))  # compiled above
+    monkeypatch.setattr(tbm, "device_capability", lambda device: CAPABILITY[target])
+    _, dtype, e, k, h, i, act, _, tokens, _ = case
+
+    def q4k(n: int, width: int) -> Any:  # codes, 6-bit scales and mins, float16 d and dmin
+        s = torch.zeros(n, width // 32, dtype=torch.uint8)
+        return tbm.BlockArgs(torch.zeros(n, width // 2, dtype=torch.uint8), s, s, torch.zeros(n, width // 128,
+                             dtype=torch.float16), s, 4, 5, 0.0, width, False)  # fmt: skip
+
+    for t in tokens:
+        ids = torch.zeros(t, k, dtype=torch.long)
+        x, w = torch.zeros(t, h, dtype=dtype), torch.zeros(t, k, dtype=dtype)
+        tbm.block_fused_moe(x, ids, w, q4k(e * 2 * i, h), q4k(e * h, i), e, act=act)
     return rec.calls
 
 
@@ -87,7 +119,11 @@ def _compile_one(i: int) -> tuple[bool, str, bool, bool]:
     )
 
 
-IDS = [f"moe-{c[0]}-{t}" for c in MOE for t in c[-1]] + [f"sinks-{c[0]}-{t}" for c in SINKS for t in c[-1]]
+IDS = (
+    [f"moe-{c[0]}-{t}" for c in MOE for t in c[-1]]
+    + [f"block-moe-{c[0]}-{t}" for c in BLOCK_MOE for t in c[-1]]
+    + [f"sinks-{c[0]}-{t}" for c in SINKS for t in c[-1]]
+)
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +142,15 @@ def compiled() -> dict[str, list[tuple[bool, str, bool, bool]]]:
                 if (key := _key(fn, target, args, kwargs)) not in seen:
                     seen.add(key)
                     _LAUNCHES.append((f"moe-{case[0]}-{target}", target, fn, args, kwargs))
+    for case in BLOCK_MOE:
+        for target in case[-1]:
+            with pytest.MonkeyPatch.context() as mp:
+                calls = _block_moe_launches(mp, target, case)
+            assert {fn.fn.__name__ for fn, _, _ in calls} == {"_gate_up_kernel", "_down_kernel"}
+            for fn, args, kwargs in calls:
+                if (key := _key(fn, target, args, kwargs)) not in seen:
+                    seen.add(key)
+                    _LAUNCHES.append((f"block-moe-{case[0]}-{target}", target, fn, args, kwargs))
     for name, dtype, shape, kv, targets in SINKS:
         for target in targets:
             with pytest.MonkeyPatch.context() as mp:

@@ -162,7 +162,12 @@ def _word_dot(w, x_ptr, k, K, offset_factor, BITS: tl.constexpr, OFFSETS: tl.con
 def _rows(n0, N, L, LS, BLOCK_N: tl.constexpr):  # type: ignore[no-untyped-def]
     """The program's BLOCK_N rows (clamped into the weight, so that every load is in bounds): each row's
     first code byte and first scale (as in chunk 0) and its tile's height R (16, less in a last tile)."""
-    n = tl.minimum(n0 + tl.arange(0, BLOCK_N), N - 1)
+    return _rows_at(tl.minimum(n0 + tl.arange(0, BLOCK_N), N - 1), N, L, LS)
+
+
+@triton.jit
+def _rows_at(n, N, L, LS):  # type: ignore[no-untyped-def]
+    """``_rows`` of the rows n (in bounds) of a weight of N rows."""
     tile = (n // 16) * 16
     r = n % 16
     height = tl.minimum(N - tile, 16)

@@ -124,12 +124,54 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
     m_mask = m < M
     x_row = x_ptr + m.to(tl.int64)[:, None] * stride_xm
     cbase, sbase, r, height = _rows(pid_n * BLOCK_N, N, L, LS, BLOCK_N)
-    b = tl.arange(0, STEP)
-    per_chunk = SEG // STEP
-    steps = chunks * per_chunk
+    steps = chunks * (SEG // STEP)
     per = tl.cdiv(steps, splits)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for step in range(pid_k * per, tl.minimum(steps, pid_k * per + per)):
+    acc = _block_dot(
+        acc, x_row, m_mask, codes_ptr, scales_ptr, offs_ptr, sb_ptr, cbase, sbase, r, height, K, L, LS,
+        chunks, tail_pairs, offset_factor, pid_k * per, tl.minimum(steps, pid_k * per + per),
+        pid_k == splits - 1, BITS, OFFSETS, STEP, IEEE,
+    )  # fmt: skip
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HAS_ROW_SCALE:  # NVFP4's tensor scale, per row
+        acc *= tl.load(rs_ptr + n, mask=n < N, other=0.0)[None, :]
+    _finish(acc, m, n, M, N, bias_ptr, out_ptr, ws_ptr, stride_om, pid_k, splits, HAS_BIAS)
+
+
+@triton.jit
+def _block_dot(  # type: ignore[no-untyped-def]
+    acc,
+    x_row,  # (BLOCK_M, 1) pointers: each activation row's first value
+    m_mask,  # (BLOCK_M,): the live rows
+    codes_ptr,
+    scales_ptr,
+    offs_ptr,
+    sb_ptr,
+    cbase,  # the weight rows' tiles (_rows, _rows_at)
+    sbase,
+    r,
+    height,
+    K,
+    L,
+    LS,
+    chunks,
+    tail_pairs,
+    offset_factor,
+    lo,  # the steps of the whole chunks to run: [lo, hi)
+    hi,
+    tail,  # and the blocks past them
+    BITS: tl.constexpr,
+    OFFSETS: tl.constexpr,
+    STEP: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """acc + the activation rows times the weight rows^T over steps [lo, hi) of the whole chunks (and the
+    tail blocks if ``tail``): each step's weights dequantized in float32, rounded to the activations'
+    dtype, a dot (float32 sums). _block_mm_kernel's loop, and kernels/triton_block_moe.py's."""
+    SEG: tl.constexpr = 256 if BITS == 4 else 512  # a chunk's code bytes per row
+    b = tl.arange(0, STEP)
+    per_chunk = SEG // STEP
+    for step in range(lo, hi):
         s = step // per_chunk
         bb = (step % per_chunk) * STEP + b  # bytes within the chunk
         c = tl.load(codes_ptr + (cbase + (s * height + r) * SEG)[:, None] + bb[None, :])
@@ -153,7 +195,7 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
         else:
             w = _dequant(c, d, o, offset_factor, OFFSETS).to(x.dtype)
         acc = _dot(x, w, acc, IEEE)
-    if pid_k == splits - 1:  # the blocks past the last whole chunk, in pairs
+    if tail:  # the blocks past the last whole chunk, in pairs
         TB: tl.constexpr = 32 if BITS == 4 else 64  # code bytes per pair per row
         i = tl.arange(0, TB)
         ctail = cbase + chunks * SEG * height + r * (L - chunks * SEG)
@@ -178,10 +220,7 @@ def _block_mm_kernel(  # type: ignore[no-untyped-def]
                 d = _tail_scale(scales_ptr, offs_ptr, sb_ptr, sp, i % 32, OFFSETS)
                 w = _dequant(c, d, _block_offset(offs_ptr, sb_ptr, sp, OFFSETS), offset_factor, OFFSETS)
                 acc = _dot(x, w.to(x.dtype), acc, IEEE)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if HAS_ROW_SCALE:  # NVFP4's tensor scale, per row
-        acc *= tl.load(rs_ptr + n, mask=n < N, other=0.0)[None, :]
-    _finish(acc, m, n, M, N, bias_ptr, out_ptr, ws_ptr, stride_om, pid_k, splits, HAS_BIAS)
+    return acc
 
 
 @triton.jit

@@ -1,0 +1,114 @@
+"""A MoE layer's experts kept in blocks, stacked for CUDA's fused block MoE (kernels/triton_block_moe.py).
+
+``MoEExperts`` whose experts run as linears of one block format (layers/held_experts.py: GGUF Q4_0/Q4_1/
+Q8_0 and K-quants, ``--quantization int4|int8`` blocks, MXFP4/NVFP4) are stacked at start on CUDA: every
+expert's gate_up matrix by rows into one block weight (expert e's rows at e 2I), its down matrices into
+another (at e H), in the Triton kernels' layout (K-quants and 4-bit floats re-laid:
+layers/kquant_triton.py, layers/fp4_triton.py) on the device, the biases beside them in float32. The
+per-expert linears are then let go. Experts of mixed formats, act-order blocks or FP8 are not stacked
+(``stack_experts`` says why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from glassbox.kernels.triton_block_moe import BlockArgs
+from glassbox.layers.block_linear import BlockQuantLinear, concat_weights
+from glassbox.layers.block_quant import BlockWeights
+from glassbox.layers.fp4_linear import FP4Linear
+from glassbox.layers.fp4_quant import FP4Weights
+from glassbox.layers.fp4_quant import concat as concat_fp4
+from glassbox.layers.fp4_triton import TritonFP4
+from glassbox.layers.fp4_triton import for_triton as fp4_for_triton
+from glassbox.layers.kquant import KQuantWeights
+from glassbox.layers.kquant_triton import TritonKQuant
+from glassbox.layers.kquant_triton import for_triton as kquant_for_triton
+
+StackedWeights = BlockWeights | TritonKQuant | TritonFP4
+
+
+def block_args(w: StackedWeights) -> BlockArgs:
+    """The kernels' arguments for ``w`` (on the device)."""
+    if isinstance(w, TritonKQuant):
+        six = w.mins is None
+        offs = w.sub if w.mins is None else w.mins
+        return BlockArgs(w.codes, w.sub, offs, w.sup, w.sub, w.bits, 6 if six else 5, -32.0 if six else 0.0,
+                         w.in_features, False)  # fmt: skip
+    if isinstance(w, TritonFP4):
+        rs = w.lo if w.row_scale is None else w.row_scale
+        return BlockArgs(w.codes, w.lo, w.lo if w.hi is None else w.hi, w.lo, rs, 4,
+                         3 if w.kind == "mxfp4" else 4, 0.0, w.in_features, w.row_scale is not None)  # fmt: skip
+    assert w.perm is None
+    offs, zeros = w.tiled_offsets, w.tiled_zeros
+    kind = 1 if offs is not None else 2 if zeros is not None else 0
+    held = offs if offs is not None else zeros if zeros is not None else w.tiled_scales
+    return BlockArgs(w.codes, w.tiled_scales, held, w.tiled_scales, w.tiled_scales, w.bits, kind,
+                     w.offset_factor, w.in_features, False)  # fmt: skip
+
+
+def _stack(
+    linears: list[nn.Module], device: torch.device
+) -> tuple[StackedWeights, torch.Tensor | None] | str:
+    """The linears' weights stacked by rows on ``device`` in the kernels' layout and their biases (float32;
+    zeros where one has none), or why they cannot be."""
+    weights: list[BlockWeights | KQuantWeights | FP4Weights] = []
+    biases: list[torch.Tensor | None] = []
+    for lin in linears:
+        if isinstance(lin, FP4Linear) and lin.triton is None:
+            weights.append(lin.w)
+        elif isinstance(lin, BlockQuantLinear) and isinstance(lin.w, BlockWeights | KQuantWeights):
+            if lin.w.perm is not None:
+                return "act-order blocks"
+            weights.append(lin.w)
+        else:
+            return f"a {type(lin).__name__}"
+        biases.append(lin.bias)
+    if all(isinstance(w, FP4Weights) for w in weights):
+        fp4 = concat_fp4([w for w in weights if isinstance(w, FP4Weights)])
+        big: StackedWeights | KQuantWeights | None = None if fp4 is None else fp4_for_triton(fp4)
+    elif any(isinstance(w, FP4Weights) for w in weights):
+        big = None
+    else:
+        big = concat_weights([w for w in weights if not isinstance(w, FP4Weights)])
+    if big is None:
+        return "experts of different formats"
+    big = kquant_for_triton(big) if isinstance(big, KQuantWeights) else big
+    if all(b is None for b in biases):
+        return big.to(device), None
+    rows = [
+        torch.zeros(w.out_features) if b is None else b.detach().float().cpu()
+        for w, b in zip(weights, biases)
+    ]
+    return big.to(device), torch.cat(rows).to(device)
+
+
+@dataclass
+class StackedExperts:
+    """A layer's experts stacked for kernels/triton_block_moe.py: gate_up (E 2I rows) and down (E H rows)."""
+
+    w1: BlockArgs
+    w2: BlockArgs
+    b1: torch.Tensor | None  # (E 2I,) float32
+    b2: torch.Tensor | None  # (E H,) float32
+    held: tuple[StackedWeights, StackedWeights]  # what holds the arrays
+    expert_bytes: int  # one expert's bytes as held (weights and biases)
+    labels: str
+
+
+def stack_experts(pairs: list[tuple[nn.Module, nn.Module]], device: torch.device) -> StackedExperts | str:
+    """Each expert's (gate_up, down) linears stacked on ``device``, or why they cannot be."""
+    up = _stack([p[0] for p in pairs], device)
+    if isinstance(up, str):
+        return f"gate_up: {up}"
+    down = _stack([p[1] for p in pairs], device)
+    if isinstance(down, str):
+        return f"down: {down}"
+    (w1, b1), (w2, b2) = up, down
+    size = sum(t.numel() * t.element_size() for t in (b1, b2) if t is not None)
+    per = (w1.nbytes + w2.nbytes + size) // len(pairs)
+    labels = "/".join(dict.fromkeys((w1.label, w2.label)))
+    return StackedExperts(block_args(w1), block_args(w2), b1, b2, (w1, w2), per, labels)
