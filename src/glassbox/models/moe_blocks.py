@@ -35,8 +35,8 @@ def block_args(w: StackedWeights) -> BlockArgs:
     """The kernels' arguments for ``w`` (on the device)."""
     if isinstance(w, TritonKQuant):
         six = w.mins is None
-        offs = w.sub if w.mins is None else w.mins
-        return BlockArgs(w.codes, w.sub, offs, w.sup, w.sub, w.bits, 6 if six else 5, -32.0 if six else 0.0,
+        mins = w.sub if w.mins is None else w.mins
+        return BlockArgs(w.codes, w.sub, mins, w.sup, w.sub, w.bits, 6 if six else 5, -32.0 if six else 0.0,
                          w.in_features, False)  # fmt: skip
     if isinstance(w, TritonFP4):
         rs = w.lo if w.row_scale is None else w.row_scale
