@@ -19,6 +19,7 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 from glassbox import LLM, SamplingParams
 from glassbox.layers.fp4_linear import FP4Linear
 from glassbox.layers.fp4_quantize import quantize_mxfp4, quantize_nvfp4
+from glassbox.layers.held_experts import HeldExperts
 from glassbox.models.config_reader import read_config
 from glassbox.models.fp4_checkpoint import nvfp4_spec
 from glassbox.models.moe import MoEExperts
@@ -143,7 +144,9 @@ def test_nvfp4_settings(root: Path, nvfp4_llama: tuple[Path, Path]) -> None:
     bad = _write(qdir, root / "nvfp4-g32", tensors, modelopt_qc(group_size=32))
     with pytest.raises(ValueError, match="quantization_config group_size=32"):
         LLM(str(bad), dtype="float32", device="cpu")
-    with pytest.raises(ValueError, match="NVFP4 weights run on the CPU in bf16 or float32, and on CUDA with triton"):
+    with pytest.raises(
+        ValueError, match="NVFP4 weights run on the CPU in bf16 or float32, and on CUDA with triton"
+    ):
         LLM(str(qdir), dtype="float16", device="cpu")
 
 
@@ -226,10 +229,9 @@ def test_gpt_oss_mxfp4_checkpoint_runs_as_transformers_loads_it(root: Path) -> N
     _bf16_top_choices(LLM(str(qdir), dtype="bfloat16", device="cpu"), prompts, qdir)
 
 
-def test_gpt_oss_mxfp4_experts_widen_off_the_cpu(root: Path) -> None:
-    """On CUDA the fused MoE takes float parameters: the reader hands gpt-oss's MXFP4 experts on as the
-    16-bit checkpoint stores them, (E, H, 2I) and (E, I, H), equal to transformers' dequantization; nothing
-    stays packed."""
+def test_gpt_oss_mxfp4_experts_held_on_cuda(root: Path) -> None:
+    """On CUDA the reader holds gpt-oss's MXFP4 experts too (for the fused block MoE): each expert's matrix
+    dequantizes to transformers' dequantization of the checkpoint's blocks."""
     from glassbox.models.fp4_checkpoint import read_fp4
 
     base = build_tiny_model("gpt_oss", root / "widen")
@@ -245,8 +247,14 @@ def test_gpt_oss_mxfp4_experts_widen_off_the_cpu(root: Path) -> None:
     got = read_fp4(qdir, qc, torch.device("cuda"), torch.bfloat16)
     assert got is not None
     held, rest = got
-    floats = dict(rest)
-    assert held == {}
+    assert not any(n.endswith(("_blocks", "_scales")) for n, _ in rest)
     for name in [n.removesuffix("_blocks") for n in packed if n.endswith("_blocks")]:
-        ref = convert_moe_packed_tensors(packed[f"{name}_blocks"], packed[f"{name}_scales"], dtype=torch.float32)
-        assert floats[name].shape == ref.shape and torch.equal(floats[name], ref), name
+        ref = convert_moe_packed_tensors(
+            packed[f"{name}_blocks"], packed[f"{name}_scales"], dtype=torch.float32
+        )
+        module, _, proj = name.rpartition(".")
+        experts = held[module]
+        assert isinstance(experts, HeldExperts) and experts.gate_up is not None and experts.down is not None
+        mats = [p[0] for p in experts.gate_up] if proj == "gate_up_proj" else list(experts.down)
+        got_w = torch.stack([w.dequantize(torch.float32).t() for w in mats])
+        assert got_w.shape == ref.shape and torch.equal(got_w, ref), name

@@ -9,6 +9,7 @@ reference path. Skipped unless CUDA, or ``TRITON_INTERPRET=1`` with triton (floa
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -127,3 +128,56 @@ def test_mixed_formats_are_not_stacked() -> None:
     pairs, *_ = _experts("int4", 96, 80, False, seed=1)
     other, *_ = _experts("int8", 96, 80, False, seed=2)
     assert stack_experts([pairs[0], other[1]], DEV) == "gate_up: experts of different formats"
+
+
+# -- the engine on the triton path ----------------------------------------------------------------------------
+# per layer of a Qwen3-MoE file: (gate, up, down); an F16 down is not held (that layer's experts stay float)
+MIX = [(Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.Q4_0, Q.Q4_0, Q.Q8_0), (Q.Q8_0, Q.Q8_0, Q.F16)]
+PROJ = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1, triton, and no CUDA")
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_interpreted_engine_gguf_moe(tmp_path: Path, arch: str) -> None:
+    """A MoE GGUF file built as CUDA builds it (its experts held where they stack, then stacked by
+    use_triton_experts; the other linears in blocks) on the triton path, through decode graphs and chunked
+    mixed steps: the greedy tokens of the CPU's float32 path, which dequantizes the file at load. Qwen3-MoE
+    with K-quant, Q4_0/Q8_0 and float experts by layer; gpt-oss's MXFP4 experts (gate and up apart: the
+    clamped SwiGLU over halves, biases)."""
+    from gguf_factory import write_moe_model
+    from test_gpu import with_engine
+    from test_triton_block_linear import _on_triton, _tokens
+    from tiny_models import build_tiny_model
+
+    from glassbox.engine.checkpoint import open_checkpoint
+    from glassbox.models.loader import build_model
+    from glassbox.models.moe import MoEExperts
+    from glassbox.models.moe_triton import use_triton_experts
+
+    path = tmp_path / f"{arch}.gguf"
+    if arch == "qwen3_moe":
+        d = build_tiny_model("qwen3_moe", tmp_path / "hf", decoder_sparse_step=1, hidden_size=256,
+                             moe_intermediate_size=256, intermediate_size=256, num_hidden_layers=3)  # fmt: skip
+        write_moe_model(path, d, Q.Q8_0, lambda n: MIX[int(n.split(".")[2])][PROJ[n.split(".")[-2]]])
+        stacked = 2
+    else:
+        from test_gguf_moe import SHAPES
+
+        d = build_tiny_model("gpt_oss", tmp_path / "hf", **SHAPES["gpt_oss"])
+        write_moe_model(path, d, Q.Q8_0, Q.MXFP4)
+        stacked = 2
+
+    def packed_model(llm: Any) -> Any:
+        ex = llm.engine.executor
+        weights, packed = open_checkpoint(llm.engine.source).weights(True, ex.device, ex.dtype, cpu=False)
+        model = build_model(ex.model_config, weights, ex.dtype, ex.device, packed=packed)
+        experts = [m for m in model.modules() if isinstance(m, MoEExperts)]
+        assert use_triton_experts(model) == len(experts)
+        assert sum(m.blocks is not None for m in experts) == stacked and not any(m.linears for m in experts)
+        return model
+
+    kw: dict[str, Any] = dict(dtype="float32", device="cpu", max_num_seqs=4)
+    ref = with_engine(path, _tokens, **kw)
+    assert with_engine(path, _on_triton(True, packed_model), **kw) == ref
+    assert with_engine(path, _on_triton(False, packed_model), **kw, max_num_batched_tokens=24) == ref

@@ -45,9 +45,9 @@ class Checkpoint:
         self, keep_packed: bool, device: torch.device, dtype: torch.dtype, cpu: bool = True
     ) -> tuple[Tensors, dict[str, Packed]]:
         """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
-        tensors of the packed types (layers/block_quant.py, layers/kquant.py; with ``cpu``, for the CPU's
-        kernels, its experts too by MoE module: ``gguf_experts``, MXFP4 too: layers/fp4_quant.py) stay in
-        their blocks; a GPTQ/AWQ, compressed-tensors integer, NVFP4 or MXFP4 checkpoint's layers always do (ValueError where no kernels run
+        tensors of the packed types (layers/block_quant.py, layers/kquant.py) stay in their blocks, and its
+        experts too by MoE module (``gguf_experts``, MXFP4 too: layers/fp4_quant.py; for CUDA a module's
+        only where they stack for its fused block MoE); a GPTQ/AWQ, compressed-tensors integer, NVFP4 or MXFP4 checkpoint's layers always do (ValueError where no kernels run
         them: gptq_awq.check_runs, fp4_checkpoint; or for settings the loader cannot run), and an FP8
         checkpoint's stay 8-bit (any device and dtype); all else is float."""
         if self.gguf is None:
@@ -77,10 +77,10 @@ class Checkpoint:
             for name, ggml_type, raw, shape in gguf.stored_tensors(types):
                 packed[name] = expert_matrix(ggml_type, raw, shape)
             skip = set(packed)
-            if cpu:  # MoE experts: held for the CPU kernels
-                experts, held_names = gguf_experts(gguf)
-                packed.update(experts)
-                skip |= held_names
+            # MoE experts: held for the CPU's kernels, or whole for CUDA's fused block MoE
+            experts, held_names = gguf_experts(gguf, whole=not cpu)
+            packed.update(experts)
+            skip |= held_names
 
         def floats() -> Tensors:
             for name, array in gguf.tensors(skip=skip):
@@ -89,7 +89,7 @@ class Checkpoint:
         return floats(), packed
 
 
-def gguf_experts(gguf: GGUFCheckpoint) -> tuple[dict[str, HeldExperts], set[str]]:
+def gguf_experts(gguf: GGUFCheckpoint, whole: bool = False) -> tuple[dict[str, HeldExperts], set[str]]:
     """Each MoE layer's stacked experts kept in their GGML types where the CPU kernels run those
     (``EXPERT_TYPES``), by module name, and the tensor names taken (models/gguf_experts.py)."""
     stacked: dict[str, dict[str, list[ExpertMatrix]]] = {}
@@ -98,7 +98,7 @@ def gguf_experts(gguf: GGUFCheckpoint) -> tuple[dict[str, HeldExperts], set[str]
         stacked.setdefault(module, {})[proj] = [
             expert_matrix(ggml_type, raw[e], shape[1:]) for e in range(shape[0])
         ]
-    return held_gguf_experts(stacked)
+    return held_gguf_experts(stacked, whole)
 
 
 def open_checkpoint(source: ModelSource) -> Checkpoint:

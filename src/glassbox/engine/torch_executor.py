@@ -135,7 +135,8 @@ class TorchExecutor:
                 self.model,
                 bits,
                 asymmetric=config.quantization in ASYMMETRIC,
-                experts=self.device.type == "cpu",
+                # the routed experts too where kernels hold them: the CPU's, CUDA's fused block MoE
+                experts=self.device.type == "cpu" or (on_triton and bits != "fp8"),
             )
         self.triton_experts = 0  # MoE layers on the fused triton kernels (CUDA)
         if on_triton:

@@ -98,8 +98,8 @@ def _triton(x: torch.Tensor, w: TritonFP4, bias: torch.Tensor | None, decode: bo
 
 def quantize_model_fp4(model: nn.Module, kind: str, experts: bool = True) -> int:
     """``--quantization mxfp4|nvfp4``: every ``nn.Linear`` but the LM head (attention, dense MLPs, shared
-    experts; routers are ``RouterLinear`` and stay), and with ``experts`` (the CPU's held experts; CUDA's
-    fused MoE takes float parameters) the routed experts of modules that hold them otherwise (a
+    experts; routers are ``RouterLinear`` and stay), and with ``experts`` (held experts: the CPU's kernels,
+    CUDA's fused block MoE) the routed experts of modules that hold them otherwise (a
     ``quantize_experts`` method: models/moe.py), in ``kind``; embeddings and the LM head stay in the model's
     dtype, as FP4 checkpoints keep them. Returns the matrices quantized."""
     count = 0

@@ -23,7 +23,7 @@ def quantize_model(model: nn.Module, bits: int | str, asymmetric: bool = False, 
     "nvfp4": ``quantize_model_fp4``; "fp8": ``quantize_model_fp8``); returns the count. ``asymmetric``:
     4-bit blocks with a min, and the token tables (embedding, LM head) in 8-bit blocks, as llama.cpp's Q4_1
     files keep them: on SmolLM2 their 4 bits alone cost ~5% perplexity (benchmarks/quant_quality.py).
-    ``experts`` (the CPU, whose MoE kernels run held experts; CUDA's fused MoE takes float parameters):
+    ``experts`` (where kernels run held experts: the CPU's, CUDA's fused block MoE; not FP8's on CUDA):
     the routed experts too, each expert's matrices in the same blocks (models/moe.py ``quantize_experts``)."""
     if bits == "fp8":
         from glassbox.layers.fp8_quantize import quantize_model_fp8

@@ -20,12 +20,10 @@ lm_head: ``modules_to_not_convert``) are float tensors.
 from __future__ import annotations
 
 import importlib.util
-import logging
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from fnmatch import fnmatch
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +38,6 @@ Tensors = Iterator[tuple[str, torch.Tensor]]
 EXPERT_PARTS = ("gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales")
 PARTS = ("weight", "weight_scale", "weight_scale_2", "input_scale")
 ALGOS = ("NVFP4", "W4A16_NVFP4")  # the same weights; W4A16 stores no input_scale
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -163,8 +159,8 @@ def read_fp4(
     """A 4-bit float checkpoint's packed weights by HF name (NVFP4 linears by weight name, MXFP4 experts
     by module name) and its other tensors; None for other checkpoints. ValueError for settings the loader
     cannot run, or where no kernel runs them: the CPU in bf16 or float32; CUDA with triton in bf16, float16 or
-    float32: NVFP4 linears on the block kernels (layers/fp4_triton.py), MXFP4 experts widened to float (none
-    packed: ``widened_experts``) for the fused MoE."""
+    float32: NVFP4 linears on the block kernels (layers/fp4_triton.py), MXFP4 experts held for the fused
+    block MoE (kernels/triton_block_moe.py)."""
     nvfp4 = nvfp4_spec(qc)
     mxfp4 = str(qc.get("quant_method", "")).lower() == "mxfp4"
     if nvfp4 is None and not mxfp4:
@@ -181,19 +177,7 @@ def read_fp4(
     if nvfp4 is not None:
         linears, rest = read_nvfp4(model_dir, nvfp4)
         return dict(linears), rest
-    experts, rest = read_mxfp4_experts(model_dir)
-    if device.type == "cpu":
-        return dict(experts), rest
-    logger.info("MXFP4 experts of %d MoE layers widened to the model's dtype off the CPU (the fused MoE takes "
-                "float parameters)", len(experts))  # fmt: skip
-    return {}, chain(widened_experts(experts), rest)
-
-
-def widened_experts(experts: dict[str, HeldExperts]) -> Tensors:
-    """Each MoE layer's MXFP4 experts dequantized (float32, exact), one layer at a time, as the 16-bit
-    checkpoint stores them: ``gate_up_proj`` (E, H, 2I) and ``down_proj`` (E, I, H), each expert's (N, K)
-    matrix transposed."""
-    for prefix, held in experts.items():
-        assert held.gate_up is not None and held.down is not None
-        for name, mats in (("gate_up_proj", [p[0] for p in held.gate_up]), ("down_proj", list(held.down))):
-            yield f"{prefix}.{name}", torch.stack([w.dequantize(torch.float32).t() for w in mats])
+    experts, rest = read_mxfp4_experts(
+        model_dir
+    )  # CUDA: stacked for the fused block MoE (models/moe_blocks.py)
+    return dict(experts), rest

@@ -114,7 +114,9 @@ def _ct_group(name: str, group: dict[str, Any]) -> tuple[Fp8Layout, str | None]:
                            "channel or block")  # fmt: skip
     if w.get("actorder"):
         raise _unsupported(f"{key}.weights.actorder", w.get("actorder"), "no reordering for FP8 weights")
-    block = _block(f"{key}.weights.block_structure", w.get("block_structure")) if strategy == "block" else None
+    block = (
+        _block(f"{key}.weights.block_structure", w.get("block_structure")) if strategy == "block" else None
+    )
     if group.get("output_activations"):
         raise _unsupported(f"{key}.output_activations", group["output_activations"], "output quantization "
                            "does not load")  # fmt: skip
@@ -137,7 +139,9 @@ def _compressed_tensors(qc: dict[str, Any]) -> Fp8Spec | None:
     if not isinstance(groups, dict) or not groups:
         raise _unsupported("config_groups", groups, "no quantized weights are described")
     if qc.get("transform_config"):
-        raise _unsupported("transform_config", qc["transform_config"], "transforms (rotations) are not applied")
+        raise _unsupported(
+            "transform_config", qc["transform_config"], "transforms (rotations) are not applied"
+        )
     sparsity = qc.get("sparsity_config") or {}
     if sparsity and str(sparsity.get("format", "dense")) != "dense":
         raise _unsupported("sparsity_config.format", sparsity.get("format"), "sparse weights do not load")

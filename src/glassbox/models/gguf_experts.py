@@ -22,15 +22,18 @@ def expert_matrix(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> Ex
 
 
 def held_gguf_experts(
-    stacked: dict[str, dict[str, list[ExpertMatrix]]],
+    stacked: dict[str, dict[str, list[ExpertMatrix]]], whole: bool = False
 ) -> tuple[dict[str, HeldExperts], set[str]]:
     """Each MoE module's experts (by projection: gate_proj, up_proj, down_proj, a matrix per expert) as
     ``HeldExperts``, and the tensor names taken. The gate and up are held only together (each expert's
     pair then stacks into one matrix when the types match); a projection not held is dequantized into the
-    float parameters."""
+    float parameters. With ``whole`` (CUDA's fused block MoE stacks them: models/moe_blocks.py) a module's
+    experts are held only all of them, the gate and up in one type and the down in one."""
     held: dict[str, HeldExperts] = {}
     taken: set[str] = set()
     for module, parts in stacked.items():
+        if whole and not _stackable(parts):
+            continue
         experts = HeldExperts()
         if "gate_proj" in parts and "up_proj" in parts:
             experts.gate_up = list(zip(parts["gate_proj"], parts["up_proj"], strict=True))
@@ -41,3 +44,12 @@ def held_gguf_experts(
         if experts.gate_up is not None or experts.down is not None:
             held[module] = experts
     return held, taken
+
+
+def _stackable(parts: dict[str, list[ExpertMatrix]]) -> bool:
+    """Whether a module's experts stack for the fused block MoE: every projection held, the gate and up in
+    one type, the down in one."""
+    if any(p not in parts for p in ("gate_proj", "up_proj", "down_proj")):
+        return False
+    gate_up = {(type(w), w.label) for w in (*parts["gate_proj"], *parts["up_proj"])}
+    return len(gate_up) == 1 and len({(type(w), w.label) for w in parts["down_proj"]}) == 1

@@ -32,7 +32,12 @@ class DecodeBurst:
     index checks need (the rotary table's positions, the cache's blocks)."""
 
     def __init__(
-        self, step: DecodeStep, head: StepLinear, embed: _Embed, attn: cpu_ops.PagedAttention, keep: list[object]
+        self,
+        step: DecodeStep,
+        head: StepLinear,
+        embed: _Embed,
+        attn: cpu_ops.PagedAttention,
+        keep: list[object],
     ) -> None:
         self.step, self.head, self.embed, self._keep = step, head, embed, keep
         self.max_positions, self.num_blocks = attn.max_positions, attn.num_blocks
@@ -72,19 +77,27 @@ class DecodeBurst:
         return ids[1:].t().tolist()
 
 
-def bind_burst(lm: LlamaForCausalLM, step: DecodeStep | None, attn: cpu_ops.PagedAttention) -> DecodeBurst | None:
+def bind_burst(
+    lm: LlamaForCausalLM, step: DecodeStep | None, attn: cpu_ops.PagedAttention
+) -> DecodeBurst | None:
     """The model's greedy bursts over its bound decode step, or None where the LM head or the embedding
     table is of a kind the burst cannot run: it needs a bf16-tiles or block-weight head (what the step's
     linears are) and a table of plain rows in the model's dtype or of block weights, unscaled."""
     if step is None:
         return None
     hidden = step.model.hidden
-    head = step_linear(lm.lm_head, hidden) if isinstance(lm.lm_head, TiledBf16Linear | BlockQuantLinear) else None
+    head = (
+        step_linear(lm.lm_head, hidden)
+        if isinstance(lm.lm_head, TiledBf16Linear | BlockQuantLinear)
+        else None
+    )
     emb = lm.model.embed_tokens
     if head is None:
         return None
     if isinstance(emb, torch.nn.Embedding) and emb.weight.dtype == step.dtype and emb.weight.is_contiguous():
-        return DecodeBurst(step, head, _Embed(emb.weight.data_ptr(), StepLinear()), attn, [emb.weight, lm.lm_head])
+        return DecodeBurst(
+            step, head, _Embed(emb.weight.data_ptr(), StepLinear()), attn, [emb.weight, lm.lm_head]
+        )
     if isinstance(emb, BlockQuantEmbedding) and emb.scale is None and isinstance(emb.w, BlockWeights):
         if emb.w.perm is None:
             return DecodeBurst(step, head, _Embed(None, block_linear(emb.w)), attn, [emb.w, lm.lm_head])

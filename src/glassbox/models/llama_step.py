@@ -72,7 +72,9 @@ def step_linear(module: object, k: int) -> StepLinear | None:
 def block_linear(w: BlockWeights, bias: int | None = None) -> StepLinear:
     """Block weights (rows in tiles, layers/block_quant.py) as cpu_step.c reads a linear."""
     codes, scales, offsets, zeros, factor = w.pointers()
-    return StepLinear(codes, scales, offsets, zeros, bias, w.out_features, w.in_features, w.padded, factor, w.bits, 0)
+    return StepLinear(
+        codes, scales, offsets, zeros, bias, w.out_features, w.in_features, w.padded, factor, w.bits, 0
+    )
 
 
 def _qkv(module: object, k: int) -> list[StepLinear] | None:

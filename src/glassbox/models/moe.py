@@ -34,6 +34,7 @@ from glassbox.layers.held_experts import ExpertSlice, HeldExperts, kept_linear, 
 
 if TYPE_CHECKING:
     from glassbox.layers.held_experts import ExpertMatrix
+    from glassbox.models.moe_blocks import StackedExperts
 
 
 class RouterLinear(nn.Linear):
@@ -138,6 +139,8 @@ class MoEExperts(nn.Module):
         # CUDA with triton: set by models/moe_triton.use_triton_experts to a device counter (int64) of the
         # experts the fused kernels read; the forward then runs them
         self.fused: torch.Tensor | None = None
+        # and, for experts held in blocks, their stacked weights on the device (models/moe_blocks.py)
+        self.blocks: StackedExperts | None = None
 
     def hold(self, held: HeldExperts) -> None:
         """Keep the experts' matrices ``held`` as stored; the float parameters they replace are freed (the
@@ -200,6 +203,8 @@ class MoEExperts(nn.Module):
     def expert_bytes(self, e: int = 0) -> int:
         """The bytes of expert ``e``'s weights (and biases) as held: bf16/float32, packed (tiles, oneDNN),
         or in blocks (GGUF types, FP4)."""
+        if self.blocks is not None:
+            return self.blocks.expert_bytes
         if self.linears:
             return sum(linear_bytes(m) for m in self.linears[e])
         w1, w2 = self.gate_up_proj, self.down_proj

@@ -81,7 +81,7 @@ def _stack(
         return big.to(device), None
     rows = [
         torch.zeros(w.out_features) if b is None else b.detach().float().cpu()
-        for w, b in zip(weights, biases)
+        for w, b in zip(weights, biases, strict=True)
     ]
     return big.to(device), torch.cat(rows).to(device)
 

@@ -3,22 +3,28 @@
 The executor switches them on (:func:`use_triton_experts`) where the triton kernels run (CUDA with triton
 installed); ``MoEExperts.forward`` then calls :func:`fused_forward` in eager steps and in the decode CUDA
 graphs alike: no host read of the per-expert counts, and a batch reads only the experts its tokens chose.
-Experts held otherwise (packed CPU layouts, FP4) or with an activation the kernels do not have keep the
-grouped path (``MoEExperts.grouped``, the reference with ``MoEExperts.reference``)."""
+Experts held in blocks (GGUF types, ``--quantization int4|int8``, MXFP4/NVFP4) are stacked on the device
+(models/moe_blocks.py) for kernels/triton_block_moe.py's fused MoE, which reads them as stored. Experts
+with an activation the kernels do not have keep the grouped path (``MoEExperts.grouped``, the reference
+with ``MoEExperts.reference``)."""
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch import nn
 
-from glassbox.models.moe import ClampedSwiGLU, Gated, MoEExperts
+from glassbox.models.moe import ClampedSwiGLU, Gated, Glu, MoEExperts
 
+logger = logging.getLogger(__name__)
 SILU = ("silu", "swish")
 
 
-def kernel_activation(experts: MoEExperts) -> tuple[str, float, float] | None:
-    """(kernels/triton_moe.py's activation, alpha, limit) for the experts' ``glu``; None if it has none."""
-    glu = experts.glu
+def kernel_activation(experts: MoEExperts, glu: Glu | None = None) -> tuple[str, float, float] | None:
+    """(kernels/triton_moe.py's activation, alpha, limit) for ``glu`` (the experts' own by default); None
+    if it has none."""
+    glu = experts.glu if glu is None else glu
     if isinstance(glu, ClampedSwiGLU):
         return "swiglu", glu.alpha, glu.limit
     if isinstance(glu, Gated) and glu.act in SILU:
@@ -27,13 +33,28 @@ def kernel_activation(experts: MoEExperts) -> tuple[str, float, float] | None:
 
 
 def use_triton_experts(model: nn.Module) -> int:
-    """Run every :class:`MoEExperts` of ``model`` that holds its 3-D tensors on the fused triton kernels.
-    Returns how many."""
+    """Run every :class:`MoEExperts` of ``model`` on the fused triton kernels: those that hold their 3-D
+    tensors as they are, those whose experts run as linears in blocks stacked on the model's device first
+    (their linears let go). Returns how many. ValueError for held experts the kernels cannot take."""
+    from glassbox.models.moe_blocks import stack_experts
+
     n = 0
-    for m in model.modules():
-        if isinstance(m, MoEExperts) and not m.linears and kernel_activation(m) is not None:
-            m.fused = torch.zeros((), dtype=torch.int64, device=m.gate_up_proj.device)
-            n += 1
+    for name, m in model.named_modules():
+        if not isinstance(m, MoEExperts):
+            continue
+        if kernel_activation(m, m.linear_glu) is None:
+            if m.linears:  # the grouped path reads the counts on the host: no graph could capture it
+                raise ValueError(f"{name}: held experts with an activation the fused MoE does not have")
+            continue
+        device = m.gate_up_proj.device  # the model's (an emptied parameter stays there)
+        if m.linears:
+            stacked = stack_experts(m.linears, device)
+            if isinstance(stacked, str):
+                raise ValueError(f"{name}: its experts cannot run on the fused MoE: {stacked}")
+            m.blocks, m.linears, m.kept = stacked, [], nn.ModuleList()
+            logger.debug("%s: %s experts stacked for the fused block MoE", name, stacked.labels)
+        m.fused = torch.zeros((), dtype=torch.int64, device=device)
+        n += 1
     return n
 
 
@@ -43,9 +64,18 @@ def fused_forward(
     """``MoEExperts.forward`` on the fused kernels: x (T, H), ids (T, k), weights (T, k) -> (T, H)."""
     from glassbox.kernels.triton_moe import fused_moe
 
-    spec = kernel_activation(experts)
+    spec = kernel_activation(experts, experts.linear_glu)
     assert spec is not None and experts.fused is not None
     act, alpha, limit = spec
+    if experts.blocks is not None:  # experts in blocks (models/moe_blocks.py)
+        from glassbox.kernels.triton_block_moe import block_fused_moe
+
+        s, glu = experts.blocks, experts.linear_glu
+        interleaved = isinstance(glu, ClampedSwiGLU) and glu.interleaved
+        return block_fused_moe(
+            x, ids, weights, s.w1, s.w2, experts.num_experts, s.b1, s.b2, act, interleaved, alpha, limit,
+            reads=experts.fused,
+        )  # fmt: skip
     b1, b2 = experts.gate_up_proj_bias, experts.down_proj_bias
     return fused_moe(
         x, ids, weights, experts.gate_up_proj, experts.down_proj,

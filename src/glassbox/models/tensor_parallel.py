@@ -274,7 +274,9 @@ def shard_plan(
     if len(shape) == 3 and kind == "down_proj":  # fused experts (E, H, I)
         per = shape[2] // world
         return "cols3", rank * per, (rank + 1) * per, 0
-    if len(shape) == 3 and kind == "weight":  # a GGUF file's stacked experts: gate/up (E, I, H), down (E, H, I)
+    if (
+        len(shape) == 3 and kind == "weight"
+    ):  # a GGUF file's stacked experts: gate/up (E, I, H), down (E, H, I)
         if module == "down_proj":
             per = shape[2] // world
             return "cols3", rank * per, (rank + 1) * per, 0
