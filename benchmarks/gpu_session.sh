@@ -46,7 +46,7 @@ G=tests/test_gpu.py
 FIRST="$G::test_gpu_float32_greedy_parity[llama] $G::test_gpu_bf16_logprobs_within_tolerance \
 $G::test_graphs_and_eager_agree_bf16 $G::test_memory_budget_respects_utilization \
 tests/test_triton_block_linear.py::test_cuda_engine_matches_the_cpu tests/test_triton_block_linear.py::test_split_k_partial_sums \
-tests/test_triton_fp8_linear.py tests/test_triton_fp4_linear.py tests/test_triton_kquant_linear.py \
+tests/test_triton_fp8_linear.py tests/test_triton_fp4_linear.py tests/test_triton_kquant_linear.py tests/test_triton_block_moe.py \
 $G::test_eager_launches_never_synchronize $G::test_prompt_logprobs_on_the_triton_path \
 $G::test_speculative_decoding_on_the_triton_path $G::test_gpu_float32_greedy_parity"
 t=$(left ${TESTS_S:-180})

@@ -193,6 +193,12 @@ LINEAR_CASES: list[tuple[str, str, Any]] = [  # (id, target, launches)
     *((f"{t}-bf16-q4-stored", t, lambda t=t: linear_launches(t, 4, "stored", False, BF16)) for t in TARGETS),
     ("dgx-spark-bf16-q8-zeros", "dgx-spark", lambda: linear_launches("dgx-spark", 8, "zeros", False, BF16)),
     ("dgx-spark-bf16-nvfp4", "dgx-spark", lambda: linear_launches("dgx-spark", 4, "nvfp4", False, BF16)),
+    # MXFP4's prompt tiles (its 128 x 128 ones spilled on sm_121)
+    (
+        "dgx-spark-bf16-mxfp4",
+        "dgx-spark",
+        lambda: linear_launches("dgx-spark", 4, "mxfp4", False, BF16, rows=(200,)),
+    ),
     # K-quants: Q4_K's GEMV and its largest tiles (246 registers on sm_121), Q6_K's half-block scales
     (
         "dgx-spark-bf16-q4k",

@@ -296,15 +296,16 @@ class GemvTiles:
 GEMV_TILES = GemvTiles(32, 4, 4, 3)
 
 
-def mm_tiles(rows: int, bits: int, dtype: torch.dtype) -> MmTiles:
-    """The dot kernel's tiles for ``rows`` activation rows of ``dtype``. float32 (the exact FMA dot, its
-    operands in registers; the tests' dtype): 16 x 32 tiles, 32-byte steps, 8 warps (32 x 32 put 8-40 bytes
-    on the stack in some variants on both targets)."""
+def mm_tiles(rows: int, bits: int, dtype: torch.dtype, kind: int = 0) -> MmTiles:
+    """The dot kernel's tiles for ``rows`` activation rows of ``dtype`` (and OFFSETS ``kind``). float32 (the
+    exact FMA dot, its operands in registers; the tests' dtype): 16 x 32 tiles, 32-byte steps, 8 warps (32 x
+    32 put 8-40 bytes on the stack in some variants on both targets). MXFP4 keeps 64-row tiles past 64 rows
+    (its 128 x 128 tiles spilled 160 bytes on sm_121)."""
     if dtype.itemsize > 2:
         return MmTiles(16, 32, 32, 8, 1)
     if rows <= DECODE_ROWS:
         return MmTiles(16, 64, 64 if bits == 4 else 128, 4, 3)
-    return MmTiles(64 if rows <= 64 else 128, 128, 64, 8, 3)
+    return MmTiles(64 if rows <= 64 or kind == 3 else 128, 128, 64, 8, 3)
 
 
 def _splits(programs: int, steps: int, device: torch.device) -> int:
@@ -366,7 +367,7 @@ def block_matmul(
             VECS=gt.vecs, MASK_K=k < chunks * 512, num_warps=gt.num_warps, num_stages=gt.num_stages,
         )  # fmt: skip
     else:
-        t = mm_tiles(m, bits, x.dtype)
+        t = mm_tiles(m, bits, x.dtype, kind)
         grid_mn = triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n)
         one_split = not decode or m > DECODE_ROWS
         s = 1 if one_split else splits or _splits(grid_mn, chunks * seg // t.step, x.device)

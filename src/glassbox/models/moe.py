@@ -15,7 +15,7 @@ Execution is grouped (:meth:`MoEExperts.grouped`): the (token, choice) pairs sor
 expert that some token chose runs its two GEMMs once on its gathered rows, and the rows go back weighted
 by their routing weights (one ``index_add_``). A batch-1 decode step thus reads k experts' weights, not E.
 On CUDA with triton the forward runs the fused kernels instead (models/moe_triton.py: no host read of the
-counts, eager and in CUDA graphs). :meth:`MoEExperts.dense` runs every expert on every row (no
+counts, eager and in CUDA graphs; experts in blocks too). :meth:`MoEExperts.dense` runs every expert on every row (no
 data-dependent shapes) and :meth:`MoEExperts.reference` one (token, choice) at a time (for tests).
 """
 
@@ -116,9 +116,8 @@ class MoEExperts(nn.Module):
     ``down_proj_bias`` (E, H).
 
     Once the checkpoint is loaded each expert may run as a pair of linears (``linears``): its matrices kept
-    as stored (``hold`` before the load, built by ``fuse`` after it, biases included), or packed for the CPU
-    by ``pack_weights`` (bf16); then the float parameters they replace are freed and only the grouped path
-    runs."""
+    as stored (``hold`` before the load, built by ``fuse`` after it, biases included; on CUDA stacked for
+    the fused block MoE), or packed for the CPU by ``pack_weights`` (bf16); the float parameters freed."""
 
     def __init__(self, num_experts: int, hidden: int, inter: int, glu: Glu, bias: bool = False) -> None:
         super().__init__()
@@ -136,10 +135,9 @@ class MoEExperts(nn.Module):
         self.experts_read = 0  # experts whose weights a forward ran, summed over forwards (trace.py reads it)
         self.bytes_read = 0  # their weights' bytes as held
         self._bytes: list[int] = []  # each expert's bytes as held, once it runs as linears
-        # CUDA with triton: set by models/moe_triton.use_triton_experts to a device counter (int64) of the
-        # experts the fused kernels read; the forward then runs them
+        # CUDA with triton: models/moe_triton.use_triton_experts sets a device counter (int64) of the experts
+        # the fused kernels read (the forward then runs them), and experts in blocks stacked (moe_blocks.py)
         self.fused: torch.Tensor | None = None
-        # and, for experts held in blocks, their stacked weights on the device (models/moe_blocks.py)
         self.blocks: StackedExperts | None = None
 
     def hold(self, held: HeldExperts) -> None:
@@ -201,8 +199,7 @@ class MoEExperts(nn.Module):
         return 2 * n
 
     def expert_bytes(self, e: int = 0) -> int:
-        """The bytes of expert ``e``'s weights (and biases) as held: bf16/float32, packed (tiles, oneDNN),
-        or in blocks (GGUF types, FP4)."""
+        """The bytes of expert ``e``'s weights (and biases) as held: float, packed, or in blocks."""
         if self.blocks is not None:
             return self.blocks.expert_bytes
         if self.linears:
@@ -215,8 +212,7 @@ class MoEExperts(nn.Module):
     def pack_weights(self) -> int:
         """Each expert's float matrices in the CPU's fastest layout (layers/linear.py ``cpu_matrix``:
         glassbox's tiles or oneDNN's, faster bf16 GEMVs than plain ``F.linear``); the float parameters are
-        then freed.
-        Returns the matrices packed (none where every matrix is held as stored)."""
+        then freed. Returns the matrices packed (none where every matrix is held as stored)."""
         pairs = self.linears or [
             (ExpertSlice(self.gate_up_proj[e], self._bias(self.gate_up_proj_bias, e)),
              ExpertSlice(self.down_proj[e], self._bias(self.down_proj_bias, e)))
