@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_fp8_experts import held_experts_run_as, rewritten, tp2_matches_tp1, widened_as_defined
+from test_fp8_experts import held_experts_run_as, rewritten, tp2_matches_tp1
 from test_gptq_awq import LINEARS, Layer, _write, pack_gptq
 from test_gptq_awq import quant_config as gptq_config
 from tiny_models import build_tiny_model
@@ -86,28 +86,39 @@ def test_missing_expert_part_is_named(moe_int4: tuple[Path, Path, str], tmp_path
         LLM(str(rewritten(qdir, tensors, tmp_path / "bad")), dtype="float32", device="cpu")
 
 
-def test_off_the_cpu_the_experts_are_widened(moe_int4: tuple[Path, Path, str]) -> None:
-    """For CUDA's fused MoE (float parameters): the experts come as float32 tensors, the format's values;
-    the dense layers stay in blocks."""
+def test_off_the_cpu_the_experts_are_held_for_the_block_moe(moe_int4: tuple[Path, Path, str]) -> None:
+    """For CUDA's fused block MoE the experts are held as on the CPU (the same blocks); act-order experts
+    (the block MoE has no input permutation) are widened to float32 instead, every one."""
     import json
 
-    from glassbox.layers.block_quant import BlockWeights
+    from glassbox.layers.block_quant import BlockWeights, quantize
+    from glassbox.layers.held_experts import HeldExperts
     from glassbox.models.ct_int import read_ct_int
     from glassbox.models.ct_int_config import ct_int_spec
-    from glassbox.models.gptq_awq import read_group_quant
+    from glassbox.models.gptq_awq import read_group_quant, with_experts
     from glassbox.models.quant_config import group_quant
 
-    qdir, ddir, fmt = moe_int4
+    qdir, _, fmt = moe_int4
     qc = json.loads((qdir / "config.json").read_text())["quantization_config"]
-    if fmt == "gptq":
-        spec = group_quant(qc)
-        assert spec is not None
-        packed, rest = read_group_quant(qdir, spec, cpu=False)
-    else:
-        ct = ct_int_spec(qc)
-        assert ct is not None
-        packed, rest = read_ct_int(qdir, ct, cpu=False)
-    widened_as_defined(packed, rest, ddir, BlockWeights)
+    read: dict[bool, dict[str, Any]] = {}
+    for cpu in (True, False):
+        if fmt == "gptq":
+            spec = group_quant(qc)
+            assert spec is not None
+            read[cpu] = read_group_quant(qdir, spec, cpu=cpu)[0]
+        else:
+            ct = ct_int_spec(qc)
+            assert ct is not None
+            read[cpu] = read_ct_int(qdir, ct, cpu=cpu)[0]
+    assert read[False].keys() == read[True].keys()
+    held = [v for v in read[False].values() if isinstance(v, HeldExperts)]
+    assert held and all(h.gate_up is not None and h.down is not None for h in held)
+    w = quantize(torch.randn(64, 64), 4)
+    ordered = BlockWeights(**{**w.__dict__, "perm": torch.arange(63, -1, -1)})
+    blocks = {"model.layers.0.mlp.experts.0.gate_proj": ordered, "model.layers.0.mlp.experts.0.up_proj": w}
+    packed, rest = with_experts(blocks, False, "GPTQ", qdir, set())
+    assert packed == {}
+    assert [n for n, _ in rest][:2] == [f"{p}.weight" for p in blocks]
 
 
 def test_tensor_parallel_splits_quantized_experts(tmp_path: Path) -> None:

@@ -181,3 +181,33 @@ def test_interpreted_engine_gguf_moe(tmp_path: Path, arch: str) -> None:
     ref = with_engine(path, _tokens, **kw)
     assert with_engine(path, _on_triton(True, packed_model), **kw) == ref
     assert with_engine(path, _on_triton(False, packed_model), **kw, max_num_batched_tokens=24) == ref
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1, triton, and no CUDA")
+@pytest.mark.timeout(900)
+def test_interpreted_engine_gptq_moe(tmp_path: Path) -> None:
+    """A GPTQ Qwen3-MoE checkpoint (zero codes, groups of 32; every expert its own layer) built as CUDA
+    builds it (its experts held, then stacked) on the triton path: the greedy tokens of the CPU's float32
+    path on the same blocks."""
+    from test_gpu import with_engine
+    from test_int_experts import moe_checkpoint
+    from test_triton_block_linear import _on_triton, _tokens
+
+    from glassbox.engine.checkpoint import open_checkpoint
+    from glassbox.models.loader import build_model
+    from glassbox.models.moe import MoEExperts
+    from glassbox.models.moe_triton import use_triton_experts
+
+    qdir, _ = moe_checkpoint("gptq", tmp_path)
+
+    def packed_model(llm: Any) -> Any:
+        ex = llm.engine.executor
+        weights, packed = open_checkpoint(llm.engine.source).weights(True, ex.device, ex.dtype, cpu=False)
+        model = build_model(ex.model_config, weights, ex.dtype, ex.device, packed=packed)
+        experts = [m for m in model.modules() if isinstance(m, MoEExperts)]
+        assert experts and use_triton_experts(model) == len(experts)
+        assert all(m.blocks is not None and m.blocks.w1.kind == 2 for m in experts)  # zero codes
+        return model
+
+    kw: dict[str, Any] = dict(dtype="float32", device="cpu", max_num_seqs=4)
+    assert with_engine(qdir, _on_triton(True, packed_model), **kw) == with_engine(qdir, _tokens, **kw)

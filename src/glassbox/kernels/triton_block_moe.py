@@ -2,7 +2,8 @@
 GEMMs with the weights read as stored and dequantized in registers, as kernels/triton_block_linear.py reads a
 linear's.
 
-A layer's experts are two block weights (layers/block_quant.py ``BlockWeights``, layers/kquant_triton.py,
+A layer's experts (GGUF files' in their types, GPTQ/AWQ and compressed-tensors integer checkpoints' but
+act-order ones, MXFP4 checkpoints', ``--quantization``'s) are two block weights (layers/block_quant.py ``BlockWeights``, layers/kquant_triton.py,
 layers/fp4_triton.py): ``w1`` every expert's gate and up rows stacked by expert (E 2I rows: expert e's at
 e 2I + its row), ``w2`` every expert's down rows (E H rows), each in the block kernels' layout (16-row
 tiles, interleaved chunks), so an expert's rows are rows of one matrix and the block kernels' loop

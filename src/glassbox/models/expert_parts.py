@@ -1,7 +1,8 @@
 """Routed experts stored one projection a tensor group (``...experts.E.gate_proj.weight_*``: FP8, GPTQ/AWQ
 and compressed-tensors releases of Qwen3-MoE, Mixtral's w1/w3/w2 too), sorted out of a quantized
 checkpoint's layers: the dense layers stay by weight name, the experts become ``HeldExperts`` by MoE module
-for the CPU's kernels, or are widened to float32 (the format's definition) for the fused MoE off the CPU."""
+for the kernels that hold them (the CPU's; CUDA's fused block MoE: models/moe_blocks.py), or are widened to
+float32 (the format's definition) for the float fused MoE off the CPU."""
 
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ def held_experts(found: dict[str, dict[int, dict[str, ExpertMatrix]]], what: str
             [(experts[e]["gate"], experts[e]["up"]) for e in range(n)], [experts[e]["down"] for e in range(n)]
         )
     return held
+
+
+def is_expert(prefix: str) -> bool:
+    """Whether a layer (module name) is one expert's projection."""
+    return _EXPERT.match(prefix) is not None
 
 
 def sort_experts(

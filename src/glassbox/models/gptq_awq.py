@@ -25,7 +25,7 @@ from safetensors import safe_open
 
 from glassbox.layers.block_quant import BLOCK, BlockWeights, from_zero_codes
 from glassbox.layers.held_experts import HeldExperts
-from glassbox.models.expert_parts import sort_experts, widened_first
+from glassbox.models.expert_parts import is_expert, sort_experts, widened_first
 from glassbox.models.loader import safetensors_tensors, weight_files
 from glassbox.models.quant_config import GroupQuant
 
@@ -172,8 +172,11 @@ def with_experts(
     blocks: dict[str, BlockWeights], cpu: bool, what: str, model_dir: Path, skip: set[str]
 ) -> tuple[dict[str, BlockWeights | HeldExperts], Tensors]:
     """Block weights by module name sorted into dense layers and routed experts (models/expert_parts.py),
-    and the checkpoint's other tensors (all but ``skip``) after the experts widened off the CPU."""
-    dense, held, widened = sort_experts(blocks, cpu, what)
+    and the checkpoint's other tensors (all but ``skip``) after any experts widened: the experts are held on
+    the CPU, and off it for CUDA's fused block MoE unless one is act-order (its permuted input channels: the
+    block MoE has none; widened to float32 then)."""
+    act_order = any(w.perm is not None for p, w in blocks.items() if is_expert(p))
+    dense, held, widened = sort_experts(blocks, cpu or not act_order, what)
     rest = safetensors_tensors(model_dir, skip)
     return {**dense, **held}, widened_first(widened, lambda w: w.dense(torch.float32), rest, what)
 
