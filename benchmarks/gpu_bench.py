@@ -565,6 +565,64 @@ def part_kquant_kernels(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def part_block_moe(args: argparse.Namespace) -> dict[str, Any]:
+    """The fused MoE on experts in blocks (kernels/triton_block_moe.py) against the float one
+    (kernels/triton_moe.py) in bf16 on Qwen3-30B-A3B's layer shape (128 experts, top 8, H 2048, I 768):
+    Q4_K (random valid bytes) and int4 experts at 1, 16 and 256 tokens, each graph-timed over enough layer
+    copies to read 4x the L2; the weight bytes the chosen experts hold per second, and the relative error
+    against the float kernels on the layout's dequantized experts."""
+    from glassbox.kernels.triton_block_moe import block_fused_moe
+    from glassbox.kernels.triton_moe import fused_moe
+    from glassbox.layers.block_quant import quantize
+    from glassbox.models.moe_blocks import block_args
+
+    if SMOKE:
+        return {"skipped": "the Triton kernels need CUDA"}
+    e, top, h, i = 128, 8, 2048, 768
+    res: dict[str, Any] = {"shape": {"experts": e, "top_k": top, "hidden": h, "inter": i}}
+    w1f = torch.randn(e, 2 * i, h, device="cuda", dtype=torch.bfloat16) * 0.02
+    w2f = torch.randn(e, h, i, device="cuda", dtype=torch.bfloat16) * 0.02
+    layers = {
+        "Q4_K": lambda: (_random_kquant(4, e * 2 * i, h), _random_kquant(4, e * h, i)),
+        "int4": lambda: (quantize(w1f.reshape(-1, h), 4), quantize(w2f.reshape(-1, i), 4)),
+    }
+    for name, make in layers.items():
+        first = make()
+        per_expert = (first[0].nbytes + first[1].nbytes) / e
+        copies = l2_copies(first, int(per_expert * e), make)
+        ref1 = first[0].dequantize_reference(torch.bfloat16).view(e, 2 * i, h)
+        ref2 = first[1].dequantize_reference(torch.bfloat16).view(e, h, i)
+        for t in (1, 16, 256):
+            x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+            ids = torch.stack([torch.randperm(e, device="cuda")[:top] for _ in range(t)])
+            wts = torch.rand(t, top, device="cuda", dtype=torch.bfloat16)
+            args_ = [(block_args(a), block_args(b)) for a, b in copies]
+            ref = fused_moe(x, ids, wts, ref1, ref2).float()
+            out = block_fused_moe(x, ids, wts, *args_[0], e).float()
+            err = ((out - ref).norm() / ref.norm()).item()
+            turn = itertools.cycle(args_)
+            ms = graph_ms(
+                lambda x=x, ids=ids, w=wts, t=turn: block_fused_moe(x, ids, w, *next(t), e), len(args_) * 2
+            )
+            chosen = int(torch.unique(ids).numel())
+            res[f"{name}_t{t}"] = {"us": 1e3 * ms, "GBps": chosen * per_expert / ms / 1e6, "rel_err": err,
+                                   "experts_read": chosen}  # fmt: skip
+        del copies
+        torch.cuda.empty_cache()
+    for t in (1, 16, 256):  # the float kernels on bf16 experts, for scale
+        x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+        ids = torch.stack([torch.randperm(e, device="cuda")[:top] for _ in range(t)])
+        wts = torch.rand(t, top, device="cuda", dtype=torch.bfloat16)
+        ms = graph_ms(lambda x=x, ids=ids, w=wts: fused_moe(x, ids, w, w1f, w2f), 8)
+        chosen = int(torch.unique(ids).numel())
+        res[f"bf16_t{t}"] = {
+            "us": 1e3 * ms,
+            "GBps": chosen * 3 * h * i * 2 / ms / 1e6,
+            "experts_read": chosen,
+        }
+    return res
+
+
 def _tinygemm_case(w: Any, x: torch.Tensor, ref: torch.Tensor, copies: int) -> dict[str, Any]:
     """torch's int4 weight-only kernel (``_weight_int4pack_mm``, gpt-fast's tinygemm: (q - 8) scale + zero
     per group, bf16 scales) on the same 4-bit codes and scales (bf16-rounded), graph-timed over as many
@@ -656,6 +714,7 @@ PARTS = {
     "block_kernels": part_block_kernels,
     "gemv_sweep": part_gemv_sweep,
     "kquant_kernels": part_kquant_kernels,
+    "block_moe": part_block_moe,
     "gb_decode": part_gb_decode,
     "gb_decode_int4": lambda args: part_gb_decode(args, quantization="int4"),
     # --quantization fp8: per-channel E4M3 weights, the 8K prompt's rows W8A8 on FP8 tensor cores

@@ -68,7 +68,7 @@ log "gpu_profile rc=$?"
 t=$(left ${QUANT_S:-150})
 mkdir -p "$OUT/q"
 timeout "$t" python3 benchmarks/gpu_bench.py --out "$OUT/q" --timeout 140 \
-    --parts ${QUANT_PARTS:-gemv_sweep,probe,kquant_kernels,gb_decode_int4,gb_decode_fp8,gb_decode_nvfp4} >>"$OUT/bench.log" 2>&1
+    --parts ${QUANT_PARTS:-gemv_sweep,probe,kquant_kernels,block_moe,gb_decode_int4,gb_decode_fp8,gb_decode_nvfp4} >>"$OUT/bench.log" 2>&1
 log "gpu_bench int4/fp8/nvfp4 rc=$?"
 
 t=$(left ${FP8_S:-60})  # FP8 linears: bf16 vs weight-only Triton vs W8A8 _scaled_mm, 1 to 8,192 rows
