@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from glassbox.kernels.native import library
-from glassbox.layers.block_quant import quantize as quantize_blocks
+from glassbox.layers.block_quantize import quantize as quantize_blocks
 from glassbox.layers.fp4_quantize import quantize as quantize_fp4
 from glassbox.layers.linear import packed_matrix
 

@@ -36,7 +36,8 @@ from torch import nn
 
 from glassbox.kernels.native import library
 from glassbox.layers.block_linear import BlockQuantLinear
-from glassbox.layers.block_quant import BLOCK, quantize
+from glassbox.layers.block_quant import BLOCK
+from glassbox.layers.block_quantize import quantize
 from glassbox.layers.fp8_linear import Fp8Linear
 from glassbox.layers.fp8_weights import Fp8Weights
 from glassbox.layers.linear import PackedLinear, packing_available

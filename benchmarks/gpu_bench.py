@@ -474,7 +474,7 @@ def part_block_kernels(args: argparse.Namespace) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from glassbox.kernels.triton_block_linear import block_matmul
-    from glassbox.layers.block_quant import quantize
+    from glassbox.layers.block_quantize import quantize
 
     if SMOKE:
         return {"skipped": "the Triton kernels need CUDA"}
@@ -573,7 +573,7 @@ def part_block_moe(args: argparse.Namespace) -> dict[str, Any]:
     against the float kernels on the layout's dequantized experts."""
     from glassbox.kernels.triton_block_moe import block_fused_moe
     from glassbox.kernels.triton_moe import fused_moe
-    from glassbox.layers.block_quant import quantize
+    from glassbox.layers.block_quantize import quantize
     from glassbox.models.moe_blocks import block_args
 
     if SMOKE:
@@ -656,7 +656,7 @@ def part_gemv_sweep(args: argparse.Namespace) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from glassbox.kernels import triton_block_linear as tbl
-    from glassbox.layers.block_quant import quantize
+    from glassbox.layers.block_quantize import quantize
 
     if SMOKE:
         return {"skipped": "the Triton kernels need CUDA"}

@@ -91,7 +91,8 @@ def test_off_the_cpu_the_experts_are_held_for_the_block_moe(moe_int4: tuple[Path
     (the block MoE has no input permutation) are widened to float32 instead, every one."""
     import json
 
-    from glassbox.layers.block_quant import BlockWeights, quantize
+    from glassbox.layers.block_quant import BlockWeights
+    from glassbox.layers.block_quantize import quantize
     from glassbox.layers.held_experts import HeldExperts
     from glassbox.models.ct_int import read_ct_int
     from glassbox.models.ct_int_config import ct_int_spec

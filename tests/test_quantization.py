@@ -15,7 +15,8 @@ from tiny_models import build_tiny_model
 from glassbox import LLM, SamplingParams
 from glassbox.kernels.native import library
 from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
-from glassbox.layers.block_quant import BLOCK, BlockWeights, from_gguf, quantize
+from glassbox.layers.block_quant import BLOCK, BlockWeights, from_gguf
+from glassbox.layers.block_quantize import quantize
 from glassbox.layers.quantization import quantize_model
 
 needs_kernels = pytest.mark.skipif(library() is None, reason="no C compiler: the kernels are not built")
@@ -72,6 +73,28 @@ def test_int4_asym_quantizes_as_llama_cpp_q4_1(n: int, k: int) -> None:
     assert np.array_equal(ours.dequantize_reference().numpy(), ref)
     again = quantize(torch.from_numpy(ref), 4, asymmetric=True).dequantize_reference().numpy()
     assert np.abs(again - ref).max() <= 1e-3 * np.abs(ref).max()  # the fp16 scale and min, re-rounded
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("bits", "asymmetric"), [(4, False), (8, False), (4, True)])
+def test_the_c_quantizer_gives_the_reference_bytes(bits: int, asymmetric: bool, dtype: torch.dtype) -> None:
+    """kernels/cpu_quantize.c against ``quantize_reference`` (the PyTorch ops, themselves checked against
+    gguf's quantization above), byte for byte: K past the last block, zero blocks, magnitude ties, scales
+    that are float16 subnormals or overflow, negative zeros."""
+    from glassbox.layers.block_quantize import quantize_reference
+
+    g = torch.Generator().manual_seed(bits + 2 * asymmetric)
+    w = torch.randn(37, 300, generator=g) * torch.logspace(-9, 5, 37).unsqueeze(1)
+    w[0, :64] = 0.0
+    w[1, :32] = -0.0
+    w[2, :32] = torch.tensor([0.5, -0.5] * 16)  # ties: the first extreme
+    w[3, 5], w[3, 9] = -2.0, 2.0
+    w = w.to(dtype)
+    ours, ref = quantize(w, bits, asymmetric), quantize_reference(w, bits, asymmetric)
+    assert ours.label == ref.label and ours.offset_factor == ref.offset_factor
+    for name, t in ref.stored().items():
+        assert torch.equal(ours.stored()[name].view(torch.uint8), t.view(torch.uint8)), name
 
 
 def _int8_activation_reference(x: torch.Tensor, w: BlockWeights) -> tuple[torch.Tensor, torch.Tensor]:

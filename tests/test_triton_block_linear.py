@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 
 from glassbox.layers.block_linear import BlockQuantLinear, block_kernel_rows, to_triton
-from glassbox.layers.block_quant import BLOCK, BlockWeights, from_gguf, from_zero_codes, quantize
+from glassbox.layers.block_quant import BLOCK, BlockWeights, from_gguf, from_zero_codes
+from glassbox.layers.block_quantize import quantize
 
 CUDA = torch.cuda.is_available()
 INTERPRET = (

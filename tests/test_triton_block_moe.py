@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf_factory import random_blocks
 from test_triton_block_linear import CUDA, DEV, INTERPRET
 
-from glassbox.layers import block_quant, kquant
+from glassbox.layers import block_quantize, kquant
 from glassbox.layers.block_linear import BlockQuantLinear
 from glassbox.layers.fp4_linear import FP4Linear
 from glassbox.layers.fp4_quantize import quantize as quantize_fp4
@@ -38,7 +38,7 @@ def _matrix(fmt: str, n: int, k: int, rng: np.random.Generator) -> ExpertMatrix:
     w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32)) * 0.1
     if fmt in ("mxfp4", "nvfp4"):
         return quantize_fp4(w, fmt)
-    return block_quant.quantize(w, 8 if fmt == "int8" else 4, asymmetric=fmt == "int4-asym")
+    return block_quantize.quantize(w, 8 if fmt == "int8" else 4, asymmetric=fmt == "int4-asym")
 
 
 def _linear(w: ExpertMatrix, bias: torch.Tensor | None) -> Any:

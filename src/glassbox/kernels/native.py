@@ -28,6 +28,7 @@ _C_FILES = (
     "cpu_kv8.c",
     "cpu_quant.c",
     "cpu_dequant.c",
+    "cpu_quantize.c",  # --quantization int4|int8 at load
     "cpu_step.c",
     "cpu_fp8.c",
     "cpu_fp4.c",  # 4-bit float weights: MXFP4, NVFP4
@@ -60,6 +61,8 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_prefill_row_offsets_bf16": [_P, _I, _I, _I, _I, _I, _P, _I, _C],
     # cpu_quant.c: weights in 32-value blocks of 4 or 8 bits
     "gb_quantize_rows_q8": [_P, _I, _I, _I, _P, _P, _P, _C, _C],
+    # cpu_quantize.c: a float weight into blocks (w, dt, N, K, mode, codes, scales, mins or NULL)
+    "gb_quantize_blocks": [_P, _C, _I, _I, _C, _P, _P, _P, _C],
     # weight arguments: codes, scales, offsets (or NULL), zero codes (or NULL), offset factor
     "gb_gemv_blocks": [_P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
     "gb_gemv_blocks_generic": [_P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from glassbox.layers.block_tiles import from_tiles, gather_rows, to_tiles
 
@@ -309,38 +308,6 @@ def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> BlockW
         m = blocks[:, :, 2:4].copy().view(np.float16).reshape(n, nb)
         return _pack(q, d, m, 0.0, 4, k, ggml_type)
     return _pack(q, d, None, -8.0, 4, k, ggml_type)
-
-
-def quantize(weight: torch.Tensor, bits: int, asymmetric: bool = False) -> BlockWeights:
-    """32-value blocks of a float weight (N, K), rounded as llama.cpp's reference quantization: symmetric,
-    int4 as Q4_0 (d = the block's extreme value / -8), int8 as Q8_0 (d = max|w| / 127); ``asymmetric``
-    4-bit as Q4_1 (d = (max - min) / 15 and the min m stored, w = d q + m: 5 bits a weight, a block's range
-    used whole); codes from the float32 scale, the scale (and min) stored in float16."""
-    w = weight.detach().float()
-    n, k = w.shape
-    kp = -(-k // BLOCK) * BLOCK
-    blocks = F.pad(w, (0, kp - k)).view(n, -1, BLOCK)
-    if asymmetric:
-        if bits != 4:
-            raise ValueError(f"--quantization: asymmetric blocks are 4 bits, got {bits}")
-        lo, hi = blocks.amin(-1), blocks.amax(-1)
-        d = (hi - lo) / 15.0
-        inv = torch.where(d != 0, 1.0 / d, 0.0)
-        q = torch.trunc((blocks - lo[..., None]) * inv[..., None] + 0.5).clamp(0, 15).to(torch.uint8)
-        return _pack(q, d.half(), lo.half(), 0.0, 4, k, "int4-asym")
-    if bits == 8:
-        d = blocks.abs().amax(-1) / 127.0
-        s = torch.where(d[..., None] > 0, blocks / d[..., None], 0.0).round().clamp(-127, 127)
-        q = (s + 128).to(torch.uint8)  # the scale is stored in float16, as GGUF does
-        return _pack(q, d.half(), None, -128.0, 8, k, "int8")
-    if bits != 4:
-        raise ValueError(f"--quantization: block weights are 4 or 8 bits, got {bits}")
-    idx = blocks.abs().argmax(-1, keepdim=True)
-    extreme = blocks.gather(-1, idx).squeeze(-1)  # the signed value of largest magnitude
-    d = extreme / -8.0
-    inv = torch.where(d != 0, 1.0 / d, 0.0)
-    q = (blocks * inv[..., None] + 8.5).floor().clamp(0, 15).to(torch.uint8)
-    return _pack(q, d.half(), None, -8.0, 4, k, "int4")
 
 
 def concat(parts: list[BlockWeights]) -> BlockWeights | None:

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
-from glassbox.layers.block_quant import BlockWeights, quantize
+from glassbox.layers.block_quant import BlockWeights
+from glassbox.layers.block_quantize import quantize
 from glassbox.layers.fp4_linear import quantize_model_fp4
 from glassbox.layers.in_place import in_place_of, quantized_kind
 
