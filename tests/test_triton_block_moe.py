@@ -194,6 +194,7 @@ def test_interpreted_engine_gptq_moe(tmp_path: Path) -> None:
     from test_triton_block_linear import _on_triton, _tokens
 
     from glassbox.engine.checkpoint import open_checkpoint
+    from glassbox.layers.block_linear import block_weights
     from glassbox.models.loader import build_model
     from glassbox.models.moe import MoEExperts
     from glassbox.models.moe_triton import use_triton_experts
@@ -207,6 +208,8 @@ def test_interpreted_engine_gptq_moe(tmp_path: Path) -> None:
         experts = [m for m in model.modules() if isinstance(m, MoEExperts)]
         assert experts and use_triton_experts(model) == len(experts)
         assert all(m.blocks is not None and m.blocks.w1.kind == 2 for m in experts)  # zero codes
+        held = {id(w) for m in experts if m.blocks is not None for w in m.blocks.held}
+        assert held <= {id(w) for w in block_weights(model)}  # the engine counts the stacked bytes
         return model
 
     kw: dict[str, Any] = dict(dtype="float32", device="cpu", max_num_seqs=4)

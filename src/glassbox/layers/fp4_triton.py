@@ -35,8 +35,11 @@ class TritonFP4:
 
     @property
     def nbytes(self) -> int:
-        parts = [self.codes, self.lo, self.hi, self.row_scale]
-        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.stored().values())
+
+    def stored(self) -> dict[str, torch.Tensor]:
+        parts = {"codes": self.codes, "lo": self.lo, "hi": self.hi, "row_scale": self.row_scale}
+        return {name: t for name, t in parts.items() if t is not None}
 
     def to(self, device: torch.device) -> TritonFP4:
         def moved(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -11,8 +11,6 @@ per-expert linears are then let go. Experts of mixed formats, act-order blocks o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
@@ -86,17 +84,31 @@ def _stack(
     return big.to(device), torch.cat(rows).to(device)
 
 
-@dataclass
-class StackedExperts:
-    """A layer's experts stacked for kernels/triton_block_moe.py: gate_up (E 2I rows) and down (E H rows)."""
+class StackedExperts(nn.Module):
+    """A layer's experts stacked for kernels/triton_block_moe.py: gate_up (E 2I rows) and down (E H rows),
+    their arrays as (non-persistent) buffers, so that ``model.buffers()`` sees them, and as the engine's
+    kept weights (``packed_weights``: layers/block_linear.block_weights counts their bytes and formats)."""
 
-    w1: BlockArgs
-    w2: BlockArgs
-    b1: torch.Tensor | None  # (E 2I,) float32
-    b2: torch.Tensor | None  # (E H,) float32
-    held: tuple[StackedWeights, StackedWeights]  # what holds the arrays
-    expert_bytes: int  # one expert's bytes as held (weights and biases)
-    labels: str
+    def __init__(
+        self,
+        held: tuple[StackedWeights, StackedWeights],
+        b1: torch.Tensor | None,
+        b2: torch.Tensor | None,
+        experts: int,
+    ) -> None:
+        super().__init__()
+        self.held = held
+        self.w1, self.w2 = block_args(held[0]), block_args(held[1])
+        self.b1, self.b2 = b1, b2  # (E 2I,), (E H,) float32
+        for side, w in zip(("w1", "w2"), held, strict=True):
+            for name, t in w.stored().items():
+                self.register_buffer(f"{side}_{name}", t, persistent=False)
+        size = sum(t.numel() * t.element_size() for t in (b1, b2) if t is not None)
+        self.expert_bytes = (held[0].nbytes + held[1].nbytes + size) // experts  # one expert's, as held
+        self.labels = "/".join(dict.fromkeys((held[0].label, held[1].label)))
+
+    def packed_weights(self) -> list[StackedWeights]:
+        return list(self.held)
 
 
 def stack_experts(pairs: list[tuple[nn.Module, nn.Module]], device: torch.device) -> StackedExperts | str:
@@ -108,7 +120,4 @@ def stack_experts(pairs: list[tuple[nn.Module, nn.Module]], device: torch.device
     if isinstance(down, str):
         return f"down: {down}"
     (w1, b1), (w2, b2) = up, down
-    size = sum(t.numel() * t.element_size() for t in (b1, b2) if t is not None)
-    per = (w1.nbytes + w2.nbytes + size) // len(pairs)
-    labels = "/".join(dict.fromkeys((w1.label, w2.label)))
-    return StackedExperts(block_args(w1), block_args(w2), b1, b2, (w1, w2), per, labels)
+    return StackedExperts((w1, w2), b1, b2, len(pairs))

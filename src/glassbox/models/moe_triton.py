@@ -39,7 +39,7 @@ def use_triton_experts(model: nn.Module) -> int:
     from glassbox.models.moe_blocks import stack_experts
 
     n = 0
-    for name, m in model.named_modules():
+    for name, m in list(model.named_modules()):  # (stacking adds modules)
         if not isinstance(m, MoEExperts):
             continue
         if kernel_activation(m, m.linear_glu) is None:
