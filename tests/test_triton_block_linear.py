@@ -96,13 +96,20 @@ def test_block_linear_matches_reference(variant: str, shape: tuple[int, int]) ->
     bias = (
         torch.randn(n, generator=torch.Generator().manual_seed(1)) if variant in ("Q8_0", "gptq4") else None
     )
-    lin = _linear(w, bias)
+    check_row_counts(_linear(w, bias), ref_w, bias)
+
+
+def check_row_counts(lin: Any, ref_w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """``lin`` at 1, 3, 16, 17 and 70 rows (float32; 1, 3 and 17 in 16 bits too) against ``_check``: the
+    decode kernels up to 16 rows, the GEMM beyond, and the GEMM for up to 16 prompt rows of a step with
+    prompts (whatever the count)."""
+    k = ref_w.shape[1]
     g = torch.Generator().manual_seed(k)
     for m in (1, 3, 16, 17, 70):
         for dtype in (torch.float32, LOW) if m in (1, 3, 17) else (torch.float32,):
             x = torch.randn(m, k, generator=g).to(dtype)
-            _check(lin(x.to(DEV)), x, ref_w, bias)  # decode kernels up to 16 rows, the GEMM beyond
-            if m <= 16:  # prompt rows of a step with prompts: the GEMM whatever the count
+            _check(lin(x.to(DEV)), x, ref_w, bias)
+            if m <= 16:
                 with block_kernel_rows(False):
                     _check(lin(x.to(DEV)), x, ref_w, bias)
 

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_triton_block_linear import DEV, INTERPRET, LOW, _check, _on_triton, _tokens
+from test_triton_block_linear import DEV, INTERPRET, _check, _on_triton, _tokens, check_row_counts
 
-from glassbox.layers.block_linear import block_kernel_rows, to_triton
+from glassbox.layers.block_linear import to_triton
 from glassbox.layers.fp4_linear import FP4Linear
 from glassbox.layers.fp4_quant import FP4Weights, concat, from_mxfp4, from_nvfp4
 
@@ -63,14 +63,7 @@ def test_fp4_linear_matches_reference(kind: str, shape: tuple[int, int]) -> None
     bias = torch.randn(n, generator=torch.Generator().manual_seed(1)) if n % 2 else None
     lin = _linear(w, bias)
     assert lin.triton is not None and lin.packed_weights() == [lin.triton]
-    g = torch.Generator().manual_seed(k)
-    for m in (1, 3, 16, 17, 70):
-        for dtype in (torch.float32, LOW) if m in (1, 3, 17) else (torch.float32,):
-            x = torch.randn(m, k, generator=g).to(dtype)
-            _check(lin(x.to(DEV)), x, ref_w, bias)  # decode kernels up to 16 rows, the GEMM beyond
-            if m <= 16:
-                with block_kernel_rows(False):
-                    _check(lin(x.to(DEV)), x, ref_w, bias)
+    check_row_counts(lin, ref_w, bias)
 
 
 def test_fused_rows_of_different_tensor_scales() -> None:

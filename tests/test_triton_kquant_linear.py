@@ -21,9 +21,9 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 from gguf_factory import Spec, random_blocks, write_model
-from test_triton_block_linear import CUDA, DEV, INTERPRET, LOW, _check, _on_triton, _tokens
+from test_triton_block_linear import CUDA, DEV, INTERPRET, _check, _on_triton, _tokens, check_row_counts
 
-from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear, block_kernel_rows, to_triton
+from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear, to_triton
 from glassbox.layers.kquant import from_gguf
 from glassbox.layers.kquant_triton import TritonKQuant, for_triton
 
@@ -66,14 +66,7 @@ def _linear(qtype: Q, n: int, k: int, bias: torch.Tensor | None) -> tuple[BlockQ
 def test_kquant_linear_matches_reference(qtype: Q, n: int, k: int) -> None:
     bias = torch.randn(n, generator=torch.Generator().manual_seed(1)) if n % 2 else None
     lin, ref_w = _linear(qtype, n, k, bias)
-    g = torch.Generator().manual_seed(k)
-    for m in (1, 3, 16, 17, 70):
-        for dtype in (torch.float32, LOW) if m in (1, 3, 17) else (torch.float32,):
-            x = torch.randn(m, k, generator=g).to(dtype)
-            _check(lin(x.to(DEV)), x, ref_w, bias)  # decode kernels up to 16 rows, the GEMM beyond
-            if m <= 16:
-                with block_kernel_rows(False):
-                    _check(lin(x.to(DEV)), x, ref_w, bias)
+    check_row_counts(lin, ref_w, bias)
 
 
 @on_triton

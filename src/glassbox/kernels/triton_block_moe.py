@@ -27,7 +27,7 @@ import triton.language as tl
 from glassbox.kernels.attention_tiles import device_capability
 from glassbox.kernels.triton_block_gemv import _rows_at
 from glassbox.kernels.triton_block_linear import _block_dot
-from glassbox.kernels.triton_moe import ACTIVATIONS, _block_rows, align
+from glassbox.kernels.triton_moe import ACTIVATIONS, _block_rows, _glu, align
 
 
 @dataclass(frozen=True)
@@ -129,14 +129,7 @@ def _gate_up_kernel(  # type: ignore[no-untyped-def]
     if HAS_BIAS:  # (E, 2I) float32, in the rows' order
         acc_g += tl.load(bias_ptr + base + gate_rows)[None, :]
         acc_u += tl.load(bias_ptr + base + up_rows)[None, :]
-    if (
-        ACT == "swiglu"
-    ):  # transformers' gpt-oss: gate clamped above, up both ways, (up + 1) gate sigmoid(alpha gate)
-        g = tl.minimum(acc_g, limit)
-        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-        out = (u + 1.0) * (g * tl.sigmoid(g * alpha))
-    else:
-        out = acc_g * tl.sigmoid(acc_g) * acc_u
+    out = _glu(acc_g, acc_u, alpha, limit, ACT)
     h = h_ptr + rows[:, None] * stride_hm + n[None, :]
     tl.store(h, out.to(h_ptr.dtype.element_ty), mask=live[:, None] & (n < inter)[None, :])
 

@@ -105,6 +105,18 @@ def _dot(a, b, IEEE: tl.constexpr):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def _glu(acc_g, acc_u, alpha, limit, ACT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The activation of the gate and up sums (float32): SiLU(gate) up, or transformers' gpt-oss clamped
+    SwiGLU (gate clamped above, up both ways, (up + 1) gate sigmoid(alpha gate))."""
+    if ACT == "swiglu":
+        g = tl.minimum(acc_g, limit)
+        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+        return (u + 1.0) * (g * tl.sigmoid(g * alpha))
+    else:
+        return acc_g * tl.sigmoid(acc_g) * acc_u
+
+
+@triton.jit
 def _gate_up_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     w_ptr,
@@ -163,14 +175,7 @@ def _gate_up_kernel(  # type: ignore[no-untyped-def]
         b_e = bias_ptr + expert.to(tl.int64) * stride_be
         acc_g += tl.load(b_e + gate_rows, mask=nmask, other=0.0).to(tl.float32)[None, :]
         acc_u += tl.load(b_e + up_rows, mask=nmask, other=0.0).to(tl.float32)[None, :]
-    if (
-        ACT == "swiglu"
-    ):  # transformers' gpt-oss: gate clamped above, up both ways, (up + 1) gate sigmoid(alpha gate)
-        g = tl.minimum(acc_g, limit)
-        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-        out = (u + 1.0) * (g * tl.sigmoid(g * alpha))
-    else:
-        out = acc_g * tl.sigmoid(acc_g) * acc_u
+    out = _glu(acc_g, acc_u, alpha, limit, ACT)
     h = h_ptr + rows[:, None] * stride_hm + n[None, :]
     tl.store(h, out.to(h_ptr.dtype.element_ty), mask=live[:, None] & nmask[None, :])
 
