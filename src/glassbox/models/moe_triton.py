@@ -39,6 +39,7 @@ def use_triton_experts(model: nn.Module) -> int:
     from glassbox.models.moe_blocks import stack_experts
 
     n = 0
+    stacked_layers: dict[str, list[str]] = {}  # formats -> the layers whose experts were stacked
     for name, m in list(model.named_modules()):  # (stacking adds modules)
         if not isinstance(m, MoEExperts):
             continue
@@ -52,9 +53,15 @@ def use_triton_experts(model: nn.Module) -> int:
             if isinstance(stacked, str):
                 raise ValueError(f"{name}: its experts cannot run on the fused MoE: {stacked}")
             m.blocks, m.linears, m.kept = stacked, [], nn.ModuleList()
-            logger.debug("%s: %s experts stacked for the fused block MoE", name, stacked.labels)
+            stacked_layers.setdefault(stacked.labels, []).append(name)
         m.fused = torch.zeros((), dtype=torch.int64, device=device)
         n += 1
+    for labels, names in stacked_layers.items():
+        logger.info(
+            "routed experts of %d MoE layers in %s blocks, stacked for the fused block MoE",
+            len(names),
+            labels,
+        )
     return n
 
 
