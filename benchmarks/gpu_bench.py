@@ -492,7 +492,7 @@ def part_block_kernels(args: argparse.Namespace) -> dict[str, Any]:
 
                 def run(x: torch.Tensor = x, turn: Any = turn) -> None:
                     c = next(turn)
-                    block_matmul(x, c.codes, c.tiled_scales, None, None, c.offset_factor, c.bits, None, True)
+                    block_matmul(x, c.triton_args, None, True)
 
                 ms = graph_ms(run, len(copies) * 4)
                 res[f"int{bits}_{n}x{k}_m{m}"] = {"us": 1e3 * ms, "GBps": nbytes / ms / 1e6}
@@ -532,7 +532,7 @@ def part_kquant_kernels(args: argparse.Namespace) -> dict[str, Any]:
     (the embedding lookup's path). Weights rotate among copies that read 4x the L2 per round."""
     import torch.nn.functional as F
 
-    from glassbox.layers.kquant_triton import triton_kquant_linear
+    from glassbox.kernels.triton_block_linear import block_matmul
 
     if SMOKE:
         return {"skipped": "the Triton kernels need CUDA"}
@@ -545,10 +545,10 @@ def part_kquant_kernels(args: argparse.Namespace) -> dict[str, Any]:
             for m in (1, 16):
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 ref = F.linear(x.float(), ref_w)
-                err = ((triton_kquant_linear(x, w, None, True).float() - ref).norm() / ref.norm()).item()
+                err = ((block_matmul(x, w.triton_args, None, True).float() - ref).norm() / ref.norm()).item()
                 turn = itertools.cycle(copies)
                 ms = graph_ms(
-                    lambda x=x, t=turn: triton_kquant_linear(x, next(t), None, True), len(copies) * 4
+                    lambda x=x, t=turn: block_matmul(x, next(t).triton_args, None, True), len(copies) * 4
                 )
                 res[f"Q{kind}_K_{n}x{k}_m{m}"] = {"us": 1e3 * ms, "GBps": w.nbytes / ms / 1e6, "rel_err": err}
             del copies, w, ref_w
@@ -574,7 +574,6 @@ def part_block_moe(args: argparse.Namespace) -> dict[str, Any]:
     from glassbox.kernels.triton_block_moe import block_fused_moe
     from glassbox.kernels.triton_moe import fused_moe
     from glassbox.layers.block_quantize import quantize
-    from glassbox.models.moe_blocks import block_args
 
     if SMOKE:
         return {"skipped": "the Triton kernels need CUDA"}
@@ -596,7 +595,7 @@ def part_block_moe(args: argparse.Namespace) -> dict[str, Any]:
             x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
             ids = torch.stack([torch.randperm(e, device="cuda")[:top] for _ in range(t)])
             wts = torch.rand(t, top, device="cuda", dtype=torch.bfloat16)
-            args_ = [(block_args(a), block_args(b)) for a, b in copies]
+            args_ = [(a.triton_args, b.triton_args) for a, b in copies]
             ref = fused_moe(x, ids, wts, ref1, ref2).float()
             out = block_fused_moe(x, ids, wts, *args_[0], e).float()
             err = ((out - ref).norm() / ref.norm()).item()
@@ -676,17 +675,13 @@ def part_gemv_sweep(args: argparse.Namespace) -> dict[str, Any]:
                     tbl.GEMV_TILES = tbl.GemvTiles(bn, v, nw, st)
                     key = f"int{bits}_{n}x{k}_bn{bn}_v{v}_w{nw}_s{st}"
                     try:
-                        out = tbl.block_matmul(
-                            x, w.codes, w.tiled_scales, None, None, w.offset_factor, bits, None, True
-                        )
+                        out = tbl.block_matmul(x, w.triton_args, None, True)
                         err = ((out.float() - ref).norm() / ref.norm()).item()
                         turn = itertools.cycle(copies)
 
                         def run(turn: Any = turn, x: torch.Tensor = x, bits: int = bits) -> None:
                             c = next(turn)
-                            tbl.block_matmul(
-                                x, c.codes, c.tiled_scales, None, None, c.offset_factor, bits, None, True
-                            )
+                            tbl.block_matmul(x, c.triton_args, None, True)
 
                         ms = graph_ms(run, len(copies) * 2)
                         res[key] = {"us": 1e3 * ms, "GBps": w.nbytes / ms / 1e6, "rel_err": err}

@@ -116,16 +116,20 @@ def check_row_counts(lin: Any, ref_w: torch.Tensor, bias: torch.Tensor | None) -
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_split_k_partial_sums(bits: int) -> None:
-    """Every K split count gives the reference (the tail on the last split; splits with no step)."""
+    w, ref_w = _weights(f"gptq{bits}", 48, 2600, seed=bits)  # 5 chunks and 2 blocks
+    check_splits(w.to(DEV).triton_args, ref_w)
+
+
+def check_splits(w: Any, ref_w: torch.Tensor) -> None:
+    """``block_matmul`` on ``w`` (BlockArgs on DEV) at 1 and 5 rows with a bias: every K split count gives
+    the reference (the tail on the last split; splits with no step)."""
     from glassbox.kernels.triton_block_linear import block_matmul
 
-    w, ref_w = _weights(f"gptq{bits}", 48, 2600, seed=bits)  # 5 chunks and 2 blocks
-    bias = torch.randn(48)
-    args = (w.codes.to(DEV), w.tiled_scales.to(DEV), None, w.tiled_zeros.to(DEV), 0.0, bits, bias.to(DEV))
+    bias = torch.randn(w.rows)
     for m in (1, 5):
         x = torch.randn(m, w.in_features)
         for splits in (2, 3, 7, 16):
-            _check(block_matmul(x.to(DEV), *args, decode=True, splits=splits), x, ref_w, bias)
+            _check(block_matmul(x.to(DEV), w, bias.to(DEV), True, splits=splits), x, ref_w, bias)
 
 
 def test_to_device_keeps_a_tied_table_once() -> None:

@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_triton_block_linear import DEV, INTERPRET, _check, _on_triton, _tokens, check_row_counts
+from test_triton_block_linear import (
+    DEV,
+    INTERPRET,
+    _check,
+    _on_triton,
+    _tokens,
+    check_row_counts,
+    check_splits,
+)
 
 from glassbox.layers.block_linear import to_triton
 from glassbox.layers.fp4_linear import FP4Linear
@@ -82,21 +90,11 @@ def test_fused_rows_of_different_tensor_scales() -> None:
 @pytest.mark.parametrize("kind", ["mxfp4", "nvfp4"])
 def test_split_k_partial_sums(kind: str) -> None:
     """Every K split count gives the reference (the tail on the last split; splits with no step)."""
-    from glassbox.kernels.triton_block_linear import block_matmul
-
     w = _weights(kind, 48, 2624, seed=5)  # 5 chunks and 2 blocks
     t = FP4Linear(w)
     t.move_to_triton(DEV)
     assert t.triton is not None
-    bias = torch.randn(48)
-    for m in (1, 5):
-        x = torch.randn(m, w.in_features)
-        for splits in (2, 3, 7, 16):
-            y = block_matmul(
-                x.to(DEV), t.triton.codes, t.triton.lo, t.triton.hi, None, 0.0, 4, bias.to(DEV), True,
-                splits=splits, fp4=kind, row_scale=t.triton.row_scale,
-            )  # fmt: skip
-            _check(y, x, w.dequantize_reference(torch.float32), bias)
+    check_splits(t.triton.triton_args, w.dequantize_reference(torch.float32))
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1, triton, and no CUDA")

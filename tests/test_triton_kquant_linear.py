@@ -21,7 +21,16 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 from gguf_factory import Spec, random_blocks, write_model
-from test_triton_block_linear import CUDA, DEV, INTERPRET, _check, _on_triton, _tokens, check_row_counts
+from test_triton_block_linear import (
+    CUDA,
+    DEV,
+    INTERPRET,
+    _check,
+    _on_triton,
+    _tokens,
+    check_row_counts,
+    check_splits,
+)
 
 from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear, to_triton
 from glassbox.layers.kquant import from_gguf
@@ -73,20 +82,9 @@ def test_kquant_linear_matches_reference(qtype: Q, n: int, k: int) -> None:
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 def test_split_k_partial_sums(qtype: Q) -> None:
     """Every K split count gives the reference (the tail super-block on the last split)."""
-    from glassbox.kernels.triton_block_linear import block_matmul
-
     lin, ref_w = _linear(qtype, 48, 2816, None)  # 5 chunks and a super-block
-    w = lin.w
-    assert isinstance(w, TritonKQuant)
-    bias = torch.randn(48)
-    for m in (1, 5):
-        x = torch.randn(m, w.in_features)
-        for splits in (2, 3, 7, 16):
-            y = block_matmul(
-                x.to(DEV), w.codes, w.sub, w.mins, None, -32.0 if w.kind == 6 else 0.0, w.bits, bias.to(DEV),
-                True, splits=splits, super_scales=w.sup,
-            )  # fmt: skip
-            _check(y, x, ref_w, bias)
+    assert isinstance(lin.w, TritonKQuant)
+    check_splits(lin.w.triton_args, ref_w)
 
 
 @on_triton

@@ -27,6 +27,16 @@ Launch = tuple[Any, tuple[Any, ...], dict[str, Any]]  # (kernel, args, kwargs)
 OFFSETS = ("factor", "stored", "zeros")  # Q4_0/Q8_0/int, Q4_1, GPTQ/AWQ
 FP4 = ("mxfp4", "nvfp4")  # 4-bit floats, as ``offsets`` of 4-bit launches
 KQUANTS = {"Q4_K": 4, "Q5_K": 8, "Q6_K": 8}  # GGUF K-quants (layers/kquant_triton.py) and their code bits
+KINDS = {
+    "factor": 0,
+    "stored": 1,
+    "zeros": 2,
+    "mxfp4": 3,
+    "nvfp4": 4,
+    "Q4_K": 5,
+    "Q5_K": 5,
+    "Q6_K": 6,
+}  # OFFSETS
 # one row: the GEMV; 4: split-K decode tiles; 48 and 200: the prompt tiles (64 and 128 rows; float32: 32)
 ROWS = (1, 4, 48, 200)
 KERNELS = ("_block_gemv_kernel", "_block_mm_kernel", "_split_sum_kernel")
@@ -69,34 +79,27 @@ def linear_launches(
     n, k = 4096, 4096
     blocks = k // 32
     codes = torch.zeros(n, k * bits // 8, dtype=torch.uint8)
-    fp4 = offsets if offsets in FP4 else None  # 4-bit floats: byte scales (layers/fp4_triton.py)
+    six = offsets == "Q6_K"
     if offsets in KQUANTS:  # byte scales (Q6_K: two a block) and float16 super-block scales
         assert bits == KQUANTS[offsets]
-        six = offsets == "Q6_K"
-        sub = torch.zeros(n, blocks * (2 if six else 1), dtype=torch.int8 if six else torch.uint8)
-        mins = None if six else torch.zeros(n, blocks, dtype=torch.uint8)
-        sup = torch.zeros(n, k // 256 * (1 if six else 2), dtype=torch.float16)
-        with _recording(target) as calls:
-            for m in rows:
-                x = torch.zeros(m, k, dtype=dtype)
-                tbl.block_matmul(
-                    x, codes, sub, mins, None, -32.0 if six else 0.0, bits, torch.zeros(n) if bias else None,
-                    m <= 16, super_scales=sup,
-                )  # fmt: skip
-        return calls
-    scales = torch.zeros(n, blocks, dtype=torch.uint8 if fp4 else torch.float16)
-    offs = torch.zeros(n, blocks, dtype=torch.float16) if offsets == "stored" else None
-    offs = torch.zeros(n, blocks, dtype=torch.uint8) if offsets == "nvfp4" else offs
-    zeros = torch.zeros(n, blocks, dtype=torch.uint8) if offsets == "zeros" else None
-    row_scale = torch.zeros(n) if offsets == "nvfp4" else None
-    b = torch.zeros(n) if bias else None
+        scales = torch.zeros(n, blocks * (2 if six else 1), dtype=torch.int8 if six else torch.uint8)
+        sb = torch.zeros(n, k // 256 * (1 if six else 2), dtype=torch.float16)
+    else:  # 4-bit floats: byte scales (layers/fp4_triton.py); block weights: float16
+        scales = torch.zeros(n, blocks, dtype=torch.uint8 if offsets in FP4 else torch.float16)
+        sb = scales
+    offs = {
+        "stored": torch.zeros(n, blocks, dtype=torch.float16), "zeros": torch.zeros(n, blocks, dtype=torch.uint8),
+        "nvfp4": torch.zeros(n, blocks, dtype=torch.uint8), "Q4_K": torch.zeros(n, blocks, dtype=torch.uint8),
+        "Q5_K": torch.zeros(n, blocks, dtype=torch.uint8),
+    }.get(offsets, scales)  # fmt: skip
+    rs = torch.zeros(n) if offsets == "nvfp4" else scales
+    w = tbl.BlockArgs(
+        codes, scales, offs, sb, rs, bits, KINDS[offsets], -8.0 if offsets == "factor" else -32.0 if six else 0.0,
+        k, offsets == "nvfp4",
+    )  # fmt: skip
     with _recording(target) as calls:
         for m in rows:
-            x = torch.zeros(m, k, dtype=dtype)
-            tbl.block_matmul(
-                x, codes, scales, offs, zeros, -8.0 if offsets == "factor" else 0.0, bits, b, m <= 16,
-                fp4=fp4, row_scale=row_scale,
-            )  # fmt: skip
+            tbl.block_matmul(torch.zeros(m, k, dtype=dtype), w, torch.zeros(n) if bias else None, m <= 16)
     return calls
 
 

@@ -315,45 +315,55 @@ def _splits(programs: int, steps: int, device: torch.device) -> int:
     return max(1, min(MAX_SPLITS, steps, want))
 
 
+@dataclass(frozen=True)
+class BlockArgs:
+    """A block weight's device arrays and kind as the kernels take them, made by each layout
+    (``triton_args``: layers/block_quant.py, layers/kquant_triton.py, layers/fp4_triton.py): ``offs`` the
+    stored offsets, zero codes, K-quant mins or NVFP4's second-half scales (else ``scales``), ``sb`` the
+    K-quants' super-block scales and ``rs`` NVFP4's row scales (else ``scales``)."""
+
+    codes: torch.Tensor  # (N, L) uint8, tiled
+    scales: torch.Tensor  # (N, Kp / 32) (Q6_K: two a block), tiled
+    offs: torch.Tensor
+    sb: torch.Tensor
+    rs: torch.Tensor
+    bits: int
+    kind: int  # the kernels' OFFSETS
+    offset_factor: float
+    in_features: int
+    has_row_scale: bool
+
+    def __post_init__(self) -> None:
+        blocks = self.shape_args()[1]
+        assert self.scales.shape[1] == blocks * (2 if self.kind == 6 else 1) and blocks * BLOCK >= self.in_features
+        assert self.kind or self.offset_factor == int(self.offset_factor), "_dequant folds an integer factor"
+
+    @property
+    def rows(self) -> int:
+        return int(self.codes.shape[0])
+
+    def shape_args(self) -> tuple[int, int, int, int]:
+        """(L code bytes a row, LS blocks a row, whole chunks, block pairs past them)."""
+        length = int(self.codes.shape[1])
+        blocks = length * (8 // self.bits) // BLOCK
+        return length, blocks, blocks // 16, (blocks - blocks // 16 * 16) // 2
+
+
 def block_matmul(
     x: torch.Tensor,  # (M, K), contiguous rows
-    codes: torch.Tensor,  # (N, L) uint8, tiled
-    scales: torch.Tensor,  # (N, Kp / 32) float16, tiled
-    offsets: torch.Tensor | None,  # (N, Kp / 32) float16, tiled (Q4_1)
-    zeros: torch.Tensor | None,  # (N, Kp / 32) uint8, tiled (GPTQ, AWQ)
-    offset_factor: float,
-    bits: int,
+    w: BlockArgs,
     bias: torch.Tensor | None,  # (N,) float32
     decode: bool,  # a decode step: one row takes the GEMV, up to DECODE_ROWS the split-K tiles
     splits: int | None = None,  # K splits (None: from the SMs; tests force them)
-    fp4: str | None = None,  # "mxfp4" | "nvfp4": E2M1 codes; scales, offsets as the FP4 kinds store them
-    row_scale: torch.Tensor | None = None,  # (N,) float32: NVFP4's tensor scale per row
-    super_scales: torch.Tensor | None = None,  # float16, tiled: the K-quants' super-block scales
 ) -> torch.Tensor:
-    """x W^T + bias, (M, N) in x's dtype. FP4 (layers/fp4_triton.py): ``scales`` the blocks' E8M0 bytes
-    (mxfp4) or their first halves' E4M3 bytes (nvfp4, ``offsets`` the second halves'). K-quants
-    (layers/kquant_triton.py, ``super_scales`` given): ``scales`` the 6-bit sub-block scales and ``offsets``
-    the mins (Q4_K, Q5_K), or the int8 scales of the half blocks, two a block (Q6_K, no offsets)."""
+    """x W^T + bias, (M, N) in x's dtype."""
     m, k = x.shape
-    n, length = codes.shape
-    blocks = length * (8 // bits) // BLOCK
-    chunks = blocks // 16
-    if fp4 is not None:
-        assert bits == 4 and (offsets is not None) == (fp4 == "nvfp4") and zeros is None
-        kind = 3 if fp4 == "mxfp4" else 4
-    elif super_scales is not None:  # K-quants: with mins (Q4_K, Q5_K) or Q6_K's half-block scales
-        assert zeros is None
-        kind = 5 if offsets is not None else 6
-    else:
-        kind = 1 if offsets is not None else 2 if zeros is not None else 0
-    assert x.stride(1) == 1 and blocks * BLOCK >= k and scales.shape[1] == blocks * (2 if kind == 6 else 1)
-    assert kind or offset_factor == int(offset_factor), "_dequant folds an integer offset factor"
-    offs = offsets if offsets is not None else zeros if zeros is not None else scales
-    bias_arg = bias if bias is not None else scales
-    rs_arg = row_scale if row_scale is not None else scales
-    sb_arg = super_scales if super_scales is not None else scales
+    n = w.rows
+    length, blocks, chunks, tail_pairs = w.shape_args()
+    assert x.stride(1) == 1 and k == w.in_features
+    bias_arg = bias if bias is not None else w.scales
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    seg = 256 if bits == 4 else 512
+    seg = 256 if w.bits == 4 else 512
     if decode and m == 1:
         gt = GEMV_TILES
         programs = triton.cdiv(n, gt.block_n)
@@ -361,22 +371,22 @@ def block_matmul(
         s = splits or _splits(programs, steps, x.device)
         ws = torch.empty(s, 1, n, dtype=torch.float32, device=x.device) if s > 1 else out
         _block_gemv_kernel[(programs, s)](
-            x, codes, scales, offs, bias_arg, rs_arg, sb_arg, out, ws, n, k, length, blocks, chunks,
-            (blocks - chunks * 16) // 2, offset_factor, BITS=bits, OFFSETS=kind, HAS_BIAS=bias is not None,
-            HAS_ROW_SCALE=row_scale is not None, BLOCK_N=gt.block_n,
-            VECS=gt.vecs, MASK_K=k < chunks * 512, num_warps=gt.num_warps, num_stages=gt.num_stages,
+            x, w.codes, w.scales, w.offs, bias_arg, w.rs, w.sb, out, ws, n, k, length, blocks, chunks, tail_pairs,
+            w.offset_factor, BITS=w.bits, OFFSETS=w.kind, HAS_BIAS=bias is not None,
+            HAS_ROW_SCALE=w.has_row_scale, BLOCK_N=gt.block_n, VECS=gt.vecs, MASK_K=k < chunks * 512,
+            num_warps=gt.num_warps, num_stages=gt.num_stages,
         )  # fmt: skip
     else:
-        t = mm_tiles(m, bits, x.dtype, kind)
+        t = mm_tiles(m, w.bits, x.dtype, w.kind)
         grid_mn = triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n)
         one_split = not decode or m > DECODE_ROWS
         s = 1 if one_split else splits or _splits(grid_mn, chunks * seg // t.step, x.device)
         ws = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if s > 1 else out
         _block_mm_kernel[(triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), s)](
-            x, codes, scales, offs, bias_arg, rs_arg, sb_arg, out, ws, m, n, k, x.stride(0), out.stride(0), length,
-            blocks, chunks, (blocks - chunks * 16) // 2, offset_factor, BITS=bits, OFFSETS=kind,
-            HAS_BIAS=bias is not None, HAS_ROW_SCALE=row_scale is not None, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STEP=t.step,
-            IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages,
+            x, w.codes, w.scales, w.offs, bias_arg, w.rs, w.sb, out, ws, m, n, k, x.stride(0), out.stride(0),
+            length, blocks, chunks, tail_pairs, w.offset_factor, BITS=w.bits, OFFSETS=w.kind,
+            HAS_BIAS=bias is not None, HAS_ROW_SCALE=w.has_row_scale, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+            STEP=t.step, IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
     if s > 1:
         _split_sum_kernel[(m, triton.cdiv(n, 1024))](

@@ -26,36 +26,8 @@ import triton.language as tl
 
 from glassbox.kernels.attention_tiles import device_capability
 from glassbox.kernels.triton_block_gemv import _rows_at
-from glassbox.kernels.triton_block_linear import _block_dot
+from glassbox.kernels.triton_block_linear import BlockArgs, _block_dot
 from glassbox.kernels.triton_moe import ACTIVATIONS, _block_rows, _glu, align
-
-
-@dataclass(frozen=True)
-class BlockArgs:
-    """A block weight's device arrays and kind as the kernels take them (kernels/triton_block_linear.py's
-    ``block_matmul`` arguments): ``offs`` the stored offsets, zero codes or NVFP4's second-half scales (else
-    ``scales``), ``sb`` the K-quants' super-block scales and ``rs`` NVFP4's row scales (else ``scales``)."""
-
-    codes: torch.Tensor
-    scales: torch.Tensor
-    offs: torch.Tensor
-    sb: torch.Tensor
-    rs: torch.Tensor
-    bits: int
-    kind: int  # the kernels' OFFSETS
-    offset_factor: float
-    in_features: int
-    has_row_scale: bool
-
-    @property
-    def rows(self) -> int:
-        return int(self.codes.shape[0])
-
-    def shape_args(self) -> tuple[int, int, int, int]:
-        """(L code bytes a row, LS blocks a row, whole chunks, block pairs past them)."""
-        length = int(self.codes.shape[1])
-        blocks = length * (8 // self.bits) // 32
-        return length, blocks, blocks // 16, (blocks - blocks // 16 * 16) // 2
 
 
 @triton.jit

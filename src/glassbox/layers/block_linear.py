@@ -23,7 +23,7 @@ from torch import nn
 from glassbox.layers.block_quant import BlockWeights, concat, native_library
 from glassbox.layers.kquant import KQuantWeights
 from glassbox.layers.kquant import concat as concat_kquant
-from glassbox.layers.kquant_triton import TritonKQuant, for_triton, triton_kquant_linear
+from glassbox.layers.kquant_triton import TritonKQuant, for_triton
 
 PackedWeights = BlockWeights | KQuantWeights
 HeldWeights = PackedWeights | TritonKQuant  # what a module holds: K-quants re-laid on CUDA
@@ -174,13 +174,8 @@ class BlockQuantLinear(nn.Module):
 def _triton_linear(x: torch.Tensor, w: HeldWeights, bias: torch.Tensor | None, decode: bool) -> torch.Tensor:
     from glassbox.kernels.triton_block_linear import block_matmul
 
-    if isinstance(w, TritonKQuant):
-        return triton_kquant_linear(x.contiguous(), w, bias, decode)
-    assert isinstance(w, BlockWeights), "K-quants run re-laid (to_triton)"
-    return block_matmul(
-        x.contiguous(), w.codes, w.tiled_scales, w.tiled_offsets, w.tiled_zeros, w.offset_factor, w.bits,
-        bias, decode,
-    )  # fmt: skip
+    assert not isinstance(w, KQuantWeights), "K-quants run re-laid (to_triton)"
+    return block_matmul(x.contiguous(), w.triton_args, bias, decode)
 
 
 def to_triton(model: nn.Module, device: torch.device) -> int:

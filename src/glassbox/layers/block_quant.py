@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from glassbox.layers.block_tiles import from_tiles, gather_rows, to_tiles
+
+if TYPE_CHECKING:
+    from glassbox.kernels.triton_block_linear import BlockArgs
 
 BLOCK = 32
 GROUP = 64  # Kp (the padded row length) is a multiple of it
@@ -147,6 +152,17 @@ class BlockWeights:
             int(dtype == torch.bfloat16), torch.get_num_threads(),
         )  # fmt: skip
         return out
+
+    @functools.cached_property
+    def triton_args(self) -> BlockArgs:
+        """The Triton kernels' arguments (kernels/triton_block_linear.py; the tensors where they are): OFFSETS 0
+        a constant factor, 1 stored offsets, 2 zero codes. Act-order's ``perm`` is the caller's to apply."""
+        from glassbox.kernels.triton_block_linear import BlockArgs
+
+        offs, zeros, d = self.tiled_offsets, self.tiled_zeros, self.tiled_scales
+        kind = 1 if offs is not None else 2 if zeros is not None else 0
+        held = offs if offs is not None else zeros if zeros is not None else d
+        return BlockArgs(self.codes, d, held, d, d, self.bits, kind, self.offset_factor, self.in_features, False)
 
     def to(self, device: torch.device) -> BlockWeights:
         """The same weights with their tensors on ``device``."""

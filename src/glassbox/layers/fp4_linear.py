@@ -18,7 +18,7 @@ from torch import nn
 from glassbox.layers.block_linear import kernel_chosen
 from glassbox.layers.fp4_quant import FP4Weights, native_library
 from glassbox.layers.fp4_quantize import quantize
-from glassbox.layers.fp4_triton import TritonFP4, for_triton, triton_fp4_linear
+from glassbox.layers.fp4_triton import TritonFP4, for_triton
 from glassbox.layers.in_place import in_place_of, quantized_kind
 
 
@@ -93,7 +93,9 @@ class FP4Linear(nn.Module):
 
 @torch.compiler.disable  # a launch, not a graph (as layers/block_linear.py's)
 def _triton(x: torch.Tensor, w: TritonFP4, bias: torch.Tensor | None, decode: bool) -> torch.Tensor:
-    return triton_fp4_linear(x, w, bias, decode)
+    from glassbox.kernels.triton_block_linear import block_matmul
+
+    return block_matmul(x, w.triton_args, bias, decode)
 
 
 def quantize_model_fp4(model: nn.Module, kind: str, experts: bool = True) -> int:

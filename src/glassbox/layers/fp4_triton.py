@@ -11,12 +11,17 @@ row order) and multiplies each row's sum. Made once at load, on the CPU, then mo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from glassbox.layers.block_quant import BLOCK, tile_blocks
 from glassbox.layers.fp4_quant import FP4Weights, half_order
+
+if TYPE_CHECKING:
+    from glassbox.kernels.triton_block_linear import BlockArgs
 
 
 @dataclass
@@ -41,6 +46,17 @@ class TritonFP4:
         parts = {"codes": self.codes, "lo": self.lo, "hi": self.hi, "row_scale": self.row_scale}
         return {name: t for name, t in parts.items() if t is not None}
 
+    @functools.cached_property
+    def triton_args(self) -> BlockArgs:
+        """The Triton kernels' arguments: OFFSETS 3 (MXFP4: E8M0 bytes) or 4 (NVFP4: E4M3 bytes per half
+        block, ``lo`` the first halves', ``hi`` the second's; the tensor scale per row)."""
+        from glassbox.kernels.triton_block_linear import BlockArgs
+
+        hi = self.lo if self.hi is None else self.hi
+        rs = self.lo if self.row_scale is None else self.row_scale
+        return BlockArgs(self.codes, self.lo, hi, self.lo, rs, 4, 3 if self.kind == "mxfp4" else 4, 0.0,
+                         self.in_features, self.row_scale is not None)  # fmt: skip
+
     def to(self, device: torch.device) -> TritonFP4:
         def moved(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
@@ -62,12 +78,3 @@ def for_triton(w: FP4Weights) -> TritonFP4:
     codes, (lo_t, hi_t) = tile_blocks(q, [(lo, torch.uint8), (hi, torch.uint8)], 4, w.in_features)
     assert lo_t is not None
     return TritonFP4(codes, lo_t, hi_t, w.row_scale, w.kind, w.in_features, w.label)
-
-
-def triton_fp4_linear(x: torch.Tensor, w: TritonFP4, bias: torch.Tensor | None, decode: bool) -> torch.Tensor:
-    """x W^T + bias on the block kernels (x (M, K) contiguous rows; ``decode``: a decode step's rows)."""
-    from glassbox.kernels.triton_block_linear import block_matmul
-
-    return block_matmul(
-        x, w.codes, w.lo, w.hi, None, 0.0, 4, bias, decode, fp4=w.kind, row_scale=w.row_scale
-    )  # fmt: skip

@@ -16,13 +16,18 @@ Made once at load, on the CPU, then moved (``to``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from glassbox.layers.block_quant import BLOCK, CHUNK, _deinterleave, tile_blocks
 from glassbox.layers.block_tiles import from_tiles, gather_rows, to_tiles
 from glassbox.layers.kquant import SUPER, KQuantParts, KQuantWeights
+
+if TYPE_CHECKING:
+    from glassbox.kernels.triton_block_linear import BlockArgs
 
 
 @dataclass
@@ -51,6 +56,17 @@ class TritonKQuant:
     def stored(self) -> dict[str, torch.Tensor]:
         parts = {"codes": self.codes, "sub": self.sub, "mins": self.mins, "sup": self.sup}
         return {name: t for name, t in parts.items() if t is not None}
+
+    @functools.cached_property
+    def triton_args(self) -> BlockArgs:
+        """The Triton kernels' arguments: OFFSETS 5 (the sub-block scales and mins) or 6 (Q6_K's half-block
+        scales; codes less 32)."""
+        from glassbox.kernels.triton_block_linear import BlockArgs
+
+        six = self.mins is None
+        mins = self.sub if self.mins is None else self.mins
+        return BlockArgs(self.codes, self.sub, mins, self.sup, self.sub, self.bits, 6 if six else 5,
+                         -32.0 if six else 0.0, self.in_features, False)  # fmt: skip
 
     def to(self, device: torch.device) -> TritonKQuant:
         mins = None if self.mins is None else self.mins.to(device)
@@ -121,23 +137,3 @@ def for_triton(w: KQuantWeights) -> TritonKQuant:
     assert sub is not None and mins is not None
     sup = torch.stack([d, p.dmin.half()], dim=-1).view(n, -1)
     return TritonKQuant(codes, sub, mins, tiled(sup, 2 * CHUNK * BLOCK // SUPER), w.kind, k, w.label)
-
-
-def triton_kquant_linear(
-    x: torch.Tensor, w: TritonKQuant, bias: torch.Tensor | None, decode: bool
-) -> torch.Tensor:
-    """x W^T + bias on the block kernels (x (M, K) contiguous rows; ``decode``: a decode step's rows)."""
-    from glassbox.kernels.triton_block_linear import block_matmul
-
-    return block_matmul(
-        x,
-        w.codes,
-        w.sub,
-        w.mins,
-        None,
-        -32.0 if w.kind == 6 else 0.0,
-        w.bits,
-        bias,
-        decode,
-        super_scales=w.sup,
-    )

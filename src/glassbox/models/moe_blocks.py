@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from glassbox.kernels.triton_block_moe import BlockArgs
 from glassbox.layers.block_linear import BlockQuantLinear, concat_weights
 from glassbox.layers.block_quant import BlockWeights
 from glassbox.layers.fp4_linear import FP4Linear
@@ -27,25 +26,6 @@ from glassbox.layers.kquant_triton import TritonKQuant
 from glassbox.layers.kquant_triton import for_triton as kquant_for_triton
 
 StackedWeights = BlockWeights | TritonKQuant | TritonFP4
-
-
-def block_args(w: StackedWeights) -> BlockArgs:
-    """The kernels' arguments for ``w`` (on the device)."""
-    if isinstance(w, TritonKQuant):
-        six = w.mins is None
-        mins = w.sub if w.mins is None else w.mins
-        return BlockArgs(w.codes, w.sub, mins, w.sup, w.sub, w.bits, 6 if six else 5, -32.0 if six else 0.0,
-                         w.in_features, False)  # fmt: skip
-    if isinstance(w, TritonFP4):
-        rs = w.lo if w.row_scale is None else w.row_scale
-        return BlockArgs(w.codes, w.lo, w.lo if w.hi is None else w.hi, w.lo, rs, 4,
-                         3 if w.kind == "mxfp4" else 4, 0.0, w.in_features, w.row_scale is not None)  # fmt: skip
-    assert w.perm is None
-    offs, zeros = w.tiled_offsets, w.tiled_zeros
-    kind = 1 if offs is not None else 2 if zeros is not None else 0
-    held = offs if offs is not None else zeros if zeros is not None else w.tiled_scales
-    return BlockArgs(w.codes, w.tiled_scales, held, w.tiled_scales, w.tiled_scales, w.bits, kind,
-                     w.offset_factor, w.in_features, False)  # fmt: skip
 
 
 def _stack(
@@ -98,7 +78,7 @@ class StackedExperts(nn.Module):
     ) -> None:
         super().__init__()
         self.held = held
-        self.w1, self.w2 = block_args(held[0]), block_args(held[1])
+        self.w1, self.w2 = held[0].triton_args, held[1].triton_args
         self.b1, self.b2 = b1, b2  # (E 2I,), (E H,) float32
         for side, w in zip(("w1", "w2"), held, strict=True):
             for name, t in w.stored().items():
