@@ -50,10 +50,13 @@ def _ref(outs: list) -> list:
 
 @pytest.mark.parametrize(
     ("arch", "quantization", "world"),
-    [("llama", "int8", 2), ("llama", "mxfp4", 2), ("qwen3", "int4-asym", 4)],
-)
+    [("llama", "int8", 2), ("llama", "mxfp4", 2), ("llama", "fp8", 2), ("llama", "nvfp4", 2),
+     ("qwen3", "int4-asym", 4)],
+)  # fmt: skip
 def test_quantized_tp_matches_tp1(tmp_path: Path, arch: str, quantization: str, world: int) -> None:
     """Each rank's blocks are the whole model's (per row, 32 values along K): TP=N gives TP=1's tokens.
+    fp8's per-row scales of o/down and nvfp4's per-tensor scales span a whole row or tensor: each rank
+    takes the largest magnitude over the ranks (a shard's own would give other codes, other logprobs).
     Qwen3 at TP=4: q/k norms, a tied table (8-bit blocks under int4-asym) shared with the vocab-parallel
     head; o_proj's and down_proj's K shards of 64 values (blocks are stored in rows padded to 64: a
     32-value shard would hold twice its bytes), four KV heads so that each rank holds a quarter of every
@@ -230,14 +233,17 @@ def test_quantized_checkpoint_cuts_that_break_blocks_are_named(tmp_path: Path, k
         sharded_quantized(d, ckpt.facts.quantization_config, ModelConfig.from_facts(ckpt.facts), 0, 2)
 
 
-def test_quantized_moe_experts_tp2_matches_tp1(tmp_path: Path) -> None:
-    """--quantization int4 of a Qwen3-MoE: each rank quantizes its shard of every expert (gate/up rows,
-    down's 32 of 64 input columns: whole blocks), held per expert; TP=1's tokens."""
+@pytest.mark.parametrize("quantization", ["int4", "fp8"])
+def test_quantized_moe_experts_tp2_matches_tp1(tmp_path: Path, quantization: str) -> None:
+    """--quantization int4|fp8 of a Qwen3-MoE: each rank quantizes its shard of every expert (gate/up rows,
+    down's 32 of 64 input columns: whole blocks; fp8: down's row scales over both ranks' columns), held
+    per expert; TP=1's tokens."""
     d = build_tiny_model("qwen3_moe", tmp_path, moe_intermediate_size=64)
-    one = LLM(str(d), dtype="float32", quantization="int4", max_num_seqs=2)
+    one = LLM(str(d), dtype="float32", quantization=quantization, max_num_seqs=2)
     ref = _ref(one.generate(PROMPTS, GREEDY))
-    llm = LLM(str(d), dtype="float32", quantization="int4", tensor_parallel_size=2, max_num_seqs=2)
+    llm = LLM(str(d), dtype="float32", quantization=quantization, tensor_parallel_size=2, max_num_seqs=2)
     _check(llm.generate(PROMPTS, GREEDY), ref, 1e-5)
+    assert llm.engine.executor.block_formats == one.engine.executor.block_formats
     cfg = one.engine.executor.model_config
     with pytest.raises(ValueError, match="the experts' down_proj's 64 input columns split into 16 a rank"):
         tp_model.check_run(4, torch.device("cpu"), EngineConfig(quantization="int8"), None, cfg)

@@ -103,6 +103,15 @@ def broadcast_object(obj: Any) -> Any:
     return box[0]
 
 
+def load_max(x: torch.Tensor) -> torch.Tensor:
+    """The elementwise largest ``x`` over the ranks, in place: a scale computed over a whole tensor that the
+    ranks hold parts of (load-time quantization). At start-up, so on the default group (its timeout is the
+    start-up one)."""
+    _require()
+    _collective(lambda: dist.all_reduce(x, op=dist.ReduceOp.MAX), "start-up all-reduce")
+    return x
+
+
 def gather_ints(value: int) -> list[int]:
     """Every rank's ``value``, in rank order (on every rank); at start-up, so on the default group (its
     timeout is the start-up one: ranks finish loading at different times)."""

@@ -137,6 +137,7 @@ class TorchExecutor:
                 asymmetric=config.quantization in ASYMMETRIC,
                 # the routed experts too where kernels hold them: the CPU's, CUDA's fused block MoE
                 experts=self.device.type == "cpu" or (on_triton and bits != "fp8"),
+                across=tp_model.max_across(self.tp),
             )
         self.triton_experts = 0  # MoE layers on the fused triton kernels (CUDA)
         if on_triton:

@@ -11,7 +11,7 @@ from typing import Protocol
 import torch
 
 from glassbox.config import EngineConfig
-from glassbox.distributed import TPState, broadcast_object, gather_ints
+from glassbox.distributed import TPState, broadcast_object, gather_ints, load_max
 from glassbox.engine.checkpoint import Checkpoint, Tensors
 from glassbox.engine.kv_plan import KVCachePlan
 from glassbox.layers.attention import AttentionMetadata
@@ -57,12 +57,6 @@ def check_run(
             f"--tensor-parallel-size {n} with --speculative-config is not built (the workers would not run "
             "the verification and draft passes)"
         )
-    if config.quantization in ("nvfp4", "fp8"):
-        what = "per-tensor scale" if config.quantization == "nvfp4" else "per-channel scales of o/down"
-        raise ValueError(
-            f"--tensor-parallel-size {n} with --quantization {config.quantization} is not built: its {what} "
-            "would differ from shard to shard (int8, int4, int4-asym and mxfp4 split as the whole model's blocks)"
-        )
     qc = checkpoint.facts.quantization_config if checkpoint is not None else {}
     packed = (
         config.quantization not in (None, "none")
@@ -74,7 +68,7 @@ def check_run(
             f"--tensor-parallel-size {n}: {cfg.architecture} splits 16/32-bit safetensors weights only so far "
             "(not --quantization or GGUF files)"
         )
-    if config.quantization not in (None, "none"):
+    if config.quantization not in (None, "none", "fp8"):  # fp8: a scale per row, none along K
         check_k_blocks(n, str(config.quantization), cfg)
     if qc and not (group_quant(qc) or ct_int_spec(qc) or fp8_spec(qc)):
         raise ValueError(
@@ -102,7 +96,7 @@ def check_k_blocks(n: int, quantization: str, cfg: ModelConfig) -> None:
             )
 
 
-QUANT_BLOCK = 32  # the values of a block along K: int8, int4, int4-asym (layers/block_quant.py) and mxfp4
+QUANT_BLOCK = 32  # the values of a block along K: int8, int4, int4-asym (layers/block_quant.py), mxfp4 (nvfp4: 16)
 
 
 def weights(
@@ -117,6 +111,11 @@ def weights(
     if qc:
         return sharded_quantized(checkpoint.source.path, qc, cfg, tp.rank, tp.world)
     return sharded_safetensors(checkpoint.source.path, cfg, tp.rank, tp.world), {}
+
+
+def max_across(tp: TPState | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The elementwise largest value over the ranks (load-time scales of whole rows or tensors), or None."""
+    return None if tp is None else load_max
 
 
 def shard_fn(tp: TPState | None) -> Callable[[CausalLM], None] | None:

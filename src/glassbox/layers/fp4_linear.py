@@ -9,6 +9,7 @@ the PyTorch reference.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -98,21 +99,34 @@ def _triton(x: torch.Tensor, w: TritonFP4, bias: torch.Tensor | None, decode: bo
     return block_matmul(x, w.triton_args, bias, decode)
 
 
-def quantize_model_fp4(model: nn.Module, kind: str, experts: bool = True) -> int:
+def quantize_model_fp4(
+    model: nn.Module,
+    kind: str,
+    experts: bool = True,
+    across: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> int:
     """``--quantization mxfp4|nvfp4``: every ``nn.Linear`` but the LM head (attention, dense MLPs, shared
     experts; routers are ``RouterLinear`` and stay), and with ``experts`` (held experts: the CPU's kernels,
     CUDA's fused block MoE) the routed experts of modules that hold them otherwise (a
     ``quantize_experts`` method: models/moe.py), in ``kind``; embeddings and the LM head stay in the model's
-    dtype, as FP4 checkpoints keep them. Returns the matrices quantized."""
+    dtype, as FP4 checkpoints keep them. ``across`` (tensor parallelism: ``distributed.load_max``): NVFP4's
+    tensor scales from the whole tensors a rank holds part of, so that every rank's codes are the whole
+    model's. Returns the matrices quantized."""
+
+    def fp4(w: torch.Tensor) -> FP4Weights:
+        if across is None or kind != "nvfp4":
+            return quantize(w, kind)
+        return quantize(w, kind, across(w.detach().float().abs().amax().reshape(1)))
+
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if quantized_kind(child) is nn.Linear and name != "lm_head":
                 assert isinstance(child, nn.Linear)
                 bias = None if hasattr(child, "around") else child.bias  # a row-parallel bias: after the sum
-                setattr(module, name, in_place_of(child, FP4Linear(quantize(child.weight, kind), bias)))
+                setattr(module, name, in_place_of(child, FP4Linear(fp4(child.weight), bias)))
                 count += 1
         hold = getattr(module, "quantize_experts", None)
         if experts and callable(hold):
-            count += int(hold(lambda w: quantize(w, kind)))
+            count += int(hold(fp4))
     return count

@@ -57,11 +57,14 @@ def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _pack_nibbles(codes).view(blocks.shape[0], -1, 16), e.to(torch.uint8)
 
 
-def quantize_nvfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_nvfp4(
+    weight: torch.Tensor, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A float weight (N, K) as ModelOpt stores NVFP4: (weight uint8 (N, K/2), weight_scale float8_e4m3fn
-    (N, K/16), weight_scale_2 float32 ())."""
+    (N, K/16), weight_scale_2 float32 ()); ``amax``: the largest magnitude of the tensor this is part of (a
+    tensor-parallel shard: the whole tensor's), else this one's."""
     blocks = _blocks(weight, 16)
-    g = blocks.abs().amax() / (6.0 * 448.0)
+    g = (blocks.abs().amax() if amax is None else amax.reshape(())) / (6.0 * 448.0)
     if float(g) == 0.0:
         g = torch.ones(())
     per_block = blocks.abs().amax(-1) / (6.0 * g)
@@ -71,11 +74,12 @@ def quantize_nvfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     return _pack_nibbles(codes), s, g.float()
 
 
-def quantize(weight: torch.Tensor, kind: str) -> FP4Weights:
-    """A float weight (N, K) quantized to ``kind`` ("mxfp4" | "nvfp4") and packed."""
+def quantize(weight: torch.Tensor, kind: str, amax: torch.Tensor | None = None) -> FP4Weights:
+    """A float weight (N, K) quantized to ``kind`` ("mxfp4" | "nvfp4") and packed; ``amax``: NVFP4's
+    tensor scale from a whole tensor's largest magnitude (``quantize_nvfp4``)."""
     k = weight.shape[1]
     if kind == "mxfp4":
         return from_mxfp4(*quantize_mxfp4(weight), label="mxfp4", in_features=k)
     if kind == "nvfp4":
-        return from_nvfp4(*quantize_nvfp4(weight), label="nvfp4", in_features=k)
+        return from_nvfp4(*quantize_nvfp4(weight, amax), label="nvfp4", in_features=k)
     raise ValueError(f"4-bit float formats are mxfp4 and nvfp4, got {kind!r}")

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from glassbox.layers.fp8_weights import Fp8Weights
+from glassbox.layers.in_place import cuts_k, in_place_of, quantized_kind
 
 logger = logging.getLogger(__name__)
 
@@ -32,37 +34,54 @@ E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 W8A8_MIN_ROWS = 17
 
 
-def quantize_fp8(weight: torch.Tensor) -> Fp8Weights:
-    """(N, K) weights as E4M3 codes with a float32 scale per row (a row of zeros gets scale 1)."""
-    codes, scale = quantize_rows_fp8(weight.detach())  # rounded as the W8A8 path rounds activation rows
+def quantize_fp8(weight: torch.Tensor, amax: torch.Tensor | None = None) -> Fp8Weights:
+    """(N, K) weights as E4M3 codes with a float32 scale per row (a row of zeros gets scale 1); ``amax``
+    (N, 1): each row's largest magnitude where this is part of a row (a row-parallel shard: the whole row's)."""
+    codes, scale = quantize_rows_fp8(weight.detach(), amax)  # rounded as the W8A8 path rounds activation rows
     return Fp8Weights(
         codes.view(torch.uint8).contiguous(), scale.contiguous(), 1, weight.shape[1], "FP8 per-channel"
     )
 
 
-def quantize_model_fp8(model: nn.Module, experts: bool = False) -> int:
+Across = Callable[[torch.Tensor], torch.Tensor]  # a value's largest over the tensor-parallel ranks
+
+
+def quantize_model_fp8(model: nn.Module, experts: bool = False, across: Across | None = None) -> int:
     """Every ``nn.Linear`` but the LM head in per-channel FP8 (routers are ``RouterLinear`` and stay); with
     ``experts`` (the CPU's held experts) the routed experts too (models/moe.py ``quantize_experts``).
-    Returns how many matrices."""
+    ``across`` (tensor parallelism: ``distributed.load_max``): the scales of layers that hold part of each
+    row (row-parallel o/down, the experts' down) from the whole rows' largest values, so that every rank's
+    codes are the whole model's. Returns how many matrices."""
     from glassbox.layers.fp8_linear import Fp8Linear
+
+    def fp8(w: torch.Tensor, part_rows: bool) -> Fp8Weights:
+        amax = across(_row_amax(w)) if across is not None and part_rows else None
+        return quantize_fp8(w, amax)
 
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and name != "lm_head":
-                lin = Fp8Linear(quantize_fp8(child.weight), child.bias)
-                setattr(module, name, lin.to(child.weight.device))
+            if quantized_kind(child) is nn.Linear and name != "lm_head":
+                assert isinstance(child, nn.Linear)
+                bias = None if hasattr(child, "around") else child.bias  # a row-parallel bias: after the sum
+                lin = Fp8Linear(fp8(child.weight, cuts_k(child)), bias).to(child.weight.device)
+                setattr(module, name, in_place_of(child, lin))
                 count += 1
         hold = getattr(module, "quantize_experts", None)
-        if experts and callable(hold):
-            count += int(hold(quantize_fp8))
+        if experts and callable(hold):  # under TP each expert's down holds part of its rows
+            count += int(hold(lambda w: fp8(w, False), lambda w: fp8(w, True)))
     return count
 
 
-def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(M, K) activations as (E4M3 (M, K), float32 scales (M, 1)): each row scaled to max |x| = 448."""
+def _row_amax(w: torch.Tensor) -> torch.Tensor:
+    return w.detach().float().abs().amax(dim=1, keepdim=True)
+
+
+def quantize_rows_fp8(x: torch.Tensor, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, K) activations as (E4M3 (M, K), float32 scales (M, 1)): each row scaled to max |x| = 448 (or to
+    ``amax`` (M, 1), the largest magnitudes of rows that ``x`` holds part of)."""
     xf = x.float()
-    amax = xf.abs().amax(dim=1, keepdim=True)
+    amax = xf.abs().amax(dim=1, keepdim=True) if amax is None else amax
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
     return (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
 

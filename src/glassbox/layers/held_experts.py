@@ -10,7 +10,7 @@ runs the int8-activation GEMV), ``ExpertSlice`` runs one expert's rows of a floa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +27,7 @@ from glassbox.layers.kquant import KQuantWeights
 from glassbox.layers.linear import ConcatLinear, concat_linears, cpu_matrix
 
 ExpertMatrix = BlockWeights | KQuantWeights | FP4Weights | Fp8Weights  # one expert matrix as stored
+Quantize = Callable[[torch.Tensor], ExpertMatrix]  # a float matrix to one as stored (--quantization)
 
 
 @dataclass

@@ -15,6 +15,12 @@ def quantized_kind(m: nn.Module) -> type[nn.Module] | None:
     return None
 
 
+def cuts_k(m: nn.Module) -> bool:
+    """Whether ``m`` holds some of each row's input columns (a row-parallel layer): a scale over a whole row
+    or tensor then needs the other ranks' parts (``distributed.load_max``)."""
+    return bool(getattr(m, "cuts_k", False))
+
+
 def in_place_of(old: nn.Module, new: nn.Module) -> nn.Module:
     """``new`` (``old``'s weight packed) as it replaces ``old``: a tensor-parallel layer's ``around(new)``
     (its all-reduce, vocabulary shard or logits all-gather around the packed weight, a row-parallel bias

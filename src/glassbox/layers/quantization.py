@@ -9,6 +9,8 @@ blocks with the embedding table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -19,19 +21,28 @@ from glassbox.layers.fp4_linear import quantize_model_fp4
 from glassbox.layers.in_place import in_place_of, quantized_kind
 
 
-def quantize_model(model: nn.Module, bits: int | str, asymmetric: bool = False, experts: bool = False) -> int:
+def quantize_model(
+    model: nn.Module,
+    bits: int | str,
+    asymmetric: bool = False,
+    experts: bool = False,
+    across: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> int:
     """Replace every nn.Linear and nn.Embedding with its block-quantized form (``bits`` 4 or 8; "mxfp4" or
     "nvfp4": ``quantize_model_fp4``; "fp8": ``quantize_model_fp8``); returns the count. ``asymmetric``:
     4-bit blocks with a min, and the token tables (embedding, LM head) in 8-bit blocks, as llama.cpp's Q4_1
     files keep them: on SmolLM2 their 4 bits alone cost ~5% perplexity (benchmarks/quant_quality.py).
     ``experts`` (where kernels run held experts: the CPU's, CUDA's fused block MoE; not FP8's on CUDA):
-    the routed experts too, each expert's matrices in the same blocks (models/moe.py ``quantize_experts``)."""
+    the routed experts too, each expert's matrices in the same blocks (models/moe.py ``quantize_experts``).
+    ``across`` (a tensor-parallel rank: ``distributed.load_max``): for fp8 and nvfp4, whose scales span a
+    whole row or tensor, the largest magnitudes over the ranks that hold its parts (32-value blocks need
+    none: each rank's K shard is whole blocks)."""
     if bits == "fp8":
         from glassbox.layers.fp8_quantize import quantize_model_fp8
 
-        return quantize_model_fp8(model, experts)
+        return quantize_model_fp8(model, experts, across)
     if isinstance(bits, str):
-        return quantize_model_fp4(model, bits, experts)
+        return quantize_model_fp4(model, bits, experts, across)
     done: dict[int, BlockWeights] = {}  # id(weight parameter) -> its blocks (tied tables are one)
     head = getattr(model, "lm_head", None)
     tables = {id(m.weight) for m in model.modules() if quantized_kind(m) is nn.Embedding}

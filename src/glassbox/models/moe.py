@@ -33,7 +33,7 @@ from glassbox.layers.activation import get_activation
 from glassbox.layers.held_experts import ExpertSlice, HeldExperts, kept_linear, linear_bytes, packed_slice
 
 if TYPE_CHECKING:
-    from glassbox.layers.held_experts import ExpertMatrix
+    from glassbox.layers.held_experts import Quantize
     from glassbox.models.moe_blocks import StackedExperts
 
 
@@ -188,15 +188,15 @@ class MoEExperts(nn.Module):
             if bias is not None:
                 setattr(self, name, _emptied(bias))
 
-    def quantize_experts(self, quantize: Callable[[torch.Tensor], ExpertMatrix]) -> int:
-        """``--quantization``: each expert's two (N, K) matrices packed by ``quantize`` and held (the float
-        parameters freed; none where held or packed already). Returns the count."""
-        if self.linears:
+    def quantize_experts(self, quantize: Quantize, down: Quantize | None = None) -> int:
+        """``--quantization``: each expert's two (N, K) matrices packed by ``quantize`` (down's by ``down``
+        where given) and held (the float parameters freed; none where held already). Returns the count."""
+        if self.linears:  # held already
             return 0
-        w1, w2, n = self.gate_up_proj.detach(), self.down_proj.detach(), self.num_experts
-        self.hold(HeldExperts([(quantize(w1[e]),) for e in range(n)], [quantize(w2[e]) for e in range(n)]))
+        w1, w2, q2 = self.gate_up_proj.detach(), self.down_proj.detach(), down or quantize
+        self.hold(HeldExperts([(quantize(w),) for w in w1], [q2(w) for w in w2]))
         self.fuse()
-        return 2 * n
+        return 2 * self.num_experts
 
     def expert_bytes(self, e: int = 0) -> int:
         """The bytes of expert ``e``'s weights (and biases) as held: float, packed, or in blocks."""

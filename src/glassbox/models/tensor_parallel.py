@@ -47,6 +47,8 @@ from glassbox.models.moe import MoEExperts, SparseMoeBlock
 class RowParallelLinear(nn.Linear):
     """y = all_reduce(x W_r^T) + b: this rank's input columns of W; the bias whole, added after the sum."""
 
+    cuts_k = True  # layers/in_place.cuts_k
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _plus(all_reduce(F.linear(x, self.weight)), self.bias)
 
