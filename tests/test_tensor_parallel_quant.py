@@ -274,3 +274,51 @@ def test_gguf_moe_tp2_matches_tp1(tmp_path: Path, experts: str) -> None:
             ValueError, match=r"experts.down_proj.weight \(Q8_0\) would give each rank 16 of its 64"
         ):
             check_gguf_tp(ckpt.gguf, ModelConfig.from_facts(ckpt.facts), 4)
+
+
+GEMMA3_GGUF = Spec(
+    arch="gemma3", hidden=64, layers=6, heads=2, kv_heads=2, head_dim=256, ffn=128, vocab=64, tie=True,
+    qtype=Q.Q8_0, types={"down_proj": Q.Q4_0, "o_proj": Q.Q4_1}, meta={"attention.sliding_window": 4},
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case", ["gemma3-int8", "gemma3-gguf", "gpt_oss-mxfp4", "gpt_oss-gguf", "qwen2_moe-gguf"]
+)
+def test_more_families_packed_tp2_match_tp1(tmp_path: Path, case: str) -> None:
+    """Gemma 3 with --quantization int8 (its scaled table stays in the dtype, as at TP=1) and from a GGUF
+    file (the tied, scaled table in Q8_0 by vocabulary, norms stored + 1); gpt-oss with --quantization mxfp4
+    (its experts and their biases per rank) and from a GGUF file (MXFP4 experts, the stacked gate/up biases
+    by FFN width, the down bias on rank 0 alone); a Qwen2-MoE GGUF file (Q8_0 experts and shared expert,
+    the shared expert's gate stored as a vector): TP=2 gives TP=1's tokens (the GGUF files dequantized at
+    TP=1, kept packed at TP=2)."""
+    from gguf_factory import write_moe_model
+
+    arch, kind = case.split("-")
+    src, quantization = str(tmp_path / "m.gguf"), None
+    shapes = {
+        "gpt_oss": {"head_dim": 32, "intermediate_size": 64},  # o/down K shards of whole blocks
+        "qwen2_moe": {
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "mlp_only_layers": [],
+        },
+    }
+    if arch == "gemma3" and kind == "gguf":
+        write_model(Path(src), GEMMA3_GGUF)
+    else:
+        d = build_tiny_model(arch, tmp_path, **shapes.get(arch, {}))
+        if kind == "gguf":
+            write_moe_model(Path(src), d, expert_type=Q.MXFP4 if arch == "gpt_oss" else Q.Q8_0)
+        else:
+            src, quantization = str(d), kind
+    one = LLM(src, dtype="float32", quantization=quantization, max_num_seqs=2)
+    ref = _ref(one.generate(PROMPTS, GREEDY))
+    llm = LLM(src, dtype="float32", quantization=quantization, tensor_parallel_size=2, max_num_seqs=2)
+    _check(llm.generate(PROMPTS, GREEDY), ref, 1e-5)
+    expected = {
+        "gemma3-gguf": ["Q4_0", "Q4_1", "Q8_0"],
+        "gpt_oss-gguf": ["MXFP4"],
+        "qwen2_moe-gguf": ["Q8_0"],
+    }
+    assert llm.engine.executor.block_formats == expected.get(case, [kind])

@@ -74,7 +74,10 @@ def _config(arch: str, vocab: int, eos: int, **overrides: Any) -> Any:
     if arch == "gpt_oss":
         # sliding (window 16, shorter than most prompts) / full layers; head_dim * heads != hidden; 8 experts,
         # top-2, with a SwiGLU limit low enough that both clamps bite; YaRN with its ramp inside the head
-        kw.update(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, head_dim=24)
+        kw.update(num_local_experts=8, num_experts_per_tok=2)
+        kw.update(
+            intermediate_size=overrides.get("intermediate_size", 32), head_dim=overrides.get("head_dim", 24)
+        )
         kw.setdefault("sliding_window", 16)
         kw.setdefault("swiglu_limit", 1.0)
         kw.setdefault(

@@ -58,16 +58,6 @@ def check_run(
             "the verification and draft passes)"
         )
     qc = checkpoint.facts.quantization_config if checkpoint is not None else {}
-    packed = (
-        config.quantization not in (None, "none")
-        or bool(qc)
-        or (checkpoint is not None and checkpoint.gguf is not None)
-    )
-    if packed and cfg.architecture in ("Gemma3ForCausalLM", "GptOssForCausalLM"):
-        raise ValueError(
-            f"--tensor-parallel-size {n}: {cfg.architecture} splits 16/32-bit safetensors weights only so far "
-            "(not --quantization or GGUF files)"
-        )
     if config.quantization not in (None, "none", "fp8"):  # fp8: a scale per row, none along K
         check_k_blocks(n, str(config.quantization), cfg)
     if qc and not (group_quant(qc) or ct_int_spec(qc) or fp8_spec(qc)):

@@ -8,9 +8,9 @@ from torch import nn
 
 def quantized_kind(m: nn.Module) -> type[nn.Module] | None:
     """nn.Linear or nn.Embedding for the layers quantization replaces: those exactly (not their subclasses:
-    routers, Gemma's scaled table), and the tensor-parallel ones (``around``); else None."""
+    routers, Gemma's scaled table), and the tensor-parallel ones (``around``) but Gemma's table; else None."""
     for kind in (nn.Linear, nn.Embedding):
-        if type(m) is kind or (isinstance(m, kind) and hasattr(m, "around")):
+        if type(m) is kind or (isinstance(m, kind) and hasattr(m, "around") and not hasattr(m, "scale")):
             return kind
     return None
 

@@ -201,18 +201,22 @@ class GGUFCheckpoint:
     def tensors(self, skip: set[str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """(HF name, float32 array in HF shape) for every weight (but those named in ``skip``), dequantized
         one at a time, in file order."""
-        norm_offset = NORM_OFFSETS.get(self.architecture, 0.0)
         for reader in self._readers:
             for t in reader.tensors:
                 name = self._names.get(t.name)
                 if name is None or (skip is not None and name in skip):
                     continue
-                values = self._hf_row_order(t.name, dequantize_tensor(t))
-                if norm_offset and name.endswith("norm.weight"):
-                    values -= np.float32(norm_offset)  # float32, as the file stores it
-                if name.endswith("shared_expert_gate.weight") and values.ndim == 1:
-                    values = values.reshape(1, -1)  # llama.cpp reads it as a vector; Hugging Face (1, H)
-                yield name, values
+                yield name, self.as_hf(name, self._hf_row_order(t.name, dequantize_tensor(t)))
+
+    def as_hf(self, name: str, values: np.ndarray) -> np.ndarray:
+        """A dequantized tensor (or a tensor-parallel shard of it) as Hugging Face holds it: Gemma's norm
+        weights without llama.cpp's + 1, a shared expert's gate (H,) as (1, H)."""
+        norm_offset = NORM_OFFSETS.get(self.architecture, 0.0)
+        if norm_offset and name.endswith("norm.weight"):
+            values -= np.float32(norm_offset)  # float32, as the file stores it
+        if name.endswith("shared_expert_gate.weight") and values.ndim == 1:
+            values = values.reshape(1, -1)  # llama.cpp reads it as a vector; Hugging Face (1, H)
+        return values
 
     def stored_tensors(
         self, types: set[str], ndim: int = 2

@@ -80,6 +80,8 @@ def read_shard(
     if how == "cols":
         values, size = GGML_QUANT_SIZES[t.tensor_type]
         return np.ascontiguousarray(raw[:, a // values * size : b // values * size]), (shape[0], b - a)
+    if how == "zeros":  # gpt-oss's experts' down bias off rank 0
+        return np.zeros_like(raw), shape
     if how == "whole":
         part = raw if heads is None else unpermute_rotary_rows(raw, heads)
         return np.ascontiguousarray(part), shape
@@ -124,6 +126,6 @@ def sharded_gguf(
             if name not in taken:
                 raw, shape = read_shard(gguf, name, t, cfg, rank, world)
                 values = np.array(dequantize(raw, t.tensor_type), dtype=np.float32)  # a copy
-                yield name, torch.from_numpy(values.reshape(shape))
+                yield name, torch.from_numpy(gguf.as_hf(name, values.reshape(shape)))
 
     return floats(), packed

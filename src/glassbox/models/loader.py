@@ -24,7 +24,7 @@ from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
 from glassbox.models.causal_lm import CausalLM
-from glassbox.models.gemma3 import Gemma3ForCausalLM, ScaledEmbedding
+from glassbox.models.gemma3 import Gemma3ForCausalLM
 from glassbox.models.gpt_oss import GptOssForCausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
@@ -171,7 +171,7 @@ def _swap_in_blocks(model: nn.Module, packed: dict[str, Packed], dtype: torch.dt
             new = FP4Linear(blocks, bias)
         elif isinstance(old, nn.Embedding) and isinstance(blocks, PackedWeights):
             # Gemma 3's table scales its rows: the blocks must too
-            new = BlockQuantEmbedding(blocks, dtype, old.scale if isinstance(old, ScaledEmbedding) else None)
+            new = BlockQuantEmbedding(blocks, dtype, getattr(old, "scale", None))  # also its TP shard's
         elif isinstance(old, nn.Linear) and isinstance(blocks, PackedWeights):
             new = BlockQuantLinear(blocks, bias)
         else:

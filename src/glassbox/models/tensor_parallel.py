@@ -285,6 +285,11 @@ def shard_plan(
         if module in ("gate_proj", "up_proj"):
             per = shape[1] // world
             return "rows3", rank * per, (rank + 1) * per, per
+    if ".experts." in name and kind == "bias" and len(shape) == 2:  # a GGUF file's stacked (E, I) / (E, H)
+        if module == "down_proj":  # added once, after the all-reduce: rank 0's
+            return ("whole" if rank == 0 else "zeros"), 0, 0, 0
+        per = shape[1] // world
+        return "cols", rank * per, (rank + 1) * per, 0
     if module in ("embed_tokens", "lm_head"):
         per = -(-cfg.vocab_size // world)
         return "rows", min(rank * per, shape[0]), min((rank + 1) * per, shape[0]), per
