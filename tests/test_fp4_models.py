@@ -67,6 +67,10 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def nvfp4_llama(root: Path) -> tuple[Path, Path]:
+    return write_nvfp4_llama(root)
+
+
+def write_nvfp4_llama(root: Path) -> tuple[Path, Path]:
     """(a ModelOpt NVFP4 checkpoint of a tiny Llama, its weights dequantized as a float32 checkpoint)."""
     # K = 96 and 160: 3 and 5 blocks, a partial 16-block chunk each
     base = build_tiny_model("llama", root, hidden_size=96, intermediate_size=160)
@@ -204,11 +208,8 @@ def test_quantized_moe_runs_as_its_dequantized_weights(root: Path, kind: str) ->
     _bf16_top_choices(LLM(str(base), dtype="bfloat16", device="cpu", quantization=kind), prompts, ddir)
 
 
-def test_gpt_oss_mxfp4_checkpoint_runs_as_transformers_loads_it(root: Path) -> None:
-    """gpt-oss's own MXFP4 format (experts' ``*_blocks`` / ``*_scales``, the rest float): transformers
-    loads the checkpoint itself (on the CPU it dequantizes the experts), glassbox keeps the experts packed;
-    token-exact in float32."""
-    base = build_tiny_model("gpt_oss", root)
+def write_gpt_oss_mxfp4(base: Path, out: Path) -> Path:
+    """A gpt-oss checkpoint in its own MXFP4 release's layout (experts' ``*_blocks`` / ``*_scales``)."""
     tensors = load_file(str(base / "model.safetensors"))
     for name in [n for n in tensors if n.endswith((".experts.gate_up_proj", ".experts.down_proj"))]:
         w = tensors.pop(name).transpose(1, 2)  # stored (E, K, N): as MXFP4, one (N, K) matrix per expert
@@ -217,7 +218,14 @@ def test_gpt_oss_mxfp4_checkpoint_runs_as_transformers_loads_it(root: Path) -> N
         tensors[f"{name}_scales"] = torch.stack([s for _, s in parts])
     qc = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
                                                                "model.embed_tokens", "lm_head"]}  # fmt: skip
-    qdir = _write(base, root / "gpt-oss-mxfp4", tensors, qc)
+    return _write(base, out, tensors, qc)
+
+
+def test_gpt_oss_mxfp4_checkpoint_runs_as_transformers_loads_it(root: Path) -> None:
+    """gpt-oss's own MXFP4 format (experts' ``*_blocks`` / ``*_scales``, the rest float): transformers
+    loads the checkpoint itself (on the CPU it dequantizes the experts), glassbox keeps the experts packed;
+    token-exact in float32."""
+    qdir = write_gpt_oss_mxfp4(build_tiny_model("gpt_oss", root), root / "gpt-oss-mxfp4")
     prompts = [Tokenizer.from_dir(qdir).encode(p) for p in PROMPTS]
     ref = hf_greedy(qdir, prompts, MAX_NEW)
     llm = LLM(str(qdir), dtype="float32", device="cpu")

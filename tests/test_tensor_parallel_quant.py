@@ -322,3 +322,33 @@ def test_more_families_packed_tp2_match_tp1(tmp_path: Path, case: str) -> None:
         "qwen2_moe-gguf": ["Q8_0"],
     }
     assert llm.engine.executor.block_formats == expected.get(case, [kind])
+
+
+@pytest.mark.parametrize("kind", ["nvfp4", "mxfp4"])
+def test_fp4_checkpoint_tp2_matches_tp1(tmp_path: Path, kind: str) -> None:
+    """A ModelOpt NVFP4 Llama (o/down cut into 48 and 80 of their 96 and 160 input columns: whole 16-value
+    blocks; the per-tensor scales whole) and gpt-oss's MXFP4 layout (each expert's interleaved gate/up rows
+    and 32 of down's 64 columns, the biases by FFN width) over two ranks: TP=1's tokens, about half the
+    packed bytes a rank; a cut of 40 columns a rank (at 4) is refused, naming the layer."""
+    from test_fp4_models import write_gpt_oss_mxfp4, write_nvfp4_llama
+
+    if kind == "nvfp4":
+        d = write_nvfp4_llama(tmp_path)[0]
+    else:
+        base = build_tiny_model("gpt_oss", tmp_path, head_dim=32, intermediate_size=64)
+        d = write_gpt_oss_mxfp4(base, tmp_path / "mxfp4")
+    one = LLM(str(d), dtype="float32", max_num_seqs=2)
+    ref, whole = _ref(one.generate(PROMPTS, GREEDY)), one.engine.executor.weight_bytes
+    llm = LLM(str(d), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)
+    _check(llm.generate(PROMPTS, GREEDY), ref, 1e-5)
+    assert llm.engine.executor.block_formats == one.engine.executor.block_formats == [kind.upper()]
+    ranks = llm.engine.executor.rank_weight_bytes
+    assert len(ranks) == 2 and all(0.9 < r * 2 / whole < 1.1 for r in ranks), (ranks, whole)
+    if kind == "nvfp4":
+        from glassbox.models.fp4_shards import sharded_fp4
+
+        ckpt = open_checkpoint(resolve_model(str(d)))
+        cfg = ModelConfig.from_facts(ckpt.facts)
+        match = r"4: model\.layers\.0\.mlp\.down_proj: its input columns 0\.\.40 cut its 16-value"
+        with pytest.raises(ValueError, match=match):
+            sharded_fp4(d, ckpt.facts.quantization_config, cfg, 0, 4)

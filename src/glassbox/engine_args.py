@@ -99,8 +99,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         type=int,
         default=1,
         help="ranks that each hold 1/N of every layer (CPU, gloo; Llama-family and their MoE, Gemma 3, gpt-oss; "
-        "16/32-bit safetensors, or for the Llama family dense GGUF files and --quantization "
-        "int8|int4|int4-asym|mxfp4); local ranks are spawned, or see --nnodes",
+        "safetensors (16/32-bit, GPTQ/AWQ, compressed-tensors, FP8, NVFP4, MXFP4), GGUF files, --quantization); "
+        "local ranks are spawned, or see --nnodes",
     )
     g.add_argument(
         "--nnodes", type=int, default=1, help="hosts sharing --tensor-parallel-size (torchrun's name)"

@@ -18,6 +18,7 @@ from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.block_linear import block_kernel_rows
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.ct_int_config import ct_int_spec
+from glassbox.models.fp4_shards import is_fp4, sharded_fp4
 from glassbox.models.fp8_config import fp8_spec
 from glassbox.models.gguf_shards import check_gguf_tp, sharded_gguf
 from glassbox.models.loader import Forward, Packed
@@ -60,10 +61,10 @@ def check_run(
     qc = checkpoint.facts.quantization_config if checkpoint is not None else {}
     if config.quantization not in (None, "none", "fp8"):  # fp8: a scale per row, none along K
         check_k_blocks(n, str(config.quantization), cfg)
-    if qc and not (group_quant(qc) or ct_int_spec(qc) or fp8_spec(qc)):
+    if qc and not (group_quant(qc) or ct_int_spec(qc) or fp8_spec(qc) or is_fp4(qc)):
         raise ValueError(
-            f"--tensor-parallel-size {n} splits 16/32-bit, GPTQ/AWQ, compressed-tensors integer and FP8 "
-            f"safetensors checkpoints and GGUF files (not {qc.get('quant_method')!r} ones)"
+            f"--tensor-parallel-size {n} splits 16/32-bit, GPTQ/AWQ, compressed-tensors integer, FP8, NVFP4 "
+            f"and MXFP4 safetensors checkpoints and GGUF files (not {qc.get('quant_method')!r} ones)"
         )
     if checkpoint is not None and checkpoint.gguf is not None:
         check_gguf_tp(checkpoint.gguf, cfg, n)
@@ -98,6 +99,8 @@ def weights(
     if checkpoint.gguf is not None:
         return sharded_gguf(checkpoint.gguf, cfg, tp.rank, tp.world, keep_packed)
     qc = checkpoint.facts.quantization_config
+    if qc and is_fp4(qc):
+        return sharded_fp4(checkpoint.source.path, qc, cfg, tp.rank, tp.world)
     if qc:
         return sharded_quantized(checkpoint.source.path, qc, cfg, tp.rank, tp.world)
     return sharded_safetensors(checkpoint.source.path, cfg, tp.rank, tp.world), {}
