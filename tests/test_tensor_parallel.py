@@ -57,6 +57,18 @@ def test_tp2_greedy_matches_transformers_and_tp1(llama: tuple[Path, list[list[in
     _check(two, ref, 1e-4)
     _check(two, [(o.token_ids, [o.logprobs[j][t] for j, t in enumerate(o.token_ids)]) for o in one], 1e-5)
     assert llm.engine.scheduler.num_preemptions > 0
+    # trace: rank 0's time in collectives, per phase; a step makes 2 all-reduces a layer, one for the
+    # vocab-parallel embedding and one all-gather of the logits, and one broadcast
+    from glassbox.trace import run_trace
+
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    tp = run_trace(llm.engine, "the moon", 5, None, params=params)["tensor_parallel"]
+    per_step = 2 * llm.engine.facts.num_layers + 2
+    assert tp["ranks"] == 2 and tp["rank_weight_bytes"] == llm.engine.executor.rank_weight_bytes
+    assert (tp["prefill"]["collectives"], tp["decode"]["collectives"]) == (per_step, 4 * per_step)
+    for ph in ("prefill", "decode"):  # inside rank 0's steps
+        assert 0 < tp[ph]["collective_ms"] + tp[ph]["broadcast_ms"] < tp[ph]["step_ms"]
+        assert 0 < tp[ph]["share"] < 1
     # the bytes each rank's model holds: half of every split tensor, the norms whole
     ranks, total = llm.engine.executor.rank_weight_bytes, _file_bytes(d)
     assert len(ranks) == 2 and all(0.45 * total < r < 0.55 * total for r in ranks), (ranks, total)

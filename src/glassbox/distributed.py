@@ -11,6 +11,8 @@ the server is idle.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +37,20 @@ class TensorParallelError(RuntimeError):
     fatal = True
 
 
+@dataclass
+class CollectiveTime:
+    """This rank's time inside collectives since it joined (wall clock, waiting for the other ranks
+    included: on the CPU gloo's collectives return when done): the forward's all-reduces and all-gathers,
+    and the step broadcasts."""
+
+    seconds: float = 0.0
+    count: int = 0
+    broadcast_s: float = 0.0
+    broadcasts: int = 0
+
+
 _STATE: TPState | None = None
+_TIME = CollectiveTime()
 _BROKEN: str | None = None  # why the group failed; every later collective raises at once
 
 
@@ -50,6 +65,11 @@ def set_state(s: TPState | None) -> None:
     if s is None and dist.is_initialized():
         dist.destroy_process_group()
     _STATE, _BROKEN = s, None
+
+
+def collective_time() -> CollectiveTime:
+    """A copy of this rank's running totals (engine/trace: the share of a step spent in collectives)."""
+    return dataclasses.replace(_TIME)
 
 
 def failed() -> bool:
@@ -70,6 +90,7 @@ def _collective(fn: Callable[[], Any], what: str) -> Any:
     for good and raises TensorParallelError."""
     global _BROKEN
     s = _require()
+    t0 = time.perf_counter()
     try:
         return fn()
     except RuntimeError as e:
@@ -78,6 +99,12 @@ def _collective(fn: Callable[[], Any], what: str) -> Any:
             f"{s.timeout_s:g} s timeout, GLASSBOX_TP_TIMEOUT): {type(e).__name__}: {str(e).splitlines()[0]}"
         )
         raise TensorParallelError(_BROKEN) from e
+    finally:
+        dt = time.perf_counter() - t0
+        if what == "step broadcast":
+            _TIME.broadcast_s, _TIME.broadcasts = _TIME.broadcast_s + dt, _TIME.broadcasts + 1
+        else:
+            _TIME.seconds, _TIME.count = _TIME.seconds + dt, _TIME.count + 1
 
 
 def all_reduce(x: torch.Tensor) -> torch.Tensor:

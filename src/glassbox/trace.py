@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from glassbox.distributed import CollectiveTime, collective_time
 from glassbox.dtypes import kv_element_bytes
 from glassbox.engine.draft_model import DraftModelProposer
 from glassbox.engine.llm_engine import LLMEngine
@@ -56,10 +57,13 @@ def run_trace(
     draft_before = replace(draft.stats) if draft is not None else None
     # expert weight reads (over all MoE layers) by the steps of each phase: experts run, bytes read
     reads = {"prefill": 0, "decode": 0, "prefill_bytes": 0, "decode_bytes": 0}
+    tp = {ph: TPPhase() for ph in ("prefill", "decode")}  # tensor parallelism: rank 0's collectives
     while final is None:
         phase = "decode" if seq.num_output_tokens else "prefill"
         before = [experts_read(m) for m in experts]
+        c0, t_step = collective_time(), time.perf_counter()
         outs = engine.step()
+        tp[phase].add(time.perf_counter() - t_step, c0, collective_time())
         for block, (count, nbytes) in zip(experts, before, strict=True):
             now = experts_read(block)
             reads[phase] += now[0] - count
@@ -128,6 +132,12 @@ def run_trace(
         },
         "e2e_ms": m.e2e_s * 1e3,
     }
+    if engine.executor.tp is not None:
+        result["tensor_parallel"] = {
+            "ranks": engine.executor.tp.world,
+            "rank_weight_bytes": engine.executor.rank_weight_bytes,
+            **{ph: t.to_dict() for ph, t in tp.items()},
+        }
     if experts:
         result["moe"] = _moe_reads(engine, experts, reads, prefill_tokens, decode_tokens)
     spec = engine.config.speculative
@@ -148,6 +158,28 @@ def run_trace(
     if roofline is not None:
         _add_roofline(result, engine, roofline, m)
     return result
+
+
+@dataclass
+class TPPhase:
+    """A phase's engine steps on rank 0 and the part of them inside collectives (waiting for the other
+    ranks included): the forward's all-reduces / all-gathers, and the step broadcasts to the workers."""
+
+    step_s: float = 0.0
+    collective_s: float = 0.0
+    collectives: int = 0
+    broadcast_s: float = 0.0
+
+    def add(self, step_s: float, before: CollectiveTime, after: CollectiveTime) -> None:
+        self.step_s += step_s
+        self.collective_s += after.seconds - before.seconds
+        self.collectives += after.count - before.count
+        self.broadcast_s += after.broadcast_s - before.broadcast_s
+
+    def to_dict(self) -> dict[str, float | int]:
+        share = (self.collective_s + self.broadcast_s) / self.step_s if self.step_s else 0.0
+        return {"step_ms": self.step_s * 1e3, "collective_ms": self.collective_s * 1e3,
+                "collectives": self.collectives, "broadcast_ms": self.broadcast_s * 1e3, "share": share}  # fmt: skip
 
 
 def _moe_reads(

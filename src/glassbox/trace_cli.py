@@ -119,6 +119,15 @@ def render(r: dict[str, Any]) -> None:
             f"{dm['experts_read_per_layer_per_token']:.1f} per layer per token (top-{moe['top_k']})",
             f"{dm['expert_bytes_per_token'] / 1e6:,.1f} MB of experts per decoded token",
         )
+    if "tensor_parallel" in r:
+        tp = r["tensor_parallel"]
+        t.add_row(
+            "  tensor parallel",
+            f"{tp['ranks']} ranks; in collectives on rank 0: prefill {tp['prefill']['share']:.0%} of "
+            f"{tp['prefill']['step_ms']:.1f} ms, decode {tp['decode']['share']:.0%} of {tp['decode']['step_ms']:.1f} ms",
+            f"{tp['decode']['collectives']} all-reduces / all-gathers in decode, "
+            f"{tp['decode']['broadcast_ms']:.1f} ms of step broadcasts (waits for the other ranks included)",
+        )
     t.add_row("6 detokenize", f"{ph['detokenize']['ms']:.2f} ms", "")
     t.add_row("end to end", f"{r['e2e_ms']:.1f} ms, finish_reason={r['finish_reason']}", "")
     console = Console()
