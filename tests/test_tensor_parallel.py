@@ -247,3 +247,23 @@ def test_tp2_gpt_oss_matches_transformers(tmp_path: Path) -> None:
             else:  # sinks and biases by their last dim, gate_up (E, H, 2I) by 2I, down (E, I, H) by I
                 dim = 1 if name.endswith("down_proj") else t.dim() - 1
                 assert torch.equal(torch.cat([a, b], dim), t), name
+
+
+def test_a_worker_that_dies_before_joining_fails_the_start_at_once(tmp_path: Path) -> None:
+    """A script without the ``__main__`` guard: each spawned worker re-runs its top and dies in
+    multiprocessing's bootstrap check before joining the group. Rank 0 sees it exit and says so, instead
+    of waiting out the 300 s start-up timeout."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_guard.py"
+    demo = Path(__file__).parent.parent / "src" / "glassbox" / "demo"
+    script.write_text(
+        "from glassbox.llm import LLM\n"
+        f"LLM({str(demo)!r}, dtype='float32', device='cpu', tensor_parallel_size=2)\n"
+    )
+    t0 = time.monotonic()
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert run.returncode != 0
+    assert "worker rank 1 exited (code 1) before joining the group" in run.stderr, run.stderr[-2000:]
+    assert "__main__" in run.stderr and time.monotonic() - t0 < 120

@@ -11,7 +11,9 @@ Where the ranks come from:
   and holds ranks [i N/M, (i+1) N/M); node 0's first rank is rank 0 (the server), the other nodes only work;
 - torchrun: ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` in the environment name this process's
   rank; nothing is spawned.
-A rank that dies breaks its peers' next collective, mostly at once (the socket closes) but on some paths
+Rank 0 hosts the rendezvous store and watches the workers it spawned until all have joined: one that
+exits first (a script without the ``__main__`` guard re-runs its top in the worker) fails the start at
+once. A rank that dies later breaks its peers' next collective, mostly at once (the socket closes) but on some paths
 only at the timeout (seen once in a test); one that hangs fails it after ``GLASSBOX_TP_TIMEOUT`` seconds
 (default 30): TensorParallelError, which stops rank 0's
 engine loudly. Workers wait for steps on a group with a long timeout (the server may idle); rank 0's end of
@@ -25,6 +27,8 @@ import logging
 import os
 import signal
 import socket
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.process import BaseProcess
@@ -84,13 +88,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_group(rank: int, world: int, addr: str, port: int) -> None:
+def init_group(rank: int, world: int, addr: str, port: int, procs: Sequence[BaseProcess] = ()) -> None:
     """Join the gloo group and set state(): a compute group with the short timeout, a control
-    group (step broadcasts) with a long one."""
+    group (step broadcasts) with a long one. Rank 0 hosts the rendezvous store and waits for every rank
+    to join it, watching ``procs`` (the workers it spawned): one that exits first fails the start at once
+    (``_await_ranks``) rather than after GLASSBOX_TP_START_TIMEOUT."""
     start = timedelta(seconds=float(os.environ.get("GLASSBOX_TP_START_TIMEOUT", "300")))
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world, timeout=start
-    )
+    store = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=start, wait_for_workers=False)
+    if rank == 0:
+        _await_ranks(store, world, start, procs)
+    else:
+        store.set(f"{JOINED}/{rank}", "1")
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=start)
     t = timeout_s()
     # the step broadcast: rank 0 sends within the timeout, workers may wait for it as long as the server idles
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=t) if rank == 0 else IDLE_TIMEOUT)
@@ -101,13 +110,41 @@ def init_group(rank: int, world: int, addr: str, port: int) -> None:
     )
 
 
+JOINED = "glassbox/joined"  # each rank's key in the rendezvous store once it has connected
+
+
+def _await_ranks(store: dist.TCPStore, world: int, start: timedelta, procs: Sequence[BaseProcess]) -> None:
+    """Rank 0: wait until ranks 1..world-1 have joined the store; TensorParallelError at once where a
+    spawned worker has exited first, or when the start-up timeout passes (naming the missing ranks)."""
+    keys = [f"{JOINED}/{r}" for r in range(1, world)]
+    deadline = time.monotonic() + start.total_seconds()
+    while not store.check(keys):
+        dead = [p for p in procs if p.exitcode is not None]
+        if dead:
+            raise TensorParallelError(
+                f"tensor-parallel worker {dead[0].name} exited (code {dead[0].exitcode}) before joining the "
+                "group: its error is above. (A script that makes LLM(..., tensor_parallel_size=N) must do it "
+                'under `if __name__ == "__main__":`: the workers are spawned, and re-run the script\'s top.)'
+            )
+        if time.monotonic() > deadline:
+            missing = [r for r, k in enumerate(keys, start=1) if not store.check([k])]
+            raise TensorParallelError(
+                f"tensor-parallel ranks {missing} did not join within {start.total_seconds():g} s "
+                "(GLASSBOX_TP_START_TIMEOUT): are they started, with the same --master-addr/--master-port?"
+            )
+        time.sleep(0.05)
+
+
 def spawn(plan: Launch, config: EngineConfig) -> list[BaseProcess]:
     """Start this host's other ranks as processes that run ``_worker_main``."""
     ctx = torch.multiprocessing.get_context("spawn")
     procs: list[BaseProcess] = []
     for rank in plan.spawn:
         p = ctx.Process(
-            target=_worker_main, args=(rank, plan.world, plan.addr, plan.port, config), daemon=True
+            target=_worker_main,
+            args=(rank, plan.world, plan.addr, plan.port, config),
+            daemon=True,
+            name=f"rank {rank}",
         )
         p.start()
         procs.append(p)
@@ -134,7 +171,7 @@ def start(config: EngineConfig) -> None:
         atexit.register(shutdown)
     _PROCS.extend(spawn(plan, config))
     try:
-        init_group(0, plan.world, plan.addr, plan.port)
+        init_group(0, plan.world, plan.addr, plan.port, _PROCS)
     except Exception:
         shutdown()
         raise
