@@ -48,7 +48,7 @@ $G::test_graphs_and_eager_agree_bf16 $G::test_memory_budget_respects_utilization
 tests/test_triton_block_linear.py::test_cuda_engine_matches_the_cpu tests/test_triton_block_linear.py::test_split_k_partial_sums \
 tests/test_triton_fp8_linear.py tests/test_triton_fp4_linear.py tests/test_triton_kquant_linear.py tests/test_triton_block_moe.py \
 $G::test_eager_launches_never_synchronize $G::test_prompt_logprobs_on_the_triton_path \
-$G::test_speculative_decoding_on_the_triton_path $G::test_gpu_float32_greedy_parity"
+$G::test_speculative_decoding_on_the_triton_path $G::test_gpu_float32_greedy_parity tests/test_gpu_tp.py"
 t=$(left ${TESTS_S:-180})
 timeout -s INT -k 15 "$t" python3 -m pytest -v -o addopts= --tb=short -rfE -p no:cacheprovider --timeout 90 \
     --durations 20 ${TESTS:-$FIRST} >"$OUT/tests.log" 2>&1

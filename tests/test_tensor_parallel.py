@@ -190,7 +190,9 @@ def test_server_tp2_answers_then_a_hung_worker_fails_requests_and_health(
         server.stop()
 
 
-def test_refusals_and_launch_plans(llama: tuple[Path, list[list[int]], list]) -> None:
+def test_refusals_and_launch_plans(
+    llama: tuple[Path, list[list[int]], list], monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = ModelConfig.from_facts(facts_from_dir(llama[0]))
     check_tp(dataclasses.replace(cfg, attention_sinks=True), 2)  # gpt-oss's sinks split by head
     with pytest.raises(ValueError, match="Phi3ForCausalLM has no tensor-parallel split"):  # a family to come
@@ -199,8 +201,12 @@ def test_refusals_and_launch_plans(llama: tuple[Path, list[list[int]], list]) ->
         check_tp(dataclasses.replace(cfg, layer_moe=(True, True), moe_intermediate_size=33), 2)
     with pytest.raises(ValueError, match="must divide the model's 4 heads"):
         check_tp(cfg, 3)
-    with pytest.raises(ValueError, match="CPU \\(gloo\\) only so far: NCCL"):
+    if torch.cuda.device_count() < 2:  # NCCL: a GPU a rank (GLASSBOX_TP_BACKEND=gloo lets ranks share one)
+        with pytest.raises(ValueError, match="on CUDA runs a rank a GPU \\(NCCL\\): this host has [01] GPU"):
+            tp_model.check_run(2, torch.device("cuda"), EngineConfig(), None, cfg)
+        monkeypatch.setenv("GLASSBOX_TP_BACKEND", "gloo")
         tp_model.check_run(2, torch.device("cuda"), EngineConfig(), None, cfg)
+        monkeypatch.delenv("GLASSBOX_TP_BACKEND")
     cpu = torch.device("cpu")
     tp_model.check_run(4, cpu, EngineConfig(quantization="fp8"), None, cfg)  # a scale per row: any K shard
     t0 = time.monotonic()  # refused before any rank is spawned
@@ -214,6 +220,8 @@ def test_refusals_and_launch_plans(llama: tuple[Path, list[list[int]], list]) ->
     assert (plan.rank, plan.spawn, plan.addr, plan.port) == (2, (3,), "10.0.0.1", 29500)
     env = {"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "7"}
     assert tp_runtime.launch_plan(base, env=env) == tp_runtime.Launch(1, 4, "h", 7, ())
+    env |= {"RANK": "3", "LOCAL_RANK": "1"}  # torchrun's second process on the second host: its GPU 1
+    assert tp_runtime.launch_plan(base, env=env) == tp_runtime.Launch(3, 4, "h", 7, (), local=1)
 
 
 def test_tp2_gemma3_matches_transformers(tmp_path: Path) -> None:
@@ -267,3 +275,35 @@ def test_a_worker_that_dies_before_joining_fails_the_start_at_once(tmp_path: Pat
     assert run.returncode != 0
     assert "worker rank 1 exited (code 1) before joining the group" in run.stderr, run.stderr[-2000:]
     assert "__main__" in run.stderr and time.monotonic() - t0 < 120
+
+
+def test_step_inputs_move_whole() -> None:
+    """A step's inputs as rank 0 broadcasts them (CPU copies) and as a worker takes them (its device):
+    every tensor of the tuple, of the attention metadata and of its nested prefill layout moved, the rest
+    kept."""
+    from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
+
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(4), num_decode=1, decode_block_tables=torch.zeros(1, 2, dtype=torch.long),
+        decode_context_lens=torch.tensor([3]), prefills=[PrefillSeq(1, 3, 0, torch.tensor([2]))],
+        backend="triton", paged_prefill=build_paged_prefill([(0, 3, [2])], 16, torch.device("cpu")),
+    )  # fmt: skip
+    inputs = (torch.arange(4), torch.arange(4), meta, None, True)
+    out = tp_model.moved(inputs, torch.device("meta"))
+    left: list[str] = []
+
+    def walk(obj: object, where: str) -> None:
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type != "meta":
+                left.append(where)
+        elif isinstance(obj, tuple | list):
+            for i, o in enumerate(obj):
+                walk(o, f"{where}[{i}]")
+        elif dataclasses.is_dataclass(obj):
+            for f in dataclasses.fields(obj):
+                walk(getattr(obj, f.name), f"{where}.{f.name}")
+
+    walk(out, "inputs")
+    assert not left, left
+    assert out[2].num_decode == 1 and out[2].backend == "triton" and out[3] is None and out[4] is True
+    assert out[2].paged_prefill.block_m == 16 and inputs[2].slot_mapping.device.type == "cpu"  # a copy

@@ -12,6 +12,7 @@ the server is idle.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,12 @@ class CollectiveTime:
 _STATE: TPState | None = None
 _TIME = CollectiveTime()
 _BROKEN: str | None = None  # why the group failed; every later collective raises at once
+
+
+def compute_backend(cuda: bool) -> str:
+    """The forward's collectives: NCCL between GPUs (a GPU a rank), gloo on the CPU;
+    ``GLASSBOX_TP_BACKEND=gloo`` keeps gloo on CUDA too (slow, no CUDA graphs; ranks may then share a GPU)."""
+    return os.environ.get("GLASSBOX_TP_BACKEND", "nccl" if cuda else "gloo")
 
 
 def state() -> TPState | None:
@@ -135,8 +142,9 @@ def load_max(x: torch.Tensor) -> torch.Tensor:
     ranks hold parts of (load-time quantization). At start-up, so on the default group (its timeout is the
     start-up one)."""
     _require()
-    _collective(lambda: dist.all_reduce(x, op=dist.ReduceOp.MAX), "start-up all-reduce")
-    return x
+    host = x.cpu()  # the default group is gloo's (CPU tensors), whatever the device
+    _collective(lambda: dist.all_reduce(host, op=dist.ReduceOp.MAX), "start-up all-reduce")
+    return x.copy_(host)
 
 
 def gather_ints(value: int) -> list[int]:

@@ -98,7 +98,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         "--tensor-parallel-size",
         type=int,
         default=1,
-        help="ranks that each hold 1/N of every layer (CPU, gloo; Llama-family and their MoE, Gemma 3, gpt-oss; "
+        help="ranks that each hold 1/N of every layer (CPU: gloo; CUDA: NCCL, a GPU a rank, eager steps, not yet "
+        "run on a GPU; Llama-family and their MoE, Gemma 3, gpt-oss; "
         "safetensors (16/32-bit, GPTQ/AWQ, compressed-tensors, FP8, NVFP4, MXFP4), GGUF files, --quantization); "
         "local ranks are spawned, or see --nnodes",
     )

@@ -103,10 +103,13 @@ class TorchExecutor:
             if "GLASSBOX_NUM_THREADS" in os.environ:
                 torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
             keep_large_allocations_in_heap()
-        self.tp = tp_state()  # a tensor-parallel rank (engine/tp_model.py): its shard, PyTorch ops
+        self.tp = tp_state()  # a tensor-parallel rank (engine/tp_model.py): its shard; CPU: PyTorch ops
         if self.tp is not None:
             tp_model.check_run(self.tp.world, self.device, config, checkpoint, model_config)
-            self.attn_backend = "torch"
+            self.attn_backend = "torch" if self.device.type == "cpu" else self.attn_backend
+            if self.use_graphs:  # CUDA: eager steps (graphs that capture the collectives are not built)
+                logger.info("tensor parallelism on CUDA runs eager steps (no CUDA graphs)")
+                self.use_graphs = False
         bits = QUANTIZED_AT_LOAD.get(config.quantization or "")
         keep_packed = packed_here(
             config.quantization, bits, self.device, self.attn_backend, self.dtype, on_triton

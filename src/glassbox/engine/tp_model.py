@@ -4,14 +4,15 @@ step from rank 0's broadcast of the step's inputs."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from glassbox.config import EngineConfig
-from glassbox.distributed import TPState, broadcast_object, gather_ints, load_max
+from glassbox.distributed import TPState, broadcast_object, compute_backend, gather_ints, load_max
 from glassbox.engine.checkpoint import Checkpoint, Tensors
 from glassbox.engine.kv_plan import KVCachePlan
 from glassbox.layers.attention import AttentionMetadata
@@ -47,12 +48,16 @@ def check_run(
     checkpoint: Checkpoint | None,
     cfg: ModelConfig,
 ) -> None:
-    """ValueError naming what a tensor-parallel run over ``n`` ranks needs that is not built."""
-    if device.type != "cpu":
-        raise ValueError(
-            f"--tensor-parallel-size {n} runs on the CPU (gloo) only so far: NCCL on CUDA and CUDA graphs "
-            "that capture the collectives are not built (use --device cpu)"
-        )
+    """ValueError naming what a tensor-parallel run over ``n`` ranks needs that is not built or not here."""
+    if device.type == "cuda" and compute_backend(True) == "nccl":
+        local, gpus = n // config.nnodes, torch.cuda.device_count()
+        if gpus < local:
+            raise ValueError(
+                f"--tensor-parallel-size {n} on CUDA runs a rank a GPU (NCCL): this host has {gpus} GPU(s) for "
+                f"its {local} ranks"
+            )
+    elif device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--tensor-parallel-size {n} runs on the CPU and on CUDA, not on {device.type}")
     if config.speculative_config is not None:
         raise ValueError(
             f"--tensor-parallel-size {n} with --speculative-config is not built (the workers would not run "
@@ -87,7 +92,9 @@ def check_k_blocks(n: int, quantization: str, cfg: ModelConfig) -> None:
             )
 
 
-QUANT_BLOCK = 32  # the values of a block along K: int8, int4, int4-asym (layers/block_quant.py), mxfp4 (nvfp4: 16)
+QUANT_BLOCK = (
+    32  # the values of a block along K: int8, int4, int4-asym (layers/block_quant.py), mxfp4 (nvfp4: 16)
+)
 
 
 def weights(
@@ -130,14 +137,28 @@ def agree(tp: TPState | None, plan: KVCachePlan, weight_bytes: int) -> tuple[KVC
 
 
 def send_step(inputs: StepInputs) -> None:
-    """Rank 0: the step's inputs to every worker (before its own forward)."""
-    broadcast_object(inputs)
+    """Rank 0: the step's inputs to every worker (before its own forward), their tensors as CPU copies
+    (pickled CUDA tensors would name rank 0's GPU)."""
+    broadcast_object(moved(inputs, torch.device("cpu")))
+
+
+def moved(obj: Any, device: torch.device) -> Any:
+    """``obj`` with every tensor in it (tuples, lists, dataclasses such as AttentionMetadata, nested) on
+    ``device`` (dataclasses copied)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, tuple | list):
+        return type(obj)(moved(o, device) for o in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: moved(getattr(obj, f.name), device) for f in dataclasses.fields(obj) if f.init}
+        return dataclasses.replace(obj, **changes)
+    return obj
 
 
 def run_step(ex: StepRunner, inputs: StepInputs) -> None:
     """A worker: the same forward as rank 0 (its collectives pair with rank 0's), and the LM head on the
     sampled rows (their logits are all-gathered); rank 0 alone samples."""
-    ids, pos, meta, rows, kernel = inputs
+    ids, pos, meta, rows, kernel = moved(inputs, ex.kv_caches[0].device)
     with torch.inference_mode(), block_kernel_rows(kernel):
         hidden = ex.forward(ids, pos, ex.kv_caches, meta)
         if rows is not None:

@@ -37,7 +37,15 @@ import torch
 import torch.distributed as dist
 
 from glassbox.config import EngineConfig
-from glassbox.distributed import TensorParallelError, TPState, broadcast_object, failed, set_state, state
+from glassbox.distributed import (
+    TensorParallelError,
+    TPState,
+    broadcast_object,
+    compute_backend,
+    failed,
+    set_state,
+    state,
+)
 from glassbox.engine import tp_model
 from glassbox.engine.checkpoint import Checkpoint, open_checkpoint
 from glassbox.engine.device import resolve_device
@@ -64,6 +72,7 @@ class Launch:
     addr: str
     port: int
     spawn: tuple[int, ...]
+    local: int = 0  # this process's index among its host's ranks: its GPU on CUDA
 
 
 def launch_plan(config: EngineConfig, env: dict[str, str] | None = None) -> Launch:
@@ -75,7 +84,7 @@ def launch_plan(config: EngineConfig, env: dict[str, str] | None = None) -> Laun
                 f"WORLD_SIZE={env['WORLD_SIZE']} but --tensor-parallel-size {world}: they must agree"
             )
         addr, port = env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29500"))
-        return Launch(int(env["RANK"]), world, addr, port, ())
+        return Launch(int(env["RANK"]), world, addr, port, (), int(env.get("LOCAL_RANK", "0")))
     local = world // config.nnodes
     first = config.node_rank * local
     port = config.master_port or (_free_port() if config.nnodes == 1 else 29500)
@@ -88,12 +97,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_group(rank: int, world: int, addr: str, port: int, procs: Sequence[BaseProcess] = ()) -> None:
-    """Join the gloo group and set state(): a compute group with the short timeout, a control
-    group (step broadcasts) with a long one. Rank 0 hosts the rendezvous store and waits for every rank
-    to join it, watching ``procs`` (the workers it spawned): one that exits first fails the start at once
-    (``_await_ranks``) rather than after GLASSBOX_TP_START_TIMEOUT."""
+def init_group(
+    rank: int,
+    world: int,
+    addr: str,
+    port: int,
+    procs: Sequence[BaseProcess] = (),
+    local: int = 0,
+    cuda: bool = False,
+) -> None:
+    """Join the group and set state(): a compute group with the short timeout (NCCL on CUDA, this process
+    on GPU ``local``; else gloo), a gloo control group (step broadcasts) with a long one. Rank 0 hosts the
+    rendezvous store and waits for every rank to join it, watching ``procs`` (the workers it spawned): one
+    that exits first fails the start at once (``_await_ranks``) rather than after GLASSBOX_TP_START_TIMEOUT."""
     start = timedelta(seconds=float(os.environ.get("GLASSBOX_TP_START_TIMEOUT", "300")))
+    if cuda:
+        # "cuda" is this GPU from here on: the executor's tensors, its budget (ranks share GPUs only under
+        # GLASSBOX_TP_BACKEND=gloo: NCCL's are refused with fewer GPUs than ranks, tp_model.check_run)
+        torch.cuda.set_device(local % max(1, torch.cuda.device_count()))
     store = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=start, wait_for_workers=False)
     if rank == 0:
         _await_ranks(store, world, start, procs)
@@ -103,11 +124,14 @@ def init_group(rank: int, world: int, addr: str, port: int, procs: Sequence[Base
     t = timeout_s()
     # the step broadcast: rank 0 sends within the timeout, workers may wait for it as long as the server idles
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=t) if rank == 0 else IDLE_TIMEOUT)
-    compute = dist.new_group(backend="gloo", timeout=timedelta(seconds=t))
+    backend = compute_backend(cuda)
+    compute = dist.new_group(backend=backend, timeout=timedelta(seconds=t))
     set_state(TPState(rank, world, compute, control, t))
+    where = f"cuda:{local}, " if cuda else ""
     logger.info(
-        "tensor-parallel rank %d of %d joined (gloo, %s:%d, %g s timeout)", rank, world, addr, port, t
-    )
+        "tensor-parallel rank %d of %d joined (%s%s, %s:%d, %g s timeout)", rank, world, where, backend, addr,
+        port, t,
+    )  # fmt: skip
 
 
 JOINED = "glassbox/joined"  # each rank's key in the rendezvous store once it has connected
@@ -142,7 +166,7 @@ def spawn(plan: Launch, config: EngineConfig) -> list[BaseProcess]:
     for rank in plan.spawn:
         p = ctx.Process(
             target=_worker_main,
-            args=(rank, plan.world, plan.addr, plan.port, config),
+            args=(rank, plan.world, plan.addr, plan.port, config, plan.local + rank - plan.rank),
             daemon=True,
             name=f"rank {rank}",
         )
@@ -171,7 +195,7 @@ def start(config: EngineConfig) -> None:
         atexit.register(shutdown)
     _PROCS.extend(spawn(plan, config))
     try:
-        init_group(0, plan.world, plan.addr, plan.port, _PROCS)
+        init_group(0, plan.world, plan.addr, plan.port, _PROCS, plan.local, _on_cuda(config))
     except Exception:
         shutdown()
         raise
@@ -209,31 +233,35 @@ def work(config: EngineConfig) -> bool:
         return False
     procs = spawn(plan, config)
     try:
-        run_worker(plan.rank, plan.world, plan.addr, plan.port, config)
+        run_worker(plan.rank, plan.world, plan.addr, plan.port, config, plan.local)
     finally:
         for p in procs:
             p.join(timeout=5.0)
     return True
 
 
-def _worker_main(rank: int, world: int, addr: str, port: int, config: EngineConfig) -> None:
+def _worker_main(rank: int, world: int, addr: str, port: int, config: EngineConfig, local: int) -> None:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"
     )
     try:
-        run_worker(rank, world, addr, port, config)
+        run_worker(rank, world, addr, port, config, local)
     except TensorParallelError as e:
         logger.error("%s; worker exits", e)
         raise SystemExit(1) from None
 
 
-def run_worker(rank: int, world: int, addr: str, port: int, config: EngineConfig) -> None:
+def _on_cuda(config: EngineConfig) -> bool:
+    return resolve_device(config.device).type == "cuda"
+
+
+def run_worker(rank: int, world: int, addr: str, port: int, config: EngineConfig, local: int = 0) -> None:
     """Join the group, build this rank's executor, then run each step rank 0 broadcasts until it sends None
     (or its connection breaks: TensorParallelError)."""
     # Ctrl-C reaches every process of the terminal's group: a worker leaves when rank 0 says so (or its
     # connection closes), so that rank 0's shutdown can still reach it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    init_group(rank, world, addr, port)
+    init_group(rank, world, addr, port, local=local, cuda=_on_cuda(config))
     executor = build_executor(config)
     logger.info("rank %d: %.1f MiB of weights, waiting for steps", rank, executor.weight_bytes / 2**20)
     while True:
