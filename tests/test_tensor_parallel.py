@@ -307,3 +307,26 @@ def test_step_inputs_move_whole() -> None:
     assert not left, left
     assert out[2].num_decode == 1 and out[2].backend == "triton" and out[3] is None and out[4] is True
     assert out[2].paged_prefill.block_m == 16 and inputs[2].slot_mapping.device.type == "cpu"  # a copy
+
+
+def test_tp2_ngram_speculative_decoding_matches_tp1() -> None:
+    """n-gram drafts under TP=2: each verification step (a row per draft) is one broadcast forward, so the
+    workers run it as any step; the demo model (code: drafts get accepted) gives TP=1's greedy tokens
+    without drafts. A draft model is refused (its passes would not reach the workers)."""
+    demo = str(Path(__file__).parent.parent / "src" / "glassbox" / "demo")
+    prompts = [
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n",
+        "class Stack:\n    def push(self, x):\n",
+    ]
+    sp = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=1)
+    ref = [(o.token_ids, [o.logprobs[j][t] for j, t in enumerate(o.token_ids)])
+           for o in LLM(demo, dtype="float32", max_num_seqs=2).generate(prompts, sp)]  # fmt: skip
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    llm = LLM(demo, dtype="float32", tensor_parallel_size=2, max_num_seqs=2, speculative_config=spec)
+    outs = llm.generate(prompts, sp)
+    _check(outs, ref, 1e-4)
+    assert all(o.metrics is not None and o.metrics.spec_accepted_tokens > 0 for o in outs)
+    cfg = ModelConfig.from_facts(facts_from_dir(Path(demo)))
+    draft = EngineConfig(speculative_config={"model": demo, "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="with a draft model \\(--speculative-config\\) is not built"):
+        tp_model.check_run(2, torch.device("cpu"), draft, None, cfg)
