@@ -58,12 +58,6 @@ def check_run(
             )
     elif device.type not in ("cpu", "cuda"):
         raise ValueError(f"--tensor-parallel-size {n} runs on the CPU and on CUDA, not on {device.type}")
-    spec = config.speculative
-    if spec is not None and spec.method != "ngram":  # n-gram drafts are verified by the one forward
-        raise ValueError(
-            f"--tensor-parallel-size {n} with a draft model (--speculative-config) is not built (the workers "
-            "would not run the draft's passes; n-gram drafts work)"
-        )
     qc = checkpoint.facts.quantization_config if checkpoint is not None else {}
     if config.quantization not in (None, "none", "fp8"):  # fp8: a scale per row, none along K
         check_k_blocks(n, str(config.quantization), cfg)
