@@ -204,9 +204,13 @@ def test_refusals_and_launch_plans(
     if torch.cuda.device_count() < 2:  # NCCL: a GPU a rank (GLASSBOX_TP_BACKEND=gloo lets ranks share one)
         with pytest.raises(ValueError, match="on CUDA runs a rank a GPU \\(NCCL\\): this host has [01] GPU"):
             tp_model.check_run(2, torch.device("cuda"), EngineConfig(), None, cfg)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # torchrun: one rank on this host, one on another
+        with pytest.raises(ValueError, match="this host has [01] GPU\\(s\\) for its 1 ranks"):
+            tp_model.check_run(2, torch.device("cuda"), EngineConfig(), None, cfg)
         monkeypatch.setenv("GLASSBOX_TP_BACKEND", "gloo")
         tp_model.check_run(2, torch.device("cuda"), EngineConfig(), None, cfg)
         monkeypatch.delenv("GLASSBOX_TP_BACKEND")
+        monkeypatch.delenv("LOCAL_WORLD_SIZE")
     cpu = torch.device("cpu")
     tp_model.check_run(4, cpu, EngineConfig(quantization="fp8"), None, cfg)  # a scale per row: any K shard
     t0 = time.monotonic()  # refused before any rank is spawned

@@ -5,6 +5,7 @@ step from rank 0's broadcast of the step's inputs."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
@@ -50,7 +51,8 @@ def check_run(
 ) -> None:
     """ValueError naming what a tensor-parallel run over ``n`` ranks needs that is not built or not here."""
     if device.type == "cuda" and compute_backend(True) == "nccl":
-        local, gpus = n // config.nnodes, torch.cuda.device_count()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", n // config.nnodes))  # torchrun sets it per host
+        gpus = torch.cuda.device_count()
         if gpus < local:
             raise ValueError(
                 f"--tensor-parallel-size {n} on CUDA runs a rank a GPU (NCCL): this host has {gpus} GPU(s) for "
