@@ -339,3 +339,21 @@ def test_tp2_speculative_decoding_matches_tp1(method: str) -> None:
         m = o.metrics
         assert m is not None and m.spec_accepted_tokens > 0
         assert method == "ngram" or m.spec_accepted_tokens == m.spec_draft_tokens  # its own draft
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_oss"])
+def test_tp2_bf16_on_packed_shards_matches_tp1(tmp_path: Path, arch: str) -> None:
+    """bf16 on the CPU: each rank's linears in the fast CPU layouts (glassbox's tiles or oneDNN's, as at
+    TP=1), the row-parallel ones inside their all-reduce with the bias after the sum (gpt-oss's o_proj
+    bias; added per rank it moves logprobs by ~0.6); MoE experts packed per rank. TP=1's greedy tokens,
+    logprobs within bf16's rounding of the partial sums."""
+    d = build_tiny_model(arch, tmp_path)
+    prompts = [[1, 5, 9, 20, 33], list(range(3, 60))]
+    one = LLM(str(d), dtype="bfloat16", max_num_seqs=2)
+    ref = [
+        (o.token_ids, [o.logprobs[j][t] for j, t in enumerate(o.token_ids)])
+        for o in one.generate(prompts, GREEDY)
+    ]
+    llm = LLM(str(d), dtype="bfloat16", tensor_parallel_size=2, max_num_seqs=2)
+    _check(llm.generate(prompts, GREEDY), ref, 0.05)
+    assert llm.engine.executor.packed == one.engine.executor.packed > 0  # rank 0's

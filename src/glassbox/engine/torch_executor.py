@@ -165,7 +165,7 @@ class TorchExecutor:
         self.max_threads = torch.get_num_threads()
         self.light_threads = self.max_threads  # reserve_frontend_core() lowers it
         self.packed = 0
-        if self.device.type == "cpu" and self.dtype != torch.float32 and self.tp is None:
+        if self.device.type == "cpu" and self.dtype != torch.float32:  # under TP too: each shard
             from glassbox.layers.linear import pack_linears, packing_available
 
             if packing_available(self.dtype):

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from glassbox.layers.bf16_linear import TiledBf16Linear, tiled_available
+from glassbox.layers.in_place import in_place_of, quantized_kind
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +49,17 @@ def packing_available(dtype: torch.dtype) -> bool:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear of a CPU model with its weight in the fastest layout here (``cpu_matrix``),
-    and let each module that holds its matrices otherwise (a ``pack_weights()`` method: MoE experts) pack
-    them; returns how many matrices."""
+    """Replace every nn.Linear of a CPU model (and tensor-parallel one: ``in_place_of`` keeps its collective
+    around the packed shard) with its weight in the fastest layout here (``cpu_matrix``), and let each
+    module that holds its matrices otherwise (a ``pack_weights()`` method: MoE experts) pack them; returns
+    how many matrices."""
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
-                setattr(module, name, cpu_matrix(child.weight, child.bias))
+            if quantized_kind(child) is nn.Linear:
+                assert isinstance(child, nn.Linear)
+                bias = None if hasattr(child, "around") else child.bias  # a row-parallel bias: after the sum
+                setattr(module, name, in_place_of(child, cpu_matrix(child.weight, bias)))
                 count += 1
         pack = getattr(module, "pack_weights", None)
         if callable(pack):
