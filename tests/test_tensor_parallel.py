@@ -357,3 +357,44 @@ def test_tp2_bf16_on_packed_shards_matches_tp1(tmp_path: Path, arch: str) -> Non
     llm = LLM(str(d), dtype="bfloat16", tensor_parallel_size=2, max_num_seqs=2)
     _check(llm.generate(prompts, GREEDY), ref, 0.05)
     assert llm.engine.executor.packed == one.engine.executor.packed > 0  # rank 0's
+
+
+def test_ranks_bound_to_their_cpus(
+    llama: tuple[Path, list[list[int]], list], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GLASSBOX_TP_CPU_BIND gives each local rank its CPUs (and as many torch threads) before it loads:
+    rank 0 (this process) on the first list, the spawned worker on the second; the tokens are TP=1's. A list
+    count other than the host's ranks, or a list that is not one, is refused naming the variable."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    d, prompts, ref = llama
+    cfg = ModelConfig.from_facts(facts_from_dir(d))
+    for bad, match in (("0", "has 1 CPU lists for this host's 2 ranks"), ("0|x", "'x' is not a CPU list")):
+        monkeypatch.setenv("GLASSBOX_TP_CPU_BIND", bad)
+        with pytest.raises(ValueError, match=f"GLASSBOX_TP_CPU_BIND='{bad}'.*{match}"):
+            tp_model.check_run(2, torch.device("cpu"), EngineConfig(), None, cfg)
+    monkeypatch.setenv("GLASSBOX_TP_CPU_BIND", f"{cpus[0]}|{cpus[1]}")
+    threads = torch.get_num_threads()
+    try:
+        llm = LLM(str(d), dtype="float32", tensor_parallel_size=2, max_num_seqs=2)
+        pid = tp_runtime._PROCS[0].pid
+        assert pid is not None and torch.get_num_threads() == 1
+        for who, cpu in ((os.getpid(), cpus[0]), (pid, cpus[1])):  # every thread of rank 0 and of rank 1
+            assert _thread_cpus(who) == {frozenset({cpu})}, who
+        _check(llm.generate(prompts[:2], GREEDY), ref[:2], 1e-4)
+    finally:  # this test process serves the others after it
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), cpus)
+        torch.set_num_threads(threads)
+
+
+def _thread_cpus(pid: int) -> set[frozenset[int]]:
+    """The CPU sets of the threads of process ``pid`` (those that have not ended meanwhile)."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out.add(frozenset(os.sched_getaffinity(int(tid))))
+        except ProcessLookupError:
+            pass
+    return out

@@ -61,6 +61,24 @@ def compute_backend(cuda: bool) -> str:
     return os.environ.get("GLASSBOX_TP_BACKEND", "nccl" if cuda else "gloo")
 
 
+def cpu_lists(spec: str) -> list[set[int]]:
+    """``GLASSBOX_TP_CPU_BIND``'s value, a Linux CPU list a local rank separated by ``|`` ("0-15|16-31",
+    vLLM's VLLM_CPU_OMP_THREADS_BIND form), as sets of CPU numbers; ValueError naming the variable."""
+    out = []
+    for part in spec.split("|"):
+        cpus: set[int] = set()
+        try:
+            for item in part.split(","):
+                a, _, b = item.strip().partition("-")
+                cpus.update(range(int(a), int(b or a) + 1))
+        except ValueError:
+            raise ValueError(f"GLASSBOX_TP_CPU_BIND={spec!r}: {part!r} is not a CPU list (0-3,8)") from None
+        if not cpus:
+            raise ValueError(f"GLASSBOX_TP_CPU_BIND={spec!r}: an empty CPU list")
+        out.append(cpus)
+    return out
+
+
 def state() -> TPState | None:
     """This process's tensor-parallel group, or None."""
     return _STATE

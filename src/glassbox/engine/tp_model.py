@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from glassbox.config import EngineConfig
-from glassbox.distributed import TPState, broadcast_object, compute_backend, gather_ints, load_max
+from glassbox.distributed import TPState, broadcast_object, compute_backend, cpu_lists, gather_ints, load_max
 from glassbox.engine.checkpoint import Checkpoint, Tensors
 from glassbox.engine.kv_plan import KVCachePlan
 from glassbox.layers.attention import AttentionMetadata
@@ -50,8 +50,13 @@ def check_run(
     cfg: ModelConfig,
 ) -> None:
     """ValueError naming what a tensor-parallel run over ``n`` ranks needs that is not built or not here."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", n // config.nnodes))  # this host's ranks (torchrun's)
+    bind = os.environ.get("GLASSBOX_TP_CPU_BIND")
+    if bind and len(cpu_lists(bind)) != local:
+        raise ValueError(
+            f"GLASSBOX_TP_CPU_BIND={bind!r} has {len(cpu_lists(bind))} CPU lists for this host's {local} ranks"
+        )
     if device.type == "cuda" and compute_backend(True) == "nccl":
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", n // config.nnodes))  # torchrun sets it per host
         gpus = torch.cuda.device_count()
         if gpus < local:
             raise ValueError(

@@ -42,6 +42,7 @@ from glassbox.distributed import (
     TPState,
     broadcast_object,
     compute_backend,
+    cpu_lists,
     failed,
     set_state,
     state,
@@ -111,6 +112,7 @@ def init_group(
     rendezvous store and waits for every rank to join it, watching ``procs`` (the workers it spawned): one
     that exits first fails the start at once (``_await_ranks``) rather than after GLASSBOX_TP_START_TIMEOUT."""
     start = timedelta(seconds=float(os.environ.get("GLASSBOX_TP_START_TIMEOUT", "300")))
+    bind_cpus(local)
     if cuda:
         # "cuda" is this GPU from here on: the executor's tensors, its budget (ranks share GPUs only under
         # GLASSBOX_TP_BACKEND=gloo: NCCL's are refused with fewer GPUs than ranks, tp_model.check_run)
@@ -132,6 +134,25 @@ def init_group(
         "tensor-parallel rank %d of %d joined (%s%s, %s:%d, %g s timeout)", rank, world, where, backend, addr,
         port, t,
     )  # fmt: skip
+
+
+def bind_cpus(local: int) -> None:
+    """With ``GLASSBOX_TP_CPU_BIND`` (a CPU list a local rank: "0-15|16-31"), all of this process's threads on
+    its rank's CPUs, before it loads anything (so that, by first touch, its weights and cache are in those CPUs'
+    NUMA node), and its torch threads one a CPU unless GLASSBOX_NUM_THREADS says otherwise."""
+    spec = os.environ.get("GLASSBOX_TP_CPU_BIND")
+    if not spec:
+        return
+    cpus = cpu_lists(spec)[local]
+    tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
+    for tid in tasks:  # every thread there is (a thread pool made earlier too); later ones inherit it
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:  # a thread that has ended since
+            pass
+    if "GLASSBOX_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(len(cpus))
+    logger.info("tensor-parallel local rank %d bound to CPUs %s", local, sorted(cpus))
 
 
 JOINED = "glassbox/joined"  # each rank's key in the rendezvous store once it has connected
