@@ -17,6 +17,7 @@ from glassbox.layers.bf16_linear import (
     tile_weight,
     tiled_available,
     untile_weight,
+    untiled,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -42,6 +43,32 @@ def test_tiles_hold_the_matrix(n: int, k: int) -> None:
     assert wp.shape == ((n + 15) // 16, k // 2, 16, 2)
     assert torch.equal(untile_weight(wp, n), w)
     assert not untile_weight(wp, wp.shape[0] * 16)[n:].any()  # the rows past N are zeros
+
+
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_fast_untiling_gives_the_matrix(n: int, k: int) -> None:
+    w = torch.randn(n, k).to(torch.bfloat16)
+    m = untiled(tile_weight(w), n)
+    assert torch.equal(m, w) and m.is_contiguous()
+
+
+def test_many_rows_run_the_gemm_on_the_untiled_matrix() -> None:
+    """Past 32 rows (outside an engine step, or in a step with prompt rows) the module runs oneDNN's GEMM
+    on the untiled matrix: within bf16's rounding of the float64 product; 32 rows and fewer, and decode
+    steps of any width, stay on the tiles (bit for bit ``linear_tiled``)."""
+    from glassbox.layers.block_linear import block_kernel_rows
+
+    w, x, b = _case(130, 576, 67, True)
+    lin = TiledBf16Linear(w, b.to(torch.bfloat16) if b is not None else None)
+    ref = x.double() @ w.double().T + b.double()
+    y = lin(x)
+    assert ((y.double() - ref).abs() <= ref.abs() / 128 + 1e-2).all()  # bf16 output: 8 bits of mantissa
+    assert torch.equal(lin(x[:32]), linear_tiled(x[:32], lin.tiles, 130, lin.bias_f32))
+    for kernel in (True, False):  # decode steps, of few rows or wide: the tiles
+        with block_kernel_rows(kernel):
+            assert torch.equal(lin(x), linear_tiled(x, lin.tiles, 130, lin.bias_f32))
+    with block_kernel_rows(False, prompt=True):  # a step with prompt rows: the GEMM
+        assert torch.equal(lin(x), y)
 
 
 def test_odd_in_dim_is_refused() -> None:
@@ -126,4 +153,3 @@ def test_a_bf16_model_decodes_alike_on_tiles_and_on_onednn(
     for (tok_a, lp_a), (tok_b, lp_b) in zip(*runs, strict=True):
         assert tok_a == tok_b
         assert max(abs(a - b) for a, b in zip(lp_a, lp_b, strict=True)) < 0.05
-

@@ -292,7 +292,7 @@ def test_step_inputs_move_whole() -> None:
         decode_context_lens=torch.tensor([3]), prefills=[PrefillSeq(1, 3, 0, torch.tensor([2]))],
         backend="triton", paged_prefill=build_paged_prefill([(0, 3, [2])], 16, torch.device("cpu")),
     )  # fmt: skip
-    inputs = (torch.arange(4), torch.arange(4), meta, None, True)
+    inputs = (torch.arange(4), torch.arange(4), meta, None, (True, False))
     out = tp_model.moved(inputs, torch.device("meta"))
     left: list[str] = []
 
@@ -309,7 +309,7 @@ def test_step_inputs_move_whole() -> None:
 
     walk(out, "inputs")
     assert not left, left
-    assert out[2].num_decode == 1 and out[2].backend == "triton" and out[3] is None and out[4] is True
+    assert out[2].num_decode == 1 and out[2].backend == "triton" and out[3] is None and out[4] == (True, False)
     assert out[2].paged_prefill.block_m == 16 and inputs[2].slot_mapping.device.type == "cpu"  # a copy
 
 

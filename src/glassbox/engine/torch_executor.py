@@ -330,11 +330,11 @@ class TorchExecutor:
         plan = SamplePlan.build(ordered, self.device)  # the rows to sample, on the device before the forward
         kernel = not prefills and rows <= KERNEL_ROWS
         if self.tp is not None:  # the workers run the same forward (engine/tp_model.run_step)
-            tp_model.send_step((ids, pos, meta, plan.rows, kernel))
+            tp_model.send_step((ids, pos, meta, plan.rows, (kernel, bool(prefills))))
         # block weights run their int8-activation kernel in decode-only steps of few rows, the dequantized
         # weight in a GEMM otherwise: a prompt gives the same first token whether or not its prefix was
         # cached, and wide decode batches take the GEMM, faster there (layers/block_linear.KERNEL_ROWS)
-        with torch.inference_mode(), block_kernel_rows(kernel):
+        with torch.inference_mode(), block_kernel_rows(kernel, bool(prefills)):
             hidden = self.forward(ids, pos, self.kv_caches, meta)
             return plan.sample(self.model.compute_logits, hidden, self.eos_ids, self.sample_generator)
 
@@ -346,7 +346,7 @@ class TorchExecutor:
         meta = self._metadata(decodes, prefills, slots)
         last = list(itertools.accumulate(s.num_new_tokens for s in ordered))
         rows = last[len(decodes) - 1] if decodes else 0
-        with torch.inference_mode(), block_kernel_rows(not prefills and rows <= KERNEL_ROWS):
+        with torch.inference_mode(), block_kernel_rows(not prefills and rows <= KERNEL_ROWS, bool(prefills)):
             hidden = self.forward(ids, pos, self.kv_caches, meta)
             if len(last) < hidden.shape[0]:
                 hidden = hidden.index_select(0, to_device([i - 1 for i in last], torch.long, self.device))

@@ -38,8 +38,9 @@ class StepRunner(Protocol):
     model: CausalLM
 
 
-# (input ids, positions, attention metadata, the rows whose logits are computed, block-kernel choice)
-StepInputs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor | None, bool]
+# (input ids, positions, attention metadata, the rows whose logits are computed, (block-kernel choice,
+# whether the step has prompt rows): layers/block_linear.block_kernel_rows)
+StepInputs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor | None, tuple[bool, bool]]
 
 
 def check_run(
@@ -160,8 +161,8 @@ def moved(obj: Any, device: torch.device) -> Any:
 def run_step(ex: StepRunner, inputs: StepInputs) -> None:
     """A worker: the same forward as rank 0 (its collectives pair with rank 0's), and the LM head on the
     sampled rows (their logits are all-gathered); rank 0 alone samples."""
-    ids, pos, meta, rows, kernel = moved(inputs, ex.kv_caches[0].device)
-    with torch.inference_mode(), block_kernel_rows(kernel):
+    ids, pos, meta, rows, (kernel, prompt) = moved(inputs, ex.kv_caches[0].device)
+    with torch.inference_mode(), block_kernel_rows(kernel, prompt):
         hidden = ex.forward(ids, pos, ex.kv_caches, meta)
         if rows is not None:
             ex.model.compute_logits(hidden.index_select(0, rows))

@@ -1,9 +1,10 @@
 """bf16 linears on the CPU in glassbox's own weight layout: tiles of 16 rows, K in pairs (kernels/cpu_bf16.c).
 
 At batch 1 oneDNN's packed bf16 GEMV (layers/linear.py ``PackedLinear``, what torch offers) streams weights
-at about half the machine's read bandwidth; the tiled kernel streams them ~1.5x faster and keeps up with
-oneDNN at more rows and at prefill sizes (benchmarks/bf16_gemv.py and bf16_decode.py measure them side by
-side). It needs AVX-512 BF16; elsewhere, or with ``GLASSBOX_BF16_LINEAR=onednn`` (or ``GLASSBOX_CPU_KERNELS=torch``), bf16
+at about half the machine's read bandwidth; the tiled kernel streams them ~1.5x faster (benchmarks/
+bf16_gemv.py and bf16_decode.py measure them side by side). At prompt sizes oneDNN's GEMM (AMX where the
+CPU has it) is several times faster than the tiles, so a step with prompt rows runs it past ``GEMM_ROWS``
+rows on the matrix untiled into a temporary (``TiledBf16Linear.forward``; benchmarks/bf16_prefill.py). It needs AVX-512 BF16; elsewhere, or with ``GLASSBOX_BF16_LINEAR=onednn`` (or ``GLASSBOX_CPU_KERNELS=torch``), bf16
 linears stay oneDNN-packed, the reference path.
 """
 
@@ -16,8 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from glassbox.kernels import native
+from glassbox.layers.block_linear import prompt_step, step_kernel_choice
 
 TILE = 16  # output rows per tile
+GEMM_ROWS = 32  # past this many rows (outside decode steps) oneDNN's GEMM on the untiled matrix runs
 
 
 def tiled_available() -> bool:
@@ -46,6 +49,16 @@ def untile_weight(wp: torch.Tensor, n: int) -> torch.Tensor:
     """The (N, K) matrix back from its tiles (tile_weight's inverse)."""
     tiles, k2 = wp.shape[:2]
     return wp.permute(0, 2, 1, 3).reshape(tiles * TILE, 2 * k2)[:n]
+
+
+def untiled(wp: torch.Tensor, n: int) -> torch.Tensor:
+    """``untile_weight`` as a new contiguous matrix, fast: a tile's (K/2, 16) pairs of bf16 are one int32
+    each, so untiling is a transpose of int32s (~7x faster than the bf16 permute's copy)."""
+    tiles, k2 = wp.shape[:2]
+    pairs = wp.view(tiles, k2, 2 * TILE).view(torch.int32)  # (tiles, K/2, 16)
+    out = torch.empty(tiles, TILE, k2, dtype=torch.int32)
+    out.copy_(pairs.transpose(1, 2))
+    return out.view(torch.bfloat16).view(tiles * TILE, 2 * k2)[:n]
 
 
 def linear_tiled(
@@ -92,7 +105,17 @@ class TiledBf16Linear(nn.Module):
         self.nbytes = weight.numel() * 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_tiled(x, self.tiles, self.out_features, self.bias_f32)
+        rows = x.numel() // max(1, x.shape[-1])
+        step = step_kernel_choice()
+        if rows <= GEMM_ROWS or (step is not None and not prompt_step()):  # few rows, decode steps: tiles
+            return linear_tiled(x, self.tiles, self.out_features, self.bias_f32)
+        # many rows of a step with prompt rows (or outside a step): oneDNN's GEMM on the matrix untiled into
+        # a temporary (the copy ~1-1.5 ms per 6 MB on one thread), 1.6-2.4x faster than the tiles at 64
+        # rows, 3.4-7x at 256 on this AVX-512 / AMX Xeon (benchmarks/bf16_prefill.py); even at 32. Decode
+        # steps (a batch, a speculative step's verification rows) stay on the tiles, whose bits do not
+        # depend on the rows run together.
+        bias = None if self.bias_f32 is None else self.bias_f32.to(torch.bfloat16)
+        return F.linear(x, untiled(self.tiles, self.out_features), bias)
 
     def pointers(self) -> tuple[int, int | None]:
         """The tiles' and the float32 bias's addresses (models/llama_step.py)."""

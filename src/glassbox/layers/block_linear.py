@@ -40,15 +40,26 @@ _STEP_KERNEL: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
 )
 
 
+_STEP_PROMPT: contextvars.ContextVar[bool] = contextvars.ContextVar("glassbox_prompt_step", default=False)
+
+
 @contextlib.contextmanager
-def block_kernel_rows(use_kernel: bool) -> Iterator[None]:
+def block_kernel_rows(use_kernel: bool, prompt: bool = False) -> Iterator[None]:
     """Within: block weights run the int8 kernel (``use_kernel``: decode-only steps) or the dequantized
-    weight (steps with prompt rows), whatever their row count; the kernel takes at most 64 rows a call."""
-    token = _STEP_KERNEL.set(use_kernel)
+    weight (steps with prompt rows), whatever their row count; the kernel takes at most 64 rows a call.
+    ``prompt``: the step has prompt rows (bf16 tiles then take oneDNN's GEMM for many rows:
+    layers/bf16_linear.py)."""
+    token, prompt_token = _STEP_KERNEL.set(use_kernel), _STEP_PROMPT.set(prompt)
     try:
         yield
     finally:
         _STEP_KERNEL.reset(token)
+        _STEP_PROMPT.reset(prompt_token)
+
+
+def prompt_step() -> bool:
+    """Whether this engine step has prompt rows (``block_kernel_rows``); False outside a step."""
+    return _STEP_PROMPT.get()
 
 
 def step_kernel_choice() -> bool | None:
