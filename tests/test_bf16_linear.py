@@ -4,6 +4,7 @@ bf16 values, on odd shapes: rows past a tile, in-dims that are not a multiple of
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,18 @@ def test_fast_untiling_gives_the_matrix(n: int, k: int) -> None:
     assert torch.equal(m, w) and m.is_contiguous()
 
 
+@pytest.fixture
+def prompts_on_onednn(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Prompt-sized products on oneDNN's GEMM whatever the CPU (auto: where it has AMX)."""
+    from glassbox.layers.bf16_linear import onednn_prompts
+
+    monkeypatch.setenv("GLASSBOX_BF16_PROMPTS", "onednn")
+    onednn_prompts.cache_clear()
+    yield
+    onednn_prompts.cache_clear()
+
+
+@pytest.mark.usefixtures("prompts_on_onednn")
 def test_many_rows_run_the_gemm_on_the_untiled_matrix() -> None:
     """Past 32 rows (outside an engine step, or in a step with prompt rows) the module runs oneDNN's GEMM
     on the untiled matrix: within bf16's rounding of the float64 product; 32 rows and fewer, and decode

@@ -10,6 +10,7 @@ linears stay oneDNN-packed, the reference path.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -33,6 +34,25 @@ def tiled_available() -> bool:
         return False
     lib = native.library()
     return lib is not None and bool(lib.gb_bf16_dot_native())
+
+
+@functools.cache
+def onednn_prompts() -> bool:
+    """Whether prompt-sized products (``GEMM_ROWS`` rows and more) take oneDNN's GEMM on the untiled matrix:
+    ``GLASSBOX_BF16_PROMPTS`` "onednn" or "tiles", else (auto) where the CPU has AMX, whose tile multiply
+    runs oneDNN's bf16 GEMMs several times faster than the tiles' AVX-512 dot products (~400 vs ~65 GFLOP/s
+    a thread on this Xeon); on AVX-512 BF16 alone the tiles kept up with oneDNN (an EPYC, the README's CPU
+    table), so they stay."""
+    choice = os.environ.get("GLASSBOX_BF16_PROMPTS", "auto")
+    if choice not in ("auto", "onednn", "tiles"):
+        raise ValueError(f"GLASSBOX_BF16_PROMPTS must be 'auto', 'onednn' or 'tiles', got {choice!r}")
+    if choice != "auto":
+        return choice == "onednn"
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_bf16" in line for line in f)
+    except OSError:
+        return False
 
 
 def tile_weight(w: torch.Tensor) -> torch.Tensor:
@@ -107,7 +127,8 @@ class TiledBf16Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // max(1, x.shape[-1])
         step = step_kernel_choice()
-        if rows <= GEMM_ROWS or (step is not None and not prompt_step()):  # few rows, decode steps: tiles
+        decode = step is not None and not prompt_step()
+        if rows <= GEMM_ROWS or decode or not onednn_prompts():  # few rows, decode steps: the tiles
             return linear_tiled(x, self.tiles, self.out_features, self.bias_f32)
         # many rows of a step with prompt rows (or outside a step): oneDNN's GEMM on the matrix untiled into
         # a temporary (the copy ~1-1.5 ms per 6 MB on one thread), 1.6-2.4x faster than the tiles at 64
