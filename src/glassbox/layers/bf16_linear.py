@@ -4,8 +4,9 @@ At batch 1 oneDNN's packed bf16 GEMV (layers/linear.py ``PackedLinear``, what to
 at about half the machine's read bandwidth; the tiled kernel streams them ~1.5x faster (benchmarks/
 bf16_gemv.py and bf16_decode.py measure them side by side). At prompt sizes oneDNN's GEMM (AMX where the
 CPU has it) is several times faster than the tiles, so a step with prompt rows runs it past ``GEMM_ROWS``
-rows on the matrix untiled into a temporary (``TiledBf16Linear.forward``; benchmarks/bf16_prefill.py). It needs AVX-512 BF16; elsewhere, or with ``GLASSBOX_BF16_LINEAR=onednn`` (or ``GLASSBOX_CPU_KERNELS=torch``), bf16
-linears stay oneDNN-packed, the reference path.
+rows on the matrix untiled into a temporary (``TiledBf16Linear.forward``; benchmarks/bf16_prefill.py). It
+needs AVX-512 BF16; elsewhere, or with ``GLASSBOX_BF16_LINEAR=onednn`` (or ``GLASSBOX_CPU_KERNELS=torch``),
+bf16 linears stay oneDNN-packed, the reference path.
 """
 
 from __future__ import annotations
