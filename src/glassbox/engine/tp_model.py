@@ -20,7 +20,8 @@ from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.block_linear import block_kernel_rows
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.ct_int_config import ct_int_spec
-from glassbox.models.fp4_shards import is_fp4, sharded_fp4
+from glassbox.models.fp4_checkpoint import is_fp4
+from glassbox.models.fp4_shards import sharded_fp4
 from glassbox.models.fp8_config import fp8_spec
 from glassbox.models.gguf_shards import check_gguf_tp, sharded_gguf
 from glassbox.models.loader import Forward, Packed
@@ -53,10 +54,9 @@ def check_run(
     """ValueError naming what a tensor-parallel run over ``n`` ranks needs that is not built or not here."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", n // config.nnodes))  # this host's ranks (torchrun's)
     bind = os.environ.get("GLASSBOX_TP_CPU_BIND")
-    if bind and len(cpu_lists(bind)) != local:
-        raise ValueError(
-            f"GLASSBOX_TP_CPU_BIND={bind!r} has {len(cpu_lists(bind))} CPU lists for this host's {local} ranks"
-        )
+    lists = len(cpu_lists(bind)) if bind else local
+    if lists != local:
+        raise ValueError(f"GLASSBOX_TP_CPU_BIND={bind!r} has {lists} CPU lists for this host's {local} ranks")
     if device.type == "cuda" and compute_backend(True) == "nccl":
         gpus = torch.cuda.device_count()
         if gpus < local:
@@ -95,9 +95,8 @@ def check_k_blocks(n: int, quantization: str, cfg: ModelConfig) -> None:
             )
 
 
-QUANT_BLOCK = (
-    32  # the values of a block along K: int8, int4, int4-asym (layers/block_quant.py), mxfp4 (nvfp4: 16)
-)
+# the values of a block along K: int8, int4, int4-asym (layers/block_quant.py), mxfp4 (nvfp4: 16)
+QUANT_BLOCK = 32
 
 
 def weights(

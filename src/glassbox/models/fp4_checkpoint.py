@@ -92,27 +92,51 @@ def layer_weights(spec: NVFP4Spec, parts: dict[str, torch.Tensor], name: str) ->
         raise ValueError(f"{name}: {e}") from None
 
 
+def is_mxfp4(qc: dict[str, Any]) -> bool:
+    """Whether a ``quantization_config`` is gpt-oss's MXFP4."""
+    return str(qc.get("quant_method", "")).lower() == "mxfp4"
+
+
+def is_fp4(qc: dict[str, Any]) -> bool:
+    """Whether a ``quantization_config`` is a 4-bit float one (NVFP4 or MXFP4)."""
+    return nvfp4_spec(qc) is not None or is_mxfp4(qc)
+
+
+class SafetensorsFiles:
+    """A checkpoint's safetensors files open at once (for the life of ``stack``): any tensor whole or
+    sliced (``get_slice``: only the slice's bytes are read) by name."""
+
+    def __init__(self, stack: ExitStack, files: list[Path]) -> None:
+        handles = [stack.enter_context(safe_open(str(p), framework="pt")) for p in files]
+        self.where = {key: h for h in handles for key in h.keys()}  # noqa: SIM118 (safe_open is not a dict)
+
+    def slice(self, name: str) -> Any:
+        return self.where[name].get_slice(name)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self.where[name].get_tensor(name)
+
+    def need(self, prefix: str, parts: tuple[str, ...], what: str) -> list[str]:
+        """The names ``prefix.part`` of ``parts``; ValueError naming the missing ones."""
+        names = [f"{prefix}.{part}" for part in parts]
+        missing = [part for part, n in zip(parts, names, strict=True) if n not in self.where]
+        if missing:
+            raise ValueError(f"{what} without {', '.join(missing)}")
+        return names
+
+
 def read_nvfp4(model_dir: Path, spec: NVFP4Spec) -> tuple[dict[str, FP4Weights], Tensors]:
     """(the NVFP4 linears as packed weights by HF weight name, the other tensors one at a time)."""
     files = weight_files(model_dir)
-    keys = _keys(files)
-    quantized = sorted(k.removesuffix(".weight_scale") for k in keys if k.endswith(".weight_scale"))
     packed = {}
     with ExitStack() as stack:
-        handles = {p: stack.enter_context(safe_open(str(p), framework="pt")) for p in files}
+        f = SafetensorsFiles(stack, files)
+        quantized = sorted(k.removesuffix(".weight_scale") for k in f.where if k.endswith(".weight_scale"))
         for prefix in quantized:
-            names = [f"{prefix}.{part}" for part in PARTS[:3] if f"{prefix}.{part}" in keys]
-            parts = {n.rpartition(".")[2]: handles[keys[n]].get_tensor(n) for n in names}
+            names = [f"{prefix}.{part}" for part in PARTS[:3] if f"{prefix}.{part}" in f.where]
+            parts = {n.rpartition(".")[2]: f.tensor(n) for n in names}
             packed[f"{prefix}.weight"] = layer_weights(spec, parts, prefix)
     return packed, _floats(files, {f"{p}.{part}" for p in quantized for part in PARTS})
-
-
-def _keys(files: list[Path]) -> dict[str, Path]:
-    keys: dict[str, Path] = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            keys.update({key: path for key in f.keys()})  # noqa: SIM118 (safe_open is not a dict)
-    return keys
 
 
 def _floats(files: list[Path], skip: set[str]) -> Tensors:
@@ -132,20 +156,14 @@ def read_mxfp4_experts(model_dir: Path) -> tuple[dict[str, HeldExperts], Tensors
     """(each MoE layer's experts by module name, the other tensors one at a time) of a gpt-oss MXFP4
     checkpoint."""
     files = weight_files(model_dir)
-    keys = _keys(files)
-    layers = sorted({k.rpartition(".")[0] for k in keys if k.endswith(EXPERT_PARTS)})
     experts: dict[str, HeldExperts] = {}
     with ExitStack() as stack:
-        handles = {p: stack.enter_context(safe_open(str(p), framework="pt")) for p in files}
+        f = SafetensorsFiles(stack, files)
+        layers = sorted({k.rpartition(".")[0] for k in f.where if k.endswith(EXPERT_PARTS)})
         for prefix in layers:
-            names = {part: f"{prefix}.{part}" for part in EXPERT_PARTS}
-            missing = [part for part, n in names.items() if n not in keys]
-            if missing:
-                raise ValueError(f"{prefix}: MXFP4 experts without {', '.join(missing)}")
-            t = {part: handles[keys[n]].get_tensor(n) for part, n in names.items()}
             try:
-                gate_up = mxfp4_experts(t["gate_up_proj_blocks"], t["gate_up_proj_scales"])
-                down = mxfp4_experts(t["down_proj_blocks"], t["down_proj_scales"])
+                gb, gs, db, ds = (f.tensor(n) for n in f.need(prefix, EXPERT_PARTS, "MXFP4 experts"))
+                gate_up, down = mxfp4_experts(gb, gs), mxfp4_experts(db, ds)
             except ValueError as e:
                 raise ValueError(f"{prefix}: {e}") from None
             experts[prefix] = HeldExperts([(w,) for w in gate_up], down)
@@ -162,7 +180,7 @@ def read_fp4(
     float32: NVFP4 linears on the block kernels (layers/fp4_triton.py), MXFP4 experts held for the fused
     block MoE (kernels/triton_block_moe.py)."""
     nvfp4 = nvfp4_spec(qc)
-    mxfp4 = str(qc.get("quant_method", "")).lower() == "mxfp4"
+    mxfp4 = is_mxfp4(qc)
     if nvfp4 is None and not mxfp4:
         return None
     cuda = device.type == "cuda" and importlib.util.find_spec("triton") is not None

@@ -21,11 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from glassbox.layers.fp4_quant import mxfp4_experts
 from glassbox.layers.held_experts import HeldExperts
-from glassbox.models.fp4_checkpoint import EXPERT_PARTS, PARTS, NVFP4Spec, layer_weights, nvfp4_spec
+from glassbox.models.fp4_checkpoint import (
+    EXPERT_PARTS,
+    PARTS,
+    NVFP4Spec,
+    SafetensorsFiles,
+    layer_weights,
+    nvfp4_spec,
+)
 from glassbox.models.loader import Packed, weight_files
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.tensor_parallel import shard_plan, sharded_safetensors
@@ -33,37 +39,14 @@ from glassbox.models.tensor_parallel import shard_plan, sharded_safetensors
 Tensors = Iterator[tuple[str, torch.Tensor]]
 
 
-def is_fp4(qc: dict[str, Any]) -> bool:
-    return nvfp4_spec(qc) is not None or str(qc.get("quant_method", "")).lower() == "mxfp4"
-
-
 def _whole_blocks(a: int, b: int, block: int, what: str) -> None:
     if a % block or (b - a) % block:
         raise ValueError(f"its {what} {a}..{b} cut its {block}-value blocks")
 
 
-class _Files:
-    """A checkpoint's safetensors files open at once: any tensor's slice or whole tensor by name."""
-
-    def __init__(self, stack: ExitStack, files: list[Path]) -> None:
-        handles = [stack.enter_context(safe_open(str(p), framework="pt")) for p in files]
-        self.where = {key: h for h in handles for key in h.keys()}  # noqa: SIM118 (not a dict)
-
-    def slice(self, name: str) -> Any:
-        return self.where[name].get_slice(name)
-
-    def tensor(self, name: str) -> torch.Tensor:
-        return self.where[name].get_tensor(name)
-
-    def need(self, prefix: str, parts: tuple[str, ...], what: str) -> list[str]:
-        names = [f"{prefix}.{part}" for part in parts]
-        missing = [part for part, n in zip(parts, names, strict=True) if n not in self.where]
-        if missing:
-            raise ValueError(f"{what} without {', '.join(missing)}")
-        return names
-
-
-def _nvfp4_layer(f: _Files, spec: NVFP4Spec, prefix: str, cfg: ModelConfig, rank: int, world: int) -> Packed:
+def _nvfp4_layer(
+    f: SafetensorsFiles, spec: NVFP4Spec, prefix: str, cfg: ModelConfig, rank: int, world: int
+) -> Packed:
     weight, scale, scale_2 = f.need(prefix, PARTS[:3], "an NVFP4 layer")
     w, s = f.slice(weight), f.slice(scale)
     n, half = w.get_shape()
@@ -80,7 +63,7 @@ def _nvfp4_layer(f: _Files, spec: NVFP4Spec, prefix: str, cfg: ModelConfig, rank
     return layer_weights(spec, parts | {"weight_scale_2": f.tensor(scale_2)}, prefix)
 
 
-def _mxfp4_experts(f: _Files, prefix: str, rank: int, world: int) -> HeldExperts:
+def _mxfp4_experts(f: SafetensorsFiles, prefix: str, rank: int, world: int) -> HeldExperts:
     gb, gs, db, ds = (f.slice(n) for n in f.need(prefix, EXPERT_PARTS, "MXFP4 experts"))
     per = gb.get_shape()[1] // world  # 2I / N rows: I / N (gate, up) pairs
     a = rank * per
@@ -102,7 +85,7 @@ def sharded_fp4(
     taken: set[str] = set()
     ends, parts = (".weight_scale", PARTS) if nvfp4 is not None else (".down_proj_blocks", EXPERT_PARTS)
     with ExitStack() as stack:
-        f = _Files(stack, weight_files(model_dir))
+        f = SafetensorsFiles(stack, weight_files(model_dir))
         for prefix in sorted(k.removesuffix(ends) for k in f.where if k.endswith(ends)):
             try:
                 if nvfp4 is not None:
