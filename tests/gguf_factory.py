@@ -52,6 +52,7 @@ RANDOM_BLOCK_SCALES = {
     Q.IQ1_M: (),
 }
 
+
 @dataclass
 class Spec:
     """Shape and flavour of a synthetic model."""
@@ -410,3 +411,52 @@ def assert_greedy_like_transformers(
         assert out.logprobs is not None
         ours = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
         assert ours == pytest.approx(lps, abs=2e-3)
+
+
+def write_phi3_model(path: Path, model_dir: Path, qtype: Q = Q.F32) -> None:
+    """Write the transformers Phi-3 checkpoint in ``model_dir`` as llama.cpp's converter does
+    (Phi3MiniModel): the fused ``attn_qkv`` and ``ffn_up`` (gate then up) as stored, rows unpermuted (NEOX
+    rope), the rotated share of a head as ``rope.dimension_count``, LongRoPE's lists as the
+    ``rope_factors_long``/``_short`` tensors with ``rope.scaling.attn_factor``, a window of 0 for none; 2-D
+    weights in ``qtype``, the rest F32; the tiny vocabulary of write_model."""
+    import json
+    import math
+
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    writer = gguf.GGUFWriter(path, "phi3")
+    writer.add_name("tiny-phi3")
+    writer.add_context_length(cfg["max_position_embeddings"])
+    original = cfg.get("original_max_position_embeddings", 4096)
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * hidden) // heads)
+    writer.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
+    writer.add_sliding_window(cfg.get("sliding_window") or 0)
+    add_tiny_vocab(writer, cfg["vocab_size"])
+    writer.add_pad_token_id(0)  # else transformers' reader keeps Phi3Config's 32000, past the vocabulary
+    if rope.get("long_factor"):
+        scale = cfg["max_position_embeddings"] / original
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+        writer.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
+    rng = np.random.default_rng(0)
+    for name, values in load_file(model_dir / "model.safetensors").items():
+        values = values.astype(np.float32)
+        if values.ndim == 2:
+            data, raw = encode_tensor(values, qtype, rng)
+            writer.add_tensor(gguf_tensor_name(name, "phi3"), data, raw_dtype=raw)
+        else:
+            writer.add_tensor(gguf_tensor_name(name, "phi3"), values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -35,12 +35,16 @@ def _engine(model: str, steps: int, **kw: object) -> LLM:
 
 
 def _requests(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
-    prompts = [[(7 * i + 3 * j) % (vocab - 10) + 10 for j in range(n)] for i, n in enumerate((5, 23, 1, 40, 9))]
+    prompts = [
+        [(7 * i + 3 * j) % (vocab - 10) + 10 for j in range(n)] for i, n in enumerate((5, 23, 1, 40, 9))
+    ]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (37, 1, 12, 29, 18)]
     return prompts, params
 
 
-def _run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> list[tuple[list[int], str | None]]:
+def _run(
+    llm: LLM, prompts: list[list[int]], params: list[SamplingParams]
+) -> list[tuple[list[int], str | None]]:
     outs = llm.generate(prompts, params)
     bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks, "every block back once all sequences ended"
@@ -75,7 +79,10 @@ def test_bursts_pick_the_tokens_single_steps_pick(tmp_path: Path, model: str) ->
     assert llm.engine.executor.forward.burst is not None, "the model binds bursts"
     prompts, params = _requests(llm.engine.model_config.vocab_size)
     if model == "smollm2":  # a real 135M model: fewer and shorter requests
-        prompts, params = prompts[:3], [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (9, 1, 14)]
+        prompts, params = (
+            prompts[:3],
+            [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (9, 1, 14)],
+        )
     bursts, llm.engine.core.bursts = llm.engine.core.bursts, BurstSizer(1)
     expected = _run(llm, prompts, params)
     assert set(_passes(llm)) == {1}
@@ -93,7 +100,9 @@ def test_a_burst_ends_where_a_step_would() -> None:
     burst picked past the end are dropped and their slots given back."""
     single = _engine("glassbox-demo", 1)
     prompt = [[11, 12, 13, 14, 15]]
-    free = single.generate(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0].outputs[0]
+    free = single.generate(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0].outputs[
+        0
+    ]
     ids = free.token_ids
     # a token first said inside the second burst of 6 (the prefill gives the first token)
     at = next(j for j in range(8, 12) if ids[j] not in ids[:j])
@@ -157,7 +166,9 @@ def test_bursts_shrink_to_the_free_blocks_and_never_preempt() -> None:
 
 
 def _sequence(i: int, prompt: int, max_tokens: int) -> Sequence:
-    return Sequence(i, f"r{i}", list(range(1, prompt + 1)), SamplingParams(temperature=0, max_tokens=max_tokens))
+    return Sequence(
+        i, f"r{i}", list(range(1, prompt + 1)), SamplingParams(temperature=0, max_tokens=max_tokens)
+    )
 
 
 def test_the_scheduler_gives_a_lookahead_within_max_tokens_and_free_blocks() -> None:

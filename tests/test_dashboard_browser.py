@@ -192,7 +192,9 @@ def test_dashboard_in_chromium(browser: Any, demo_server: ServerProcess, tmp_pat
 
     # a click: the anatomy is the response's metrics, number for number
     longest = max(done, key=lambda r: r["metrics"]["preemptions"])
-    page.locator(f'g.req[data-id="{longest["id"]}"] rect.decode').dispatch_event("click")  # a recompute chunk may overlap it
+    page.locator(f'g.req[data-id="{longest["id"]}"] rect.decode').dispatch_event(
+        "click"
+    )  # a recompute chunk may overlap it
     page.wait_for_selector(f'#anatomy[data-id="{longest["id"]}"]')
     for key, value in longest["metrics"].items():
         cell = page.locator(f'#anatomy-metrics tr[data-key="{key}"] td').nth(1)
@@ -230,7 +232,9 @@ def test_dashboard_in_chromium(browser: Any, demo_server: ServerProcess, tmp_pat
     assert page.locator('#plan-table tr[data-key="TTFT"] td').nth(1).inner_text().endswith("s")
 
     out = shots_dir(tmp_path)
-    page.locator(f'g.req[data-id="{longest["id"]}"] rect.decode').dispatch_event("click")  # a recompute chunk may overlap it
+    page.locator(f'g.req[data-id="{longest["id"]}"] rect.decode').dispatch_event(
+        "click"
+    )  # a recompute chunk may overlap it
     page.wait_for_timeout(300)
     page.check("#pause")
     page.screenshot(path=str(out / "dashboard.png"), full_page=True)

@@ -150,7 +150,9 @@ def test_trace_of_an_immediate_eos(
     json.dumps(r, allow_nan=False)
     render(r)
     out = capsys.readouterr().out
-    assert "none: the first token ended the request" in out and "answer:" in out and "finish_reason=stop" in out
+    assert (
+        "none: the first token ended the request" in out and "answer:" in out and "finish_reason=stop" in out
+    )
 
 
 def test_trace_applies_the_chat_template(demo: LLM) -> None:

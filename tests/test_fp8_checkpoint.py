@@ -142,7 +142,9 @@ def test_stacked_layers_keep_each_scale() -> None:
 # ---- checkpoints -------------------------------------------------------------------------------------
 
 
-def ct_config(strategy: str, block: list[int] | None, static_input: bool, ignore: list[str]) -> dict[str, Any]:
+def ct_config(
+    strategy: str, block: list[int] | None, static_input: bool, ignore: list[str]
+) -> dict[str, Any]:
     weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": strategy,
                "block_structure": block, "group_size": None, "actorder": None, "observer": "minmax"}  # fmt: skip
     act = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": not static_input,
@@ -155,7 +157,12 @@ def ct_config(strategy: str, block: list[int] | None, static_input: bool, ignore
     }  # fmt: skip
 
 
-HF_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
+HF_FP8 = {
+    "quant_method": "fp8",
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "weight_block_size": [128, 128],
+}
 IGNORED = "model.layers.1.mlp.down_proj"
 CASES: dict[str, tuple[dict[str, Any], int | None, int | None]] = {  # config, block rows, cols (None: all)
     "hf-fp8-block128": (HF_FP8, 128, 128),
@@ -203,7 +210,9 @@ def fp8_model(root: Path, case: str) -> tuple[Path, Path]:
         if case == "ct-tensor-static":
             quant[f"{prefix}.input_scale"] = torch.tensor([0.02])
         dense[key] = dequantized(q, s, bn or n, bk or k)
-    return write_checkpoint(base, root / case, quant, qc), write_checkpoint(base, root / f"{case}-dense", dense, None)
+    return write_checkpoint(base, root / case, quant, qc), write_checkpoint(
+        base, root / f"{case}-dense", dense, None
+    )
 
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "你好，世界", "class Foo:\n    def"]

@@ -95,7 +95,9 @@ def kquant_gemv(w: KQuantWeights, x: torch.Tensor, generic: bool) -> torch.Tenso
     dx, cx = torch.empty(m, k // 32), torch.empty(m, k // 32)  # per 32-value block
     sx = torch.empty(m, k // 16, dtype=torch.int32)  # per 16-value lane
     xb = x.bfloat16().contiguous()
-    lib.gb_quantize_rows_kq(xb.data_ptr(), m, k, qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), sx.data_ptr(), 1, 1)
+    lib.gb_quantize_rows_kq(
+        xb.data_ptr(), m, k, qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), sx.data_ptr(), 1, 1
+    )
     out = torch.empty(m, w.out_features)
     lib.gb_gemv_kquant(
         w.codes.data_ptr(), w.meta.data_ptr(), w.kind, None, w.out_features, k,
@@ -170,7 +172,9 @@ def reference(model_file: Path) -> list[tuple[list[int], list[float]]]:
     """transformers reading the file (dequantized by the gguf package), float32, greedy."""
     import transformers as tf
 
-    model = tf.AutoModelForCausalLM.from_pretrained(model_file.parent, gguf_file=model_file.name, dtype=torch.float32)
+    model = tf.AutoModelForCausalLM.from_pretrained(
+        model_file.parent, gguf_file=model_file.name, dtype=torch.float32
+    )
     return [greedy_continuation(model, ids, NEW) for ids in PROMPTS]
 
 
@@ -180,7 +184,9 @@ def _greedy(model: CausalLM, cfg: ModelConfig, ids: list[int], n: int) -> tuple[
     with torch.inference_mode():
         for _ in range(n):
             t, blocks = len(seq), -(-len(seq) // 16)
-            caches = [torch.zeros(2, blocks, 16, cfg.num_kv_heads, cfg.head_dim) for _ in range(cfg.num_layers)]
+            caches = [
+                torch.zeros(2, blocks, 16, cfg.num_kv_heads, cfg.head_dim) for _ in range(cfg.num_layers)
+            ]
             meta = AttentionMetadata(
                 slot_mapping=torch.arange(t), prefills=[PrefillSeq(0, t, 0, torch.arange(blocks))]
             )
@@ -249,7 +255,9 @@ def test_one_call_step_equals_the_per_op_forward(model_file: Path) -> None:
 
     def run() -> list[tuple[list[int], list[float]]]:
         outs = llm.generate(PROMPTS, params)
-        return [(o.token_ids, [lp[t] for lp, t in zip(o.logprobs or [], o.token_ids, strict=True)]) for o in outs]
+        return [
+            (o.token_ids, [lp[t] for lp, t in zip(o.logprobs or [], o.token_ids, strict=True)]) for o in outs
+        ]
 
     stepped = run()
     forward.step = None  # the per-op forward for every step

@@ -139,7 +139,9 @@ def test_float32_greedy_matches_transformers(files: dict, arch: str) -> None:
 def test_float32_chunked_and_prefix_cached(files: dict) -> None:
     """gpt-oss (sliding layers and sinks): prompts in 37-token chunks beside decodes, then all cached."""
     _, path, prompts, ref = files["gpt_oss"]
-    llm = LLM(str(path), dtype="float32", max_num_seqs=4, max_num_batched_tokens=37, enable_prefix_caching=True)
+    llm = LLM(
+        str(path), dtype="float32", max_num_seqs=4, max_num_batched_tokens=37, enable_prefix_caching=True
+    )
     _check(llm, prompts, ref)
     assert any(r.phase == "mixed" for r in llm.engine.step_records)
     _check(llm, prompts, ref)  # the second round finds the prompts cached
@@ -189,6 +191,7 @@ def _dequantized_reference(model_dir: Path, path: Path) -> Any:
     params, stacked = model.state_dict(), _stacked(path)
     with torch.no_grad():
         for i in range(model.config.num_hidden_layers):
+
             def get(proj: str, i: int = i) -> torch.Tensor:
                 return torch.from_numpy(stacked[f"blk.{i}.ffn_{proj}_exps.weight"]).transpose(1, 2)
 

@@ -335,14 +335,14 @@ def test_split_checkpoint(tmp_path: Path) -> None:
 
 
 def test_unsupported_architecture(tmp_path: Path) -> None:
-    path = tmp_path / "phi.gguf"
-    writer = gguf.GGUFWriter(path, "phi3")
+    path = tmp_path / "phi2.gguf"
+    writer = gguf.GGUFWriter(path, "phi2")
     writer.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match=r"'phi3' is not supported; supported: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(ValueError, match=r"'phi2' is not supported; supported: llama, mistral, qwen2, qwen3"):
         open_gguf(path)
 
 

@@ -59,7 +59,12 @@ def test_native_step_equals_the_per_op_forward(
     ],
 )
 def test_step_is_bound_only_for_bf16_kernel_weights(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, quantization: str, bf16_linear: str, bound: bool
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: str,
+    quantization: str,
+    bf16_linear: str,
+    bound: bool,
 ) -> None:
     monkeypatch.setenv("GLASSBOX_BF16_LINEAR", bf16_linear)
     d = build_tiny_model("llama", tmp_path)

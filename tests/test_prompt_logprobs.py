@@ -25,7 +25,9 @@ from glassbox.llm import LLM
 from glassbox.outputs import RequestOutput
 from glassbox.sampling_params import SamplingParams
 
-LONG_PROMPT = [(11 * i) % 400 + 30 for i in range(70)]  # token ids (not test_server_api.py's: its cache counts)
+LONG_PROMPT = [
+    (11 * i) % 400 + 30 for i in range(70)
+]  # token ids (not test_server_api.py's: its cache counts)
 TOL = 1e-4
 
 

@@ -26,9 +26,7 @@ class _Ops(TorchDispatchMode):
         self.names: list[str] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.names.append(
-            func.__name__.split(".")[0].strip("_")
-        )  # _softmax, uniform_ -> softmax, uniform
+        self.names.append(func.__name__.split(".")[0].strip("_"))  # _softmax, uniform_ -> softmax, uniform
         return func(*args, **(kwargs or {}))
 
 

@@ -306,7 +306,12 @@ BAD: list[tuple[str, Any, int, str | None]] = [
     ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 10**9}, 400, "max_tokens"),
-    ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "tools[0]"),  # a tool without its function
+    (
+        "/v1/chat/completions",
+        {"messages": CHAT, "tools": [{"type": "function"}]},
+        400,
+        "tools[0]",
+    ),  # a tool without its function
     ("/v1/chat/completions", {"messages": CHAT, "model": "gpt-4"}, 404, "model"),
     ("/tokenize", {}, 400, "prompt"),
     ("/tokenize", {"prompt": "a", "messages": CHAT}, 400, "prompt"),

@@ -68,10 +68,16 @@ def test_api_key(guarded: ServerProcess) -> None:
     # EventSource can only send as the page's cookie or ?api_key= (a Bearer header works too)
     assert httpx.get(f"{guarded.url}/dashboard").status_code == 200
     for path in ("/dashboard/events", "/dashboard/plan"):
-        for wrong in ({}, {"params": {"api_key": "wrong"}}, {"headers": {"Cookie": "glassbox_api_key=wrong"}}):
+        for wrong in (
+            {},
+            {"params": {"api_key": "wrong"}},
+            {"headers": {"Cookie": "glassbox_api_key=wrong"}},
+        ):
             r = httpx.get(guarded.url + path, **wrong)  # type: ignore[arg-type]
             assert r.status_code == 401, (path, wrong, r.text)
-            assert r.json()["error"]["code"] == "invalid_api_key" and "api_key" in r.json()["error"]["message"]
+            assert (
+                r.json()["error"]["code"] == "invalid_api_key" and "api_key" in r.json()["error"]["message"]
+            )
     keyed: list[dict[str, Any]] = [
         {"headers": {"Authorization": f"Bearer {KEY}"}},
         {"headers": {"Cookie": f"glassbox_api_key={KEY}"}},

@@ -86,6 +86,21 @@ def _config(arch: str, vocab: int, eos: int, **overrides: Any) -> Any:
              "original_max_position_embeddings": 256, "truncate": False},
         )  # fmt: skip
         return tf.GptOssConfig(**kw)
+    if arch == "phi3":
+        # LongRoPE on 3/4 of each head (Phi-4-mini's shape of settings), its short factors below the
+        # pre-training length of 64 (where the tests stay unless they pass it on purpose), a sliding window
+        kw.setdefault("partial_rotary_factor", 0.75)
+        kw.setdefault("original_max_position_embeddings", 64)
+        kw.setdefault("sliding_window", 40)
+        half = int(64 // 4 * kw["partial_rotary_factor"]) // 2
+        kw.setdefault(
+            "rope_scaling",
+            {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(half)],
+             "long_factor": [1.5 + 0.7 * i for i in range(half)]},
+        )  # fmt: skip
+        kw.setdefault("tie_word_embeddings", True)
+        kw.setdefault("pad_token_id", None)  # Phi3Config's 32000 is past the tiny vocabulary
+        return tf.Phi3Config(**kw)
     if arch == "gemma3":
         # windows (40) shorter than most prompts; local and global layers with their own rope (global scaled);
         # head_dim * heads != hidden and an attention scale other than head_dim ** -0.5

@@ -95,7 +95,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="tokens every prompt shares at its start (shows prefix caching)",
     )
     wl.add_argument(
-        "--tokenizer", default=None, help="local HF tokenizer dir or .gguf file, when the server has no /tokenize"
+        "--tokenizer",
+        default=None,
+        help="local HF tokenizer dir or .gguf file, when the server has no /tokenize",
     )
     wl.add_argument(
         "--max-model-len", type=int, default=None, help="the server's context limit, if it hides it"

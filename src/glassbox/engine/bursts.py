@@ -34,4 +34,6 @@ class BurstSizer:
     def observe(self, seconds: float, tokens_per_row: int) -> None:
         """A decode-only step took ``seconds`` from launch to its tokens, ``tokens_per_row`` per row."""
         t = seconds / tokens_per_row
-        self.per_token_s = t if self.per_token_s is None else (1 - SMOOTHING) * self.per_token_s + SMOOTHING * t
+        self.per_token_s = (
+            t if self.per_token_s is None else (1 - SMOOTHING) * self.per_token_s + SMOOTHING * t
+        )

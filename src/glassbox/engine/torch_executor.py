@@ -77,7 +77,7 @@ class TorchExecutor:
         self.config = config
         self.draft_kv_bytes_per_token = draft_kv_bytes_per_token
         self.facts = facts
-        self.model_config = model_config = ModelConfig.from_facts(facts)
+        self.model_config = model_config = ModelConfig.from_facts(facts, max_model_len)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
         self.kv_dtype = (

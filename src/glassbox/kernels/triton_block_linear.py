@@ -335,7 +335,10 @@ class BlockArgs:
 
     def __post_init__(self) -> None:
         blocks = self.shape_args()[1]
-        assert self.scales.shape[1] == blocks * (2 if self.kind == 6 else 1) and blocks * BLOCK >= self.in_features
+        assert (
+            self.scales.shape[1] == blocks * (2 if self.kind == 6 else 1)
+            and blocks * BLOCK >= self.in_features
+        )
         assert self.kind or self.offset_factor == int(self.offset_factor), "_dequant folds an integer factor"
 
     @property

@@ -162,7 +162,9 @@ class BlockWeights:
         offs, zeros, d = self.tiled_offsets, self.tiled_zeros, self.tiled_scales
         kind = 1 if offs is not None else 2 if zeros is not None else 0
         held = offs if offs is not None else zeros if zeros is not None else d
-        return BlockArgs(self.codes, d, held, d, d, self.bits, kind, self.offset_factor, self.in_features, False)
+        return BlockArgs(
+            self.codes, d, held, d, d, self.bits, kind, self.offset_factor, self.in_features, False
+        )
 
     def to(self, device: torch.device) -> BlockWeights:
         """The same weights with their tensors on ``device``."""

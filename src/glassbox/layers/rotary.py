@@ -35,9 +35,30 @@ def inv_frequencies(head_dim: int, params: dict[str, Any]) -> tuple[torch.Tensor
         return torch.where(medium, smoothed, scaled), 1.0
     if kind == "yarn":
         return _yarn(dim, base, params)
+    if kind == "longrope":
+        return _longrope(dim, base, params)
     raise ValueError(
-        f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3, yarn)"
+        f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3, yarn, longrope)"
     )
+
+
+def _longrope(dim: int, base: float, params: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3, Phi-4-mini): each frequency divided by its own factor, the ``long_factor`` list
+    where ``use_long_factor`` (set by ModelConfig: the engine's context is longer than the model's
+    pre-training length, as vLLM and llama.cpp choose it once, so that the cache never mixes the two) and
+    ``short_factor`` otherwise; cos/sin scaled by ``attention_factor``, by default
+    sqrt(1 + ln(factor) / ln(original_max_position_embeddings)) as transformers computes it."""
+    factors = params["long_factor" if params.get("use_long_factor") else "short_factor"]
+    if len(factors) != dim // 2:
+        raise ValueError(f"longrope factors: {len(factors)} values for {dim // 2} rotary frequencies")
+    factor = float(params.get("factor") or 1.0)
+    original = float(params["original_max_position_embeddings"])
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    ext = torch.tensor(factors, dtype=torch.float32)
+    inv = 1.0 / (ext * base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    return inv, float(attention)
 
 
 def _yarn(dim: int, base: float, params: dict[str, Any]) -> tuple[torch.Tensor, float]:

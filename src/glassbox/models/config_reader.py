@@ -1,7 +1,7 @@
 """Reading a model's config.json into ModelFacts: the one module that parses config.json.
 
 Parameter counts per group are exact (norms and biases included) for llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe,
-mixtral, gemma3_text, gpt_oss and nemotron_h (hybrid Mamba-2 / latent MoE / attention). "Active"
+mixtral, gemma3_text, gpt_oss, phi3 and nemotron_h (hybrid Mamba-2 / latent MoE / attention). "Active"
 parameters are those one token touches: everything except the embedding table (a decode step gathers one
 row) and the routed experts not chosen (MoE: top-k of E per layer).
 """
@@ -28,6 +28,7 @@ SUPPORTED_TYPES = (
     "mixtral",
     "gemma3_text",
     "gpt_oss",
+    "phi3",
     "nemotron_h",
 )
 
@@ -43,7 +44,7 @@ def layer_kinds(cfg: dict[str, Any], n_layers: int) -> tuple[list[str], int | No
     if window and pattern:  # Gemma 3: every pattern-th layer is global
         kinds = ["full" if (i + 1) % int(pattern) == 0 else "sliding" for i in range(n_layers)]
         return kinds, int(window)
-    use_sw = cfg.get("use_sliding_window", cfg.get("model_type") in ("mistral", "mixtral"))
+    use_sw = cfg.get("use_sliding_window", cfg.get("model_type") in ("mistral", "mixtral", "phi3"))
     if window and use_sw:
         limit = int(cfg.get("max_window_layers", n_layers))
         # Qwen2 convention: layers below max_window_layers use full attention.

@@ -173,13 +173,22 @@ def rope_parameters(
             params.setdefault(k, v)
         params.setdefault("rope_theta", config.get("rope_theta", default_theta))
     params.setdefault("rope_theta", default_theta)
+    if config.get("partial_rotary_factor") is not None:  # Phi-4-mini writes it beside rope_theta
+        params.setdefault("partial_rotary_factor", config["partial_rotary_factor"])
     kind = params.get("rope_type", params.get("type", "default")) or "default"
+    if config.get("model_type") == "phi3" and kind in ("su", "yarn"):
+        kind = "longrope"  # Phi-3's first configs named LongRoPE so (transformers' Phi3Config renames them)
     params["rope_type"] = kind
     if kind in ("llama3", "yarn", "longrope"):  # the pre-training length, as transformers fills it in
         if "original_max_position_embeddings" in config:
             params["original_max_position_embeddings"] = config["original_max_position_embeddings"]
+        elif config.get("model_type") == "phi3":
+            params["original_max_position_embeddings"] = 4096  # Phi3Config's default
         elif config.get("max_position_embeddings"):
             params.setdefault("original_max_position_embeddings", config["max_position_embeddings"])
+    if kind == "longrope" and params.get("factor") is None and config.get("max_position_embeddings"):
+        # transformers' default: the context the model was extended to over its pre-training length
+        params["factor"] = config["max_position_embeddings"] / params["original_max_position_embeddings"]
     return params
 
 

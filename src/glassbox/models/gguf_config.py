@@ -31,6 +31,7 @@ _HF_ARCHITECTURES = {
     "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
     "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
     "gpt-oss": ("GptOssForCausalLM", "gpt_oss"),
+    "phi3": ("Phi3ForCausalLM", "phi3"),
 }
 _MIXTRAL = ("MixtralForCausalLM", "mixtral")  # llama.cpp writes Mixtral as "llama" with expert_count
 SUPPORTED_ARCHITECTURES = tuple(_HF_ARCHITECTURES)
@@ -102,11 +103,13 @@ def build_config(
     shapes: dict[str, tuple[int, ...]],
     tensor_types: list[str],
     rope_freqs: np.ndarray | None = None,
+    rope_factors: dict[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """The HF config dict of a GGUF checkpoint.
 
     ``shapes`` maps every GGUF tensor name to its PyTorch-order shape (used for the vocabulary size, tied
-    embeddings, biases and a head_dim check); ``rope_freqs`` is the llama 3.x ``rope_freqs.weight`` tensor.
+    embeddings, biases and a head_dim check); ``rope_freqs`` is the llama 3.x ``rope_freqs.weight`` tensor,
+    ``rope_factors`` Phi-3's ``rope_factors_long``/``_short`` tensors by "long"/"short".
     """
     arch = str(metadata["general.architecture"])
     hf_class, model_type = hf_architecture(arch, metadata)
@@ -147,15 +150,22 @@ def build_config(
     if context is not None:
         config["max_position_embeddings"] = int(context)
     rope_dim = int(get("rope.dimension_count", head_dim))
-    if rope_dim != head_dim:  # llama.cpp itself requires it for these architectures
+    if rope_dim != head_dim and arch != "phi3":  # llama.cpp itself requires it for these architectures
         raise ValueError(f"GGUF {arch} file rotates {rope_dim} of {head_dim} head dimensions; not supported")
+    if rope_dim != head_dim:
+        config["partial_rotary_factor"] = rope_dim / head_dim
     scaling = _rope_scaling(get, arch, rope_freqs, rope_theta, rope_dim)
+    if rope_factors:
+        scaling = _longrope(get, rope_factors, rope_dim)
+        config["original_max_position_embeddings"] = scaling["original_max_position_embeddings"]
     if scaling is not None:
         config["rope_scaling"] = scaling
     window = get("attention.sliding_window", None)
     if int(get("expert_count", 0) or 0):
         config.update(moe_fields(arch, get, metadata, shapes, config))
-    if arch == "gemma3":
+    if arch == "phi3":  # Phi-4 writes a window of 0 for none
+        config["sliding_window"] = int(window) if window else None
+    elif arch == "gemma3":
         config.update(_gemma3_fields(get, config))
     elif window is not None:
         config["sliding_window"] = int(window)
@@ -263,6 +273,28 @@ def _rope_scaling(
                     f"GGUF file has both rope_freqs and {kind} rope scaling; cannot combine them"
                 )
             scaling = llama3
+    return scaling
+
+
+def _longrope(get: Any, factors: dict[str, np.ndarray], rope_dim: int) -> dict[str, Any]:
+    """Phi-3's LongRoPE from its factor tensors and rope.scaling.* keys, in transformers' spelling."""
+    if set(factors) != {"long", "short"}:
+        raise ValueError(f"GGUF file has rope_factors_{''.join(factors)} without its pair")
+    lists = {k: np.asarray(v, dtype=np.float32).reshape(-1).tolist() for k, v in factors.items()}
+    if any(len(v) != rope_dim // 2 for v in lists.values()):
+        raise ValueError(f"rope_factors hold {len(lists['long'])} values; expected {rope_dim // 2}")
+    original = get("rope.scaling.original_context_length", None)
+    if original is None:
+        raise ValueError("GGUF file has rope_factors but no rope.scaling.original_context_length")
+    scaling = {
+        "rope_type": "longrope",
+        "long_factor": lists["long"],
+        "short_factor": lists["short"],
+        "original_max_position_embeddings": int(original),
+    }
+    attn = get("rope.scaling.attn_factor", None)  # the converter writes the factor transformers derives
+    if attn is not None:
+        scaling["attention_factor"] = float(attn)
     return scaling
 
 

@@ -59,13 +59,18 @@ _GPT_OSS_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "attn_sinks": "self_attn.sinks",
 }
-ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES}
+# Phi-3: Q/K/V in one tensor, gate and up in one ffn_up of twice the FFN width (models/fused_parts.py)
+_PHI3_LAYER_NAMES = {**LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
 # Hugging Face parameters named without a ".weight" (GGUF stores them as "<part>.weight")
 _BARE = frozenset({"self_attn.sinks"})
 # Tensors with no Hugging Face parameter that carry nothing the config does not already hold:
 # rope_freqs (llama 3.x) is the llama3 rope scaling, turned into config["rope_scaling"] and checked there;
-# attn_rot_embd (old llama conversions) is the rotary inverse-frequency buffer, recomputed from rope_theta.
-_REDUNDANT = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
+# attn_rot_embd (old llama conversions) is the rotary inverse-frequency buffer, recomputed from rope_theta;
+# rope_factors_long/short (Phi-3's LongRoPE) are the factor lists, turned into config["rope_scaling"].
+_REDUNDANT = re.compile(
+    r"^(rope_freqs\.weight|rope_factors_(long|short)\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$"
+)
 _LAYER_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<part>\w+)\.(?P<kind>weight|bias)$")
 # layouts other converters or older llama.cpp wrote, which glassbox does not read
 _REFUSED = {

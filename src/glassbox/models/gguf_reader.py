@@ -23,6 +23,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField, ReaderTensor
 from gguf.quants import dequantize
 
+from glassbox.models.fused_parts import fused_rows, split_rows
 from glassbox.models.gguf_config import (
     NORM_OFFSETS,
     PERMUTED_QK_ARCHITECTURES,
@@ -204,9 +205,12 @@ class GGUFCheckpoint:
         for reader in self._readers:
             for t in reader.tensors:
                 name = self._names.get(t.name)
-                if name is None or (skip is not None and name in skip):
+                if name is None or (skip is not None and skip.issuperset(self._parts(name))):
                     continue
-                yield name, self.as_hf(name, self._hf_row_order(t.name, dequantize_tensor(t)))
+                values = self._hf_row_order(t.name, dequantize_tensor(t))
+                for part, rows in split_rows(name, values, len(values), self.config):
+                    if skip is None or part not in skip:
+                        yield part, self.as_hf(part, rows)
 
     def as_hf(self, name: str, values: np.ndarray) -> np.ndarray:
         """A dequantized tensor (or a tensor-parallel shard of it) as Hugging Face holds it: Gemma's norm
@@ -229,7 +233,14 @@ class GGUFCheckpoint:
                 name = self._names.get(t.name)
                 if name is None or t.tensor_type.name not in types or len(t.shape) != ndim:
                     continue
-                yield name, t.tensor_type.name, self._hf_row_order(t.name, np.asarray(t.data)), hf_shape(t)
+                raw, shape = self._hf_row_order(t.name, np.asarray(t.data)), hf_shape(t)
+                for part, rows in split_rows(name, raw, shape[0], self.config):
+                    yield part, t.tensor_type.name, rows, (len(rows), *shape[1:])
+
+    def _parts(self, name: str) -> list[str]:
+        """The parameters the tensor ``name`` fills: itself, or a fused tensor's parts."""
+        parts = fused_rows(name, self.config)
+        return [name] if parts is None else [p for p, _, _ in parts]
 
     def _hf_row_order(self, gguf_name: str, rows: np.ndarray) -> np.ndarray:
         """The rows of tensor ``gguf_name`` (values or raw blocks) in the Hugging Face order: llama.cpp stores
@@ -257,12 +268,17 @@ class GGUFCheckpoint:
 
     def stored_sizes(self) -> dict[str, tuple[int, int]]:
         """HF name -> (elements, bytes as stored in the file): what the planner costs a GGUF by."""
-        return {
-            name: (int(t.n_elements), int(t.n_bytes))
-            for reader in self._readers
-            for t in reader.tensors
-            if (name := self._names.get(t.name)) is not None
-        }
+        sizes = {}
+        for reader in self._readers:
+            for t in reader.tensors:
+                name = self._names.get(t.name)
+                if name is None:
+                    continue
+                rows = hf_shape(t)[0]
+                for part, a, b in fused_rows(name, self.config) or [(name, 0, rows)]:
+                    share = (b - a) / rows
+                    sizes[part] = (round(int(t.n_elements) * share), round(int(t.n_bytes) * share))
+        return sizes
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """All tensors at once (convenient for small models and tests)."""
@@ -289,6 +305,7 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
     types: dict[str, str] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     rope_freqs: np.ndarray | None = None
+    rope_factors: dict[str, np.ndarray] = {}  # Phi-3's LongRoPE lists
     for p, reader in zip(paths, readers, strict=True):
         for t in reader.tensors:
             if t.name in shapes:
@@ -297,6 +314,8 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
             hf = hf_tensor_name(t.name, arch)
             if t.name == "rope_freqs.weight":
                 rope_freqs = dequantize_tensor(t)
+            if t.name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+                rope_factors[t.name.split("_")[2].split(".")[0]] = dequantize_tensor(t)
             if hf is None:
                 logger.debug("ignoring redundant GGUF tensor %s", t.name)
                 continue
@@ -307,7 +326,12 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
                 )
             names[t.name] = hf
             types[hf] = t.tensor_type.name
-    config = build_config(metadata, shapes, list(types.values()), rope_freqs)
+    config = build_config(metadata, shapes, list(types.values()), rope_freqs, rope_factors)
+    for hf in list(types):  # a fused tensor's type is each of its parts'
+        for part, _, _ in fused_rows(hf, config) or []:
+            types[part] = types[hf]
+        if fused_rows(hf, config):
+            del types[hf]
     return GGUFCheckpoint(
         paths=paths, config=config, tensor_types=types, metadata=metadata, _readers=readers, _names=names
     )

@@ -48,6 +48,7 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Qwen2MoeForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,  # Llama layers with sinks and its own experts (models/gpt_oss.py)
+    "Phi3ForCausalLM": LlamaForCausalLM,  # its fused qkv/gate_up tensors cut as read (models/fused_parts.py)
 }
 # The families with a forward on glassbox's CPU kernels: (model, KV caches, dtype) -> that forward.
 # A family absent here (Gemma 3) runs on the PyTorch ops on the CPU.

@@ -26,6 +26,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
     "GptOssForCausalLM",
+    "Phi3ForCausalLM",
 )
 
 # canonical dtype names (glassbox.dtypes) <-> torch
@@ -81,8 +82,11 @@ class ModelConfig:
     swiglu_alpha: float = 1.702
 
     @classmethod
-    def from_facts(cls, facts: ModelFacts) -> ModelConfig:
-        """The engine's view of a model; ValueError when the engine cannot run its architecture."""
+    def from_facts(cls, facts: ModelFacts, max_model_len: int | None = None) -> ModelConfig:
+        """The engine's view of a model; ValueError when the engine cannot run its architecture.
+
+        ``max_model_len`` (default: the model's own limit) picks LongRoPE's long factors where it passes
+        the pre-training length (layers/rotary.py)."""
         if facts.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"architecture {facts.architecture or '(none)'!r} is not supported by the engine; "
@@ -117,7 +121,7 @@ class ModelConfig:
             hidden_act=facts.hidden_act,
             layer_windows=facts.layer_windows,
             torch_dtype=dtype,
-            rope=dict(facts.rope),
+            rope=_rope_for(facts.rope, max_model_len or facts.max_positions),
             rope_local=dict(facts.rope_local),
             attn_scale=(facts.query_pre_attn_scalar or facts.head_dim) ** -0.5,
             embed_scale=facts.embed_scale,
@@ -136,3 +140,11 @@ class ModelConfig:
             swiglu_limit=facts.swiglu_limit,
             swiglu_alpha=facts.swiglu_alpha,
         )
+
+
+def _rope_for(rope: dict[str, Any], max_model_len: int) -> dict[str, Any]:
+    """The rope settings for a context of ``max_model_len``: LongRoPE's factor set is chosen here, once."""
+    params = dict(rope)
+    if params.get("rope_type") == "longrope":
+        params["use_long_factor"] = max_model_len > int(params["original_max_position_embeddings"])
+    return params

@@ -229,6 +229,24 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "torch_dtype": "bfloat16",
     },
+    # LongRoPE's 48 factor pairs are left out (no plan depends on them), so its rope reads as unscaled here
+    "phi-4-mini": {
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "partial_rotary_factor": 0.75,
+        "vocab_size": 200064,
+        "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+    },
 }
 
 # Hub repository each preset's values come from (for the report and for people who want the weights).
@@ -243,6 +261,7 @@ SOURCES: dict[str, str] = {
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
     "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
     "gemma-3-27b": "google/gemma-3-27b-it (text_config)",
+    "phi-4-mini": "microsoft/Phi-4-mini-instruct",
 }
 
 

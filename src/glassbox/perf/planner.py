@@ -66,7 +66,9 @@ def plan(req: PlanRequest) -> dict[str, Any]:
             "requested": req.quant,
             "scheme": s.scheme.label,
             "formats": s.scheme.describe(),
-            "bits_per_weight": {g: round(s.scheme.format_for(g).bits_per_weight, 3) for g in s.scheme.describe()},
+            "bits_per_weight": {
+                g: round(s.scheme.format_for(g).bits_per_weight, 3) for g in s.scheme.describe()
+            },
         },
         "engine": {
             "name": s.engine.name,

@@ -77,7 +77,9 @@ class _Gate:
             and (data or path.startswith(_GUARDED))
             and not (_authorized(scope, key) or (data and dashboard_key(scope, key)))
         ):
-            how = "'Authorization: Bearer <key>'" + (", the cookie glassbox_api_key or ?api_key=" if data else "")
+            how = "'Authorization: Bearer <key>'" + (
+                ", the cookie glassbox_api_key or ?api_key=" if data else ""
+            )
             response = error_response(
                 401,
                 f"missing or wrong API key (send {how})",

@@ -216,7 +216,9 @@ async def _events(
         for i, flat in batches:
             entry = by_index.get(i)
             # a greedy decode burst ran its rows several times: the figures of one pass, on average
-            figures = ceilings.step_figures(flat, entry["exec"] / entry["passes"]) if entry is not None else None
+            figures = (
+                ceilings.step_figures(flat, entry["exec"] / entry["passes"]) if entry is not None else None
+            )
             if entry is not None and figures is not None:
                 entry["gbs"], entry["tflops"] = figures
         body["probe"] = ceilings.status

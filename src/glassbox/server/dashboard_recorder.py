@@ -201,7 +201,9 @@ class DashboardRecorder:
                 }
             )
             rows = step.batch.scheduled
-            self._batches.append((step.index, array("i", [x for s in rows for x in (s.num_new_tokens, s.start)])))
+            self._batches.append(
+                (step.index, array("i", [x for s in rows for x in (s.num_new_tokens, s.start)]))
+            )
 
     def _add_new(self, engine: LLMEngine) -> None:
         """Track the requests queued since the last call: the newest end of ``engine.requests`` (insertion

@@ -104,7 +104,8 @@ class SamplingFields(_Body):
     )
     # structured outputs (server/response_format.py): OpenAI's, vLLM's, vLLM's older names; one at most
     response_format: dict[str, Any] | None = Field(
-        None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema"}}'
+        None,
+        description='{"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema"}}',
     )
     structured_outputs: dict[str, Any] | None = Field(
         None, description="vLLM's: one of json (a schema), regex, choice, grammar (Lark or GBNF), json_object"
