@@ -58,15 +58,16 @@ def leading_agreement(a: list[int], b: list[int]) -> int:
     return n
 
 
-def agreement(path: Path, new_tokens: int) -> dict[str, Any]:
-    ref = LLM(str(path), enable_prefix_caching=False)
+def agreement(path: Path, new_tokens: int, max_model_len: int | None = None) -> dict[str, Any]:
+    ref = LLM(str(path), enable_prefix_caching=False, max_model_len=max_model_len)
     tok = ref.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": c}]) for c in CHATS]
     end = tok.token_to_id("<|im_end|>")
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     ours = {"served": [o.token_ids for o in ref.generate(prompts, params)]}
     del ref
-    ours["fp32"] = [o.token_ids for o in LLM(str(path), dtype="float32").generate(prompts, params)]
+    fp32 = LLM(str(path), dtype="float32", max_model_len=max_model_len)
+    ours["fp32"] = [o.token_ids for o in fp32.generate(prompts, params)]
     theirs = llamacpp_greedy(path, prompts, new_tokens)
     lcpp = load_llama(path, 512)
     try:
@@ -97,8 +98,10 @@ def agreement(path: Path, new_tokens: int) -> dict[str, Any]:
     return {"new_tokens": new_tokens, "rows": rows}
 
 
-def speed(path: Path, rounds: int, prompt_tokens: int, decode_tokens: int) -> dict[str, Any]:
-    llm = LLM(str(path), enable_prefix_caching=False)
+def speed(
+    path: Path, rounds: int, prompt_tokens: int, decode_tokens: int, max_model_len: int | None = None
+) -> dict[str, Any]:
+    llm = LLM(str(path), enable_prefix_caching=False, max_model_len=max_model_len)
     vocab = llm.engine.facts.vocab_size
     params = SamplingParams(temperature=0, max_tokens=decode_tokens + 1, ignore_eos=True)
     llm.generate([list(range(5, 69))], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
@@ -139,6 +142,11 @@ def main() -> int:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--agree-tokens", type=int, default=32)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="glassbox's context (LongRoPE models: 4096 or less keeps the short factors llama.cpp's small "
+        "context runs with)",
+    )  # fmt: skip
     args = ap.parse_args()
     path = args.model or default_gguf()
     if path is None:
@@ -149,8 +157,9 @@ def main() -> int:
         "model": str(path),
         "peer": llamacpp_version(),
         "threads": 2,
-        "agreement": agreement(path, args.agree_tokens),
-        "speed": speed(path, args.rounds, args.prompt_tokens, args.decode_tokens),
+        "max_model_len": args.max_model_len,
+        "agreement": agreement(path, args.agree_tokens, args.max_model_len),
+        "speed": speed(path, args.rounds, args.prompt_tokens, args.decode_tokens, args.max_model_len),
     }
     out = args.out or RESULTS / f"gguf-compare-{time.strftime('%Y-%m-%d')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Write a Hugging Face checkpoint (Llama, Qwen2 or Qwen3 layout) as a GGUF file that llama.cpp can load.
+"""Write a Hugging Face checkpoint (Llama, Qwen2, Qwen3 or Phi-3 layout) as a GGUF file that llama.cpp can load.
 
 The benchmark compares glassbox with llama.cpp on *the same* weights, so this exporter copies every tensor
 unchanged: 2-D weights keep the checkpoint's dtype (bf16 stays bf16, f32 stays f32) unless ``dtype`` asks for
@@ -36,7 +36,8 @@ from safetensors import safe_open
 
 from glassbox.models.gguf_names import gguf_tensor_name
 
-SUPPORTED_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # HF model_type -> GGUF arch
+# HF model_type -> GGUF arch
+SUPPORTED_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
 
 _DTYPES = {
     "bf16": (torch.bfloat16, gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
@@ -202,7 +203,7 @@ def export_gguf(model_dir: Path, out_path: Path, dtype: str = "auto") -> Path:
     rope = _rope_params(cfg)
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"only SiLU-gated MLPs are supported, not {cfg.get('hidden_act')!r}")
-    if cfg.get("use_sliding_window"):
+    if cfg.get("use_sliding_window") or (arch != "phi3" and cfg.get("sliding_window")):
         raise ValueError("sliding-window attention is not exported")
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -219,13 +220,27 @@ def export_gguf(model_dir: Path, out_path: Path, dtype: str = "auto") -> Path:
     writer.add_head_count_kv(n_kv)
     writer.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
     writer.add_rope_freq_base(float(rope["rope_theta"]))
-    writer.add_rope_dimension_count(head_dim)
+    rope_dims = int(
+        head_dim * float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    )
+    writer.add_rope_dimension_count(rope_dims)
     if head_dim * n_head != hidden or arch == "qwen3":
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
 
     rope_type = rope["rope_type"]
-    if rope_type == "llama3":
+    original = int(cfg.get("original_max_position_embeddings", 4096))
+    if arch == "phi3":  # as llama.cpp's Phi3MiniModel: the pre-training length, the window (0: none)
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_sliding_window(int(cfg.get("sliding_window") or 0))
+    if rope_type == "longrope":  # the factor lists as tensors, the attention factor as metadata
+        scale = int(cfg["max_position_embeddings"]) / original
+        writer.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+        )
+        writer.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
+    elif rope_type == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_divisors(head_dim, rope))
     elif rope_type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
