@@ -10,11 +10,18 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
+from gguf_factory import smollm2_path
 from tiny_models import build_tiny_model
 
 from glassbox import LLM, SamplingParams
 from glassbox.kernels.native import library
-from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
+from glassbox.layers.block_linear import (
+    HEAD_KERNEL_ROWS,
+    BlockQuantEmbedding,
+    BlockQuantLinear,
+    block_kernel_rows,
+    mark_lm_head,
+)
 from glassbox.layers.block_quant import BLOCK, BlockWeights, from_gguf
 from glassbox.layers.block_quantize import quantize
 from glassbox.layers.quantization import quantize_model
@@ -165,6 +172,37 @@ def test_linear_forward(dtype: torch.dtype) -> None:
         assert y.dtype == dtype and y.shape == (rows, n)
         tol = 1e-5 if dtype == torch.float32 else 0.03
         assert ((y.float() - exact).norm() / exact.norm()).item() < tol
+
+
+SMOLLM2 = smollm2_path()
+
+
+@pytest.mark.skipif(library() is None, reason="no C compiler to build the kernels")
+def test_lm_head_chooses_by_its_own_rows() -> None:
+    """A packed LM head (mark_lm_head) runs the kernel for up to HEAD_KERNEL_ROWS rows even in a step with
+    prompt rows (where other block linears multiply the dequantized weight), the GEMM past them; the
+    engine marks a GGUF file's head and not its other linears."""
+    n, k = 40, 64
+    w = from_gguf("Q8_0", gguf_quantize(_weights(n, k, 5), Q.Q8_0), (n, k))
+    body, head = BlockQuantLinear(w), BlockQuantLinear(w)
+    model = torch.nn.Module()
+    model.lm_head = head
+    assert mark_lm_head(model) and head.head_rows == HEAD_KERNEL_ROWS and body.head_rows is None
+    for rows in (1, HEAD_KERNEL_ROWS, HEAD_KERNEL_ROWS + 1):
+        x = torch.randn(rows, k).bfloat16()
+        with block_kernel_rows(True):
+            kernel = body(x)
+        with block_kernel_rows(False, prompt=True):
+            gemm, ours = body(x), head(x)
+        assert not torch.equal(kernel, gemm)  # the two paths differ in their bits (int8 activations)
+        assert torch.equal(ours, kernel if rows <= HEAD_KERNEL_ROWS else gemm)
+    llm = LLM(
+        str(SMOLLM2) if SMOLLM2 else "glassbox-demo",
+        dtype="bfloat16",
+        quantization=None if SMOLLM2 else "int8",
+    )
+    marked = [m for m in llm.engine.executor.model.modules() if getattr(m, "head_rows", None)]
+    assert marked == [llm.engine.executor.model.lm_head]
 
 
 def test_quantize_model_shares_a_tied_table() -> None:

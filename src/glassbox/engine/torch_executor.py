@@ -43,7 +43,13 @@ from glassbox.engine.step_inputs import decode_rows, flatten, metadata
 from glassbox.engine.step_sampling import DevicePendingStep, SamplePlan
 from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata
-from glassbox.layers.block_linear import KERNEL_ROWS, block_kernel_rows, block_weights, to_triton
+from glassbox.layers.block_linear import (
+    KERNEL_ROWS,
+    block_kernel_rows,
+    block_weights,
+    mark_lm_head,
+    to_triton,
+)
 from glassbox.layers.kv_quant import row_width
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
@@ -142,6 +148,7 @@ class TorchExecutor:
                 experts=self.device.type == "cpu" or (on_triton and bits != "fp8"),
                 across=tp_model.max_across(self.tp),
             )
+        mark_lm_head(self.model)  # a packed LM head: its own rows choose the kernel (CPU)
         self.triton_experts = 0  # MoE layers on the fused triton kernels (CUDA)
         if on_triton:
             from glassbox.models.moe_triton import use_triton_experts

@@ -34,6 +34,12 @@ _BUFFERS = ("codes", "scales", "offsets", "zeros", "perm", "meta", "sub", "mins"
 # dequantize + GEMM 0.68 / 1.51 / 2.45 ms. Inside an engine step the step says (block_kernel_rows): the
 # executor asks for the kernel in decode-only steps of at most this many rows.
 KERNEL_ROWS = 16
+# The LM head chooses by its own rows alone (the sampled ones, one a sequence: the same whether a prompt's
+# prefix was cached or not), up to this many on the kernel, whatever the step: dequantizing a whole token
+# table for a prompt's last row cost 40x the kernel. Measured on a Q6_K 200,064 x 3,072 head (Phi-4-mini's,
+# 2 cores): kernel 25 / 104 / 442 / 1,695 ms at 1 / 16 / 64 / 256 rows, dequantize + GEMM 1,043 / 546 /
+# 673 / 964 ms.
+HEAD_KERNEL_ROWS = 64
 # The per-forward choice: None (the row count decides), or whether this step's rows run the kernel.
 _STEP_KERNEL: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
     "glassbox_block_kernel", default=None
@@ -123,6 +129,7 @@ class BlockQuantLinear(nn.Module):
     """y = x W^T + b with W in ``BlockWeights`` or ``KQuantWeights`` (CPU)."""
 
     kernel_rows = KERNEL_ROWS
+    head_rows: int | None = None  # an LM head's own rule on the CPU (HEAD_KERNEL_ROWS; mark_lm_head)
 
     def __init__(self, weights: HeldWeights, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -152,6 +159,8 @@ class BlockQuantLinear(nn.Module):
         kernel = rows <= self.kernel_rows if step is None else step
         if self.triton:
             return _triton_linear(x2, self.w, self.bias, kernel).view(*lead, self.out_features)
+        if self.head_rows is not None:
+            kernel = rows <= self.head_rows
         unbuilt = self._call is None and native_library() is None  # no C kernels
         if not kernel or x.dtype != torch.bfloat16 or x.device.type != "cpu" or unbuilt:
             bias = None if self.bias is None else self.bias.to(x.dtype)
@@ -179,6 +188,17 @@ class BlockQuantLinear(nn.Module):
         fn(x.data_ptr(), m, self.in_features, *weight_args, out.data_ptr(), int(x.dtype == torch.bfloat16),
            torch.get_num_threads())  # fmt: skip
         return out
+
+
+def mark_lm_head(model: nn.Module) -> bool:
+    """Give the model's LM head, where it is block weights (under tensor parallelism: its shard), the
+    head's own kernel rule (HEAD_KERNEL_ROWS); whether it is."""
+    head = getattr(model, "lm_head", None)
+    head = getattr(head, "inner", head)  # a vocab-parallel head around its packed shard
+    if not isinstance(head, BlockQuantLinear):
+        return False
+    head.head_rows = HEAD_KERNEL_ROWS
+    return True
 
 
 @torch.compiler.disable  # a launch, not a graph: torch.compile of the MLP around it breaks here
