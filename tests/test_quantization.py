@@ -10,7 +10,6 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
-from gguf_factory import smollm2_path
 from tiny_models import build_tiny_model
 
 from glassbox import LLM, SamplingParams
@@ -174,14 +173,11 @@ def test_linear_forward(dtype: torch.dtype) -> None:
         assert ((y.float() - exact).norm() / exact.norm()).item() < tol
 
 
-SMOLLM2 = smollm2_path()
-
-
 @pytest.mark.skipif(library() is None, reason="no C compiler to build the kernels")
 def test_lm_head_chooses_by_its_own_rows() -> None:
     """A packed LM head (mark_lm_head) runs the kernel for up to HEAD_KERNEL_ROWS rows even in a step with
     prompt rows (where other block linears multiply the dequantized weight), the GEMM past them; the
-    engine marks a GGUF file's head and not its other linears."""
+    engine marks the head and not its other block linears."""
     n, k = 40, 64
     w = from_gguf("Q8_0", gguf_quantize(_weights(n, k, 5), Q.Q8_0), (n, k))
     body, head = BlockQuantLinear(w), BlockQuantLinear(w)
@@ -196,11 +192,7 @@ def test_lm_head_chooses_by_its_own_rows() -> None:
             gemm, ours = body(x), head(x)
         assert not torch.equal(kernel, gemm)  # the two paths differ in their bits (int8 activations)
         assert torch.equal(ours, kernel if rows <= HEAD_KERNEL_ROWS else gemm)
-    llm = LLM(
-        str(SMOLLM2) if SMOLLM2 else "glassbox-demo",
-        dtype="bfloat16",
-        quantization=None if SMOLLM2 else "int8",
-    )
+    llm = LLM("glassbox-demo", dtype="bfloat16", quantization="int8")  # its tied table packed once
     marked = [m for m in llm.engine.executor.model.modules() if getattr(m, "head_rows", None)]
     assert marked == [llm.engine.executor.model.lm_head]
 
