@@ -19,7 +19,7 @@ from tiny_models import build_tiny_model, greedy_continuation, hf_greedy
 from glassbox import LLM, SamplingParams
 from glassbox.layers.block_linear import BlockQuantLinear
 from glassbox.layers.rotary import inv_frequencies
-from glassbox.models.config_reader import facts_from_dir
+from glassbox.models.config_reader import facts_from_config, facts_from_dir
 from glassbox.models.fused_parts import fused_rows
 from glassbox.models.gguf_reader import open_gguf
 from glassbox.models.model_config import ModelConfig
@@ -179,3 +179,34 @@ def test_phi4_mini_preset() -> None:
     cfg = ModelConfig.from_facts(facts, 8192)
     assert cfg.head_dim == 128 and cfg.rope["partial_rotary_factor"] == 0.75
     assert inv_frequencies(cfg.head_dim, cfg.rope)[0].numel() == 48
+
+
+def test_tensor_parallel_cuts_each_fused_part(phi3: tuple, tmp_path: Path) -> None:
+    """TP=2: each rank reads its heads of q, k and v and its rows of gate and up out of the fused tensors,
+    from safetensors (token-exact with transformers) and from a Q8_0 GGUF kept in blocks (as TP=1)."""
+    from test_tensor_parallel import _check as tp_check
+
+    from glassbox.engine import tp_runtime
+
+    d, prompts = phi3
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
+    path = tmp_path / "phi3-q8.gguf"
+    write_phi3_model(path, d, Q.Q8_0)
+    one = LLM(str(path), dtype="float32", max_model_len=ORIGINAL).generate(prompts[1:3], greedy)
+    try:
+        llm = LLM(str(d), dtype="float32", tensor_parallel_size=2, max_num_seqs=2, max_model_len=ORIGINAL)
+        tp_check(llm.generate(prompts[1:3], greedy), hf_greedy(d, prompts[1:3], 8), 1e-4)
+        tp_runtime.shutdown()
+        two = LLM(str(path), dtype="float32", tensor_parallel_size=2, max_num_seqs=2, max_model_len=ORIGINAL)
+        ref = [(o.token_ids, [s[t] for s, t in zip(o.logprobs or [], o.token_ids, strict=True)]) for o in one]
+        tp_check(two.generate(prompts[1:3], greedy), ref, 1e-4)
+        assert two.engine.executor.block_formats == ["Q8_0"]
+    finally:
+        tp_runtime.shutdown()
+
+
+def test_quantized_checkpoints_refused(phi3: tuple) -> None:
+    raw = json.loads((phi3[0] / "config.json").read_text())
+    raw["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    with pytest.raises(ValueError, match="gptq-quantized phi3 checkpoints are not read yet"):
+        ModelConfig.from_facts(facts_from_config(raw))

@@ -54,11 +54,6 @@ class Checkpoint:
         if self.gguf is None:
             config = read_config(self.source.path)
             if config.get("model_type") in FUSED_MODEL_TYPES:  # Phi-3: q/k/v and gate/up stored fused
-                if self.facts.quantization_config:
-                    method = self.facts.quantization_config.get("quant_method", "?")
-                    raise ValueError(
-                        f"{method}-quantized {config['model_type']} checkpoints are not read yet"
-                    )
                 return split_fused(safetensors_tensors(self.source.path), config), {}
             fp4 = read_fp4(self.source.path, self.facts.quantization_config, device, dtype)
             if fp4 is not None:

@@ -48,6 +48,18 @@ def fused_rows(name: str, config: dict[str, Any]) -> list[tuple[str, int, int]] 
     return parts
 
 
+def fused_config(cfg: Any) -> dict[str, Any]:
+    """The HF config fields ``fused_rows`` reads, from an engine ModelConfig (tensor parallelism's readers)."""
+    return {
+        "model_type": cfg.model_type,
+        "hidden_size": cfg.hidden_size,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+    }
+
+
 def split_rows(name: str, rows: T, n_rows: int, config: dict[str, Any]) -> Iterator[tuple[str, T]]:
     """(name, rows) once, or each part of a fused tensor with its rows (``rows[a:b]``: an array or tensor of
     values or of raw blocks, whose first axis holds ``n_rows`` rows); ValueError on a size mismatch."""

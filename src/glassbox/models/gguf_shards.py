@@ -28,6 +28,7 @@ from gguf.quants import dequantize
 from glassbox.layers import kquant
 from glassbox.layers.block_quant import GGUF_TYPES, from_gguf
 from glassbox.layers.held_experts import ExpertMatrix
+from glassbox.models.fused_parts import fused_config, fused_rows
 from glassbox.models.gguf_experts import EXPERT_TYPES, expert_matrix, held_gguf_experts
 from glassbox.models.gguf_reader import GGUFCheckpoint, hf_shape, unpermute_rotary_rows
 from glassbox.models.loader import Packed
@@ -61,11 +62,22 @@ def _row_bytes(t: ReaderTensor) -> np.ndarray:
 
 
 def read_shard(
-    gguf: GGUFCheckpoint, name: str, t: ReaderTensor, cfg: ModelConfig, rank: int, world: int
+    gguf: GGUFCheckpoint,
+    name: str,
+    t: ReaderTensor,
+    cfg: ModelConfig,
+    rank: int,
+    world: int,
+    window: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, tuple[int, ...]]:
     """Rank ``rank``'s bytes of tensor ``t`` (HF name ``name``) as (rows, row bytes), rows in the Hugging
-    Face order, and the shard's HF shape."""
+    Face order, and the shard's HF shape; ``window``: of the rows [start, end) of a fused tensor that
+    hold the parameter ``name`` (models/fused_parts.py)."""
     shape = hf_shape(t)
+    if window is not None:
+        raw = _row_bytes(t)[window[0] : window[1]]
+        a, b, _ = shard_plan(name, [window[1] - window[0], *shape[1:]], cfg, rank, world)[1:]
+        return np.ascontiguousarray(raw[a:b]), (b - a, *shape[1:])
     how, a, b, rows = shard_plan(name, list(shape), cfg, rank, world)
     if how in ("rows3", "cols3"):  # a layer's stacked experts (E, rows, row bytes): each expert's cut
         experts = np.asarray(t.data).view(np.uint8).reshape(shape[0], shape[1], -1)
@@ -94,6 +106,18 @@ def read_shard(
     return np.ascontiguousarray(part), (rows, *shape[1:])
 
 
+def _parts(
+    gguf: GGUFCheckpoint, cfg: ModelConfig
+) -> Iterator[tuple[str, ReaderTensor, tuple[int, int] | None]]:
+    """``gguf.entries()`` with each fused tensor as its parameters: (name, tensor, its rows or None)."""
+    for name, t in gguf.entries():
+        parts = fused_rows(name, fused_config(cfg))
+        if parts is None:
+            yield name, t, None
+        for part, start, end in parts or []:
+            yield part, t, (start, end)
+
+
 def sharded_gguf(
     gguf: GGUFCheckpoint, cfg: ModelConfig, rank: int, world: int, keep_packed: bool
 ) -> tuple[Tensors, dict[str, Packed]]:
@@ -103,10 +127,10 @@ def sharded_gguf(
     taken: set[str] = set()
     if keep_packed:
         stacked: dict[str, dict[str, list[ExpertMatrix]]] = {}  # MoE module -> projection -> experts
-        for name, t in gguf.entries():
+        for name, t, window in _parts(gguf, cfg):
             kind = t.tensor_type.name
             if kind in PACKED_TYPES and len(t.shape) == 2:
-                raw, shape = read_shard(gguf, name, t, cfg, rank, world)
+                raw, shape = read_shard(gguf, name, t, cfg, rank, world, window)
                 packed[name] = (kquant.from_gguf if kind in kquant.KQUANT_TYPES else from_gguf)(
                     kind, raw, shape
                 )
@@ -122,9 +146,9 @@ def sharded_gguf(
         taken |= names
 
     def floats() -> Tensors:
-        for name, t in gguf.entries():
+        for name, t, window in _parts(gguf, cfg):
             if name not in taken:
-                raw, shape = read_shard(gguf, name, t, cfg, rank, world)
+                raw, shape = read_shard(gguf, name, t, cfg, rank, world, window)
                 values = np.array(dequantize(raw, t.tensor_type), dtype=np.float32)  # a copy
                 yield name, torch.from_numpy(gguf.as_hf(name, values.reshape(shape)))
 

@@ -37,6 +37,7 @@ from torch import nn
 
 from glassbox.distributed import all_gather_last, all_reduce
 from glassbox.models.causal_lm import CausalLM
+from glassbox.models.fused_parts import fused_config, fused_rows
 from glassbox.models.gemma3 import Gemma3Attention, Gemma3ForCausalLM, Gemma3MLP, ScaledEmbedding, rounded
 from glassbox.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from glassbox.models.loader import weight_files
@@ -189,6 +190,7 @@ TP_ARCHITECTURES = frozenset(
         *("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"),
         *("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
         "GptOssForCausalLM",
+        "Phi3ForCausalLM",
     }
 )
 
@@ -335,6 +337,13 @@ def sharded_safetensors(
                 if name in skip:
                     continue
                 sl = f.get_slice(name)
+                fused = fused_rows(name, fused_config(cfg))
+                for part, start, end in fused or []:  # Phi-3's qkv/gate_up: each part's shard of its rows
+                    how, a, b, _ = shard_plan(part, [end - start, *sl.get_shape()[1:]], cfg, rank, world)
+                    assert how == "rows", f"{part}: a {how} split of a fused tensor"
+                    yield part, sl[start + a : start + b]
+                if fused:
+                    continue
                 how, a, b, rows = shard_plan(name, list(sl.get_shape()), cfg, rank, world)
                 if how == "whole":
                     yield name, f.get_tensor(name)
