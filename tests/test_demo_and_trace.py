@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from glassbox import LLM, SamplingParams
+from glassbox.kernels import native
 from glassbox.models.sources import DEMO_MODEL_DIR
 from glassbox.trace import run_trace
 
@@ -46,8 +48,20 @@ def test_demo_greedy_matches_transformers(demo: LLM) -> None:
         assert out.text == tok.decode(out.token_ids, skip_special_tokens=True)
 
 
+def _fresh_cache(tmp_path: Path) -> str:
+    """An empty GLASSBOX_CACHE_DIR (no probe result, nothing cached) but for the C kernels this process
+    built, which a subprocess would otherwise compile again (~20 s on 2 cores)."""
+    lib = native.library()
+    if lib is not None:
+        (tmp_path / "native").mkdir(exist_ok=True)
+        shutil.copy(lib._name, tmp_path / "native")
+    return str(tmp_path)
+
+
 def test_generate_cli_runs_offline_with_no_model(tmp_path: Path) -> None:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GLASSBOX_CACHE_DIR=str(tmp_path))
+    env = dict(
+        os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GLASSBOX_CACHE_DIR=_fresh_cache(tmp_path)
+    )
     r = subprocess.run(
         [
             sys.executable,
@@ -93,7 +107,7 @@ def test_trace_phases_are_consistent(demo: LLM) -> None:
 
 
 def test_trace_cli_json(tmp_path: Path) -> None:
-    env = dict(os.environ, GLASSBOX_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, GLASSBOX_CACHE_DIR=_fresh_cache(tmp_path))
     r = subprocess.run(
         [
             sys.executable,

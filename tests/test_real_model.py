@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gguf_factory import assert_greedy_like_transformers, smollm2_path, transformers_reference
+from gguf_factory import assert_greedy_like_transformers, smollm2_path
 from test_server_harness import MODEL_NAME, ServerProcess, start_server
 
 from glassbox import LLM, SamplingParams
@@ -43,9 +43,9 @@ def path() -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(path: Path) -> tuple[Any, Any]:
-    """transformers reading the same GGUF (float32): the independent reference."""
-    return transformers_reference(path)
+def reference(smollm2_reference: tuple[Any, Any]) -> tuple[Any, Any]:
+    """transformers reading the same GGUF (float32): the independent reference (conftest's, shared)."""
+    return smollm2_reference
 
 
 @pytest.fixture(scope="module")
