@@ -15,14 +15,14 @@ import torch
 from glassbox.layers import kquant
 from glassbox.layers.block_quant import GGUF_TYPES
 from glassbox.layers.held_experts import ExpertMatrix, HeldExperts
-from glassbox.models.config_reader import facts_from_dir, facts_from_gguf, read_config
+from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
 from glassbox.models.ct_int import read_ct_int
 from glassbox.models.ct_int_config import ct_int_spec
 from glassbox.models.facts import ModelFacts
 from glassbox.models.fp4_checkpoint import read_fp4
 from glassbox.models.fp8_checkpoint import read_fp8
 from glassbox.models.fp8_config import fp8_spec
-from glassbox.models.fused_parts import FUSED_MODEL_TYPES, split_fused
+from glassbox.models.fused_parts import FUSED_MODEL_TYPES, fused_config, split_fused
 from glassbox.models.gguf_experts import EXPERT_TYPES, expert_matrix, held_gguf_experts
 from glassbox.models.gguf_reader import GGUFCheckpoint, open_gguf
 from glassbox.models.gptq_awq import check_runs, read_group_quant
@@ -52,9 +52,8 @@ class Checkpoint:
         them: gptq_awq.check_runs, fp4_checkpoint; or for settings the loader cannot run), and an FP8
         checkpoint's stay 8-bit (any device and dtype); all else is float."""
         if self.gguf is None:
-            config = read_config(self.source.path)
-            if config.get("model_type") in FUSED_MODEL_TYPES:  # Phi-3: q/k/v and gate/up stored fused
-                return split_fused(safetensors_tensors(self.source.path), config), {}
+            if self.facts.model_type in FUSED_MODEL_TYPES:  # Phi-3: q/k/v and gate/up stored fused
+                return split_fused(safetensors_tensors(self.source.path), fused_config(self.facts)), {}
             fp4 = read_fp4(self.source.path, self.facts.quantization_config, device, dtype)
             if fp4 is not None:
                 return fp4[1], dict(fp4[0])

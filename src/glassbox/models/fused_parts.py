@@ -49,7 +49,8 @@ def fused_rows(name: str, config: dict[str, Any]) -> list[tuple[str, int, int]] 
 
 
 def fused_config(cfg: Any) -> dict[str, Any]:
-    """The HF config fields ``fused_rows`` reads, from an engine ModelConfig (tensor parallelism's readers)."""
+    """The HF config fields ``fused_rows`` reads, from a ModelFacts or an engine ModelConfig (the same
+    attribute names): what the safetensors and tensor-parallel readers have in hand instead of config.json."""
     return {
         "model_type": cfg.model_type,
         "hidden_size": cfg.hidden_size,

@@ -328,10 +328,10 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
             types[hf] = t.tensor_type.name
     config = build_config(metadata, shapes, list(types.values()), rope_freqs, rope_factors)
     for hf in list(types):  # a fused tensor's type is each of its parts'
-        for part, _, _ in fused_rows(hf, config) or []:
-            types[part] = types[hf]
-        if fused_rows(hf, config):
-            del types[hf]
+        parts = fused_rows(hf, config)
+        if parts:
+            kind = types.pop(hf)
+            types.update((part, kind) for part, _, _ in parts)
     return GGUFCheckpoint(
         paths=paths, config=config, tensor_types=types, metadata=metadata, _readers=readers, _names=names
     )

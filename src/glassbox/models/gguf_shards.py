@@ -28,7 +28,7 @@ from gguf.quants import dequantize
 from glassbox.layers import kquant
 from glassbox.layers.block_quant import GGUF_TYPES, from_gguf
 from glassbox.layers.held_experts import ExpertMatrix
-from glassbox.models.fused_parts import fused_config, fused_rows
+from glassbox.models.fused_parts import fused_rows
 from glassbox.models.gguf_experts import EXPERT_TYPES, expert_matrix, held_gguf_experts
 from glassbox.models.gguf_reader import GGUFCheckpoint, hf_shape, unpermute_rotary_rows
 from glassbox.models.loader import Packed
@@ -106,12 +106,10 @@ def read_shard(
     return np.ascontiguousarray(part), (rows, *shape[1:])
 
 
-def _parts(
-    gguf: GGUFCheckpoint, cfg: ModelConfig
-) -> Iterator[tuple[str, ReaderTensor, tuple[int, int] | None]]:
+def _parts(gguf: GGUFCheckpoint) -> Iterator[tuple[str, ReaderTensor, tuple[int, int] | None]]:
     """``gguf.entries()`` with each fused tensor as its parameters: (name, tensor, its rows or None)."""
     for name, t in gguf.entries():
-        parts = fused_rows(name, fused_config(cfg))
+        parts = fused_rows(name, gguf.config)
         if parts is None:
             yield name, t, None
         for part, start, end in parts or []:
@@ -127,7 +125,7 @@ def sharded_gguf(
     taken: set[str] = set()
     if keep_packed:
         stacked: dict[str, dict[str, list[ExpertMatrix]]] = {}  # MoE module -> projection -> experts
-        for name, t, window in _parts(gguf, cfg):
+        for name, t, window in _parts(gguf):
             kind = t.tensor_type.name
             if kind in PACKED_TYPES and len(t.shape) == 2:
                 raw, shape = read_shard(gguf, name, t, cfg, rank, world, window)
@@ -146,7 +144,7 @@ def sharded_gguf(
         taken |= names
 
     def floats() -> Tensors:
-        for name, t, window in _parts(gguf, cfg):
+        for name, t, window in _parts(gguf):
             if name not in taken:
                 raw, shape = read_shard(gguf, name, t, cfg, rank, world, window)
                 values = np.array(dequantize(raw, t.tensor_type), dtype=np.float32)  # a copy

@@ -331,13 +331,14 @@ def sharded_safetensors(
     """(HF name, this rank's shard) of every tensor but those in ``skip`` (a quantized checkpoint's reader
     took them: models/quant_shards.py), each read with safetensors' ``get_slice`` (only the shard's bytes
     leave the file)."""
+    sizes = fused_config(cfg)
     for path in weight_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 if name in skip:
                     continue
                 sl = f.get_slice(name)
-                fused = fused_rows(name, fused_config(cfg))
+                fused = fused_rows(name, sizes)
                 for part, start, end in fused or []:  # Phi-3's qkv/gate_up: each part's shard of its rows
                     how, a, b, _ = shard_plan(part, [end - start, *sl.get_shape()[1:]], cfg, rank, world)
                     assert how == "rows", f"{part}: a {how} split of a fused tensor"
