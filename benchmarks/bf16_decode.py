@@ -38,11 +38,11 @@ from gguf_export import export_gguf  # noqa: E402
 from llamacpp_peer import llamacpp_version, measure_llamacpp  # noqa: E402
 
 from glassbox import LLM, SamplingParams  # noqa: E402
-from glassbox.layers.bf16_linear import TiledBf16Linear  # noqa: E402
-from glassbox.layers.linear import PackedLinear  # noqa: E402
 from glassbox.models.sources import default_gguf  # noqa: E402
 from glassbox.perf.hardware import cpu_name  # noqa: E402
 from glassbox.perf.probe import measure_read_bandwidth  # noqa: E402
+from glassbox.quant.dense.bf16_tiles import TiledBf16Linear  # noqa: E402
+from glassbox.quant.dense.onednn import PackedLinear  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEMO = Path(__file__).resolve().parents[1] / "src" / "glassbox" / "demo"

@@ -1,4 +1,4 @@
-"""How fast a batch-1 bf16 GEMV streams its weight on this CPU: glassbox's tiles (layers/bf16_linear.py, what
+"""How fast a batch-1 bf16 GEMV streams its weight on this CPU: glassbox's tiles (quant/dense/bf16_tiles.py, what
 glassbox runs where AVX-512 BF16 is), oneDNN's packed layout (its reference path), ``F.linear``, and a plain
 C loop (one row at a time, AVX-512 ``vdpbf16ps``: the way llama.cpp's bf16 dot products walk a matrix),
 against the read-bandwidth probe (perf/hardware.py).
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from glassbox.layers.bf16_linear import TiledBf16Linear, tiled_available
-from glassbox.layers.linear import packed_matrix
 from glassbox.perf.probe import measure_read_bandwidth
+from glassbox.quant.dense.bf16_tiles import TiledBf16Linear, tiled_available
+from glassbox.quant.dense.onednn import packed_matrix
 
 C_SOURCE = r"""
 #include <immintrin.h>

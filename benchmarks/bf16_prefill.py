@@ -26,8 +26,8 @@ def _ms(fn: object, reps: int) -> float:
 
 
 def main() -> None:
-    from glassbox.layers.bf16_linear import TiledBf16Linear, linear_tiled, untiled
-    from glassbox.layers.linear import packed_matrix
+    from glassbox.quant.dense.bf16_tiles import TiledBf16Linear, linear_tiled, untiled
+    from glassbox.quant.dense.onednn import packed_matrix
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)

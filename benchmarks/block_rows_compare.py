@@ -23,9 +23,9 @@ import torch
 
 import glassbox.engine.torch_executor as executor_module
 from glassbox import LLM, SamplingParams
-from glassbox.layers.block_linear import KERNEL_ROWS
 from glassbox.models.sources import default_gguf
 from glassbox.perf.hardware import cpu_name
+from glassbox.quant.blocks.linear import KERNEL_ROWS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RULES = {"kernel": 1 << 30, "gemm": KERNEL_ROWS}  # decode rows up to which a step runs the int8 kernel

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from glassbox.kernels.native import library
-from glassbox.layers.block_quantize import quantize as quantize_blocks
-from glassbox.layers.fp4_quantize import quantize as quantize_fp4
-from glassbox.layers.linear import packed_matrix
+from glassbox.quant.blocks.quantize import quantize as quantize_blocks
+from glassbox.quant.dense.onednn import packed_matrix
+from glassbox.quant.fp4.quantize import quantize as quantize_fp4
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = [

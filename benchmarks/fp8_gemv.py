@@ -3,7 +3,7 @@ bf16 GEMMs, on one layer, in turns.
 
 One N x K layer (default 2048 x 2048) from one random float32 matrix, stored four ways: FP8 E4M3 with
 128 x 128 block scales (HF "fp8") and with per-channel scales (compressed-tensors), Q8_0 blocks
-(layers/block_quant.py), bf16. Each round times every candidate once (``--reps`` calls after a warm-up) at
+(quant/blocks/weights.py), bf16. Each round times every candidate once (``--reps`` calls after a warm-up) at
 each row count, so that this machine's drift hits all of them alike; the report gives, over rounds, the
 median of each round's median call ("ms") and of each round's fastest call ("ms_min": on a machine shared
 with other jobs, the cost of a call that was not preempted). Candidates:
@@ -13,7 +13,7 @@ with other jobs, the cost of a call that was not preempted). Candidates:
   layers/fp8_linear.KERNEL_ROWS rows;
 - q8_0-gemv: ``gb_gemv_blocks`` on activations already in int8 blocks (the weight-streaming part alone);
 - q8_0-linear: ``BlockQuantLinear`` (the activations quantized, then the GEMV: what a decode step runs);
-- bf16-linear: ``F.linear`` on the bf16 weight; bf16-packed: oneDNN's packed layout (layers/linear.py), what
+- bf16-linear: ``F.linear`` on the bf16 weight; bf16-packed: oneDNN's packed layout (quant/dense/onednn.py), what
   a bf16 model runs on the CPU.
 
     GLASSBOX_NUM_THREADS=1 .venv/bin/python benchmarks/fp8_gemv.py [--n 2048 --k 2048 --rows 1,4,8,16]
@@ -35,12 +35,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from glassbox.kernels.native import library
-from glassbox.layers.block_linear import BlockQuantLinear
-from glassbox.layers.block_quant import BLOCK
-from glassbox.layers.block_quantize import quantize
-from glassbox.layers.fp8_linear import Fp8Linear
-from glassbox.layers.fp8_weights import Fp8Weights
-from glassbox.layers.linear import PackedLinear, packing_available
+from glassbox.quant.blocks.linear import BlockQuantLinear
+from glassbox.quant.blocks.quantize import quantize
+from glassbox.quant.blocks.weights import BLOCK
+from glassbox.quant.dense.onednn import PackedLinear, packing_available
+from glassbox.quant.fp8.linear import Fp8Linear
+from glassbox.quant.fp8.weights import Fp8Weights
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

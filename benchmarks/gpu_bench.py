@@ -157,7 +157,7 @@ def engine_for(name: str, root: Path, **kw: Any) -> Any:
 
 def part_gb_decode(args: argparse.Namespace, quantization: str | None = None) -> dict[str, Any]:
     from glassbox import SamplingParams
-    from glassbox.layers.block_linear import BlockQuantEmbedding
+    from glassbox.quant.blocks.linear import BlockQuantEmbedding
 
     root = Path(args.models)
     t0 = time.perf_counter()
@@ -474,7 +474,7 @@ def part_block_kernels(args: argparse.Namespace) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from glassbox.kernels.triton_block_linear import block_matmul
-    from glassbox.layers.block_quantize import quantize
+    from glassbox.quant.blocks.quantize import quantize
 
     if SMOKE:
         return {"skipped": "the Triton kernels need CUDA"}
@@ -509,9 +509,9 @@ def part_block_kernels(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _random_kquant(kind: int, n: int, k: int) -> Any:
-    """A K-quant weight in the Triton layout (layers/kquant_triton.py) of random valid bytes, on the device:
+    """A K-quant weight in the Triton layout (quant/blocks/kquant_triton.py) of random valid bytes, on the device:
     Q4_K (kind 4) or Q6_K (6); codes, 6-bit or int8 sub-block scales, small float16 super-block scales."""
-    from glassbox.layers.kquant_triton import TritonKQuant
+    from glassbox.quant.blocks.kquant_triton import TritonKQuant
 
     dev, nb, nsb = "cuda", k // 32, k // 256
     if kind == 6:
@@ -526,7 +526,7 @@ def _random_kquant(kind: int, n: int, k: int) -> Any:
 
 
 def part_kquant_kernels(args: argparse.Namespace) -> dict[str, Any]:
-    """GGUF K-quants on the block kernels (Q4_K, Q6_K: layers/kquant_triton.py) on two of Llama-3.1-8B's
+    """GGUF K-quants on the block kernels (Q4_K, Q6_K: quant/blocks/kquant_triton.py) on two of Llama-3.1-8B's
     shapes at 1 row (the GEMV) and 16 (split-K), bf16 ``F.linear`` beside them: microseconds, weight bytes
     read per second, and the relative error against the layout's PyTorch dequantization on the device
     (the embedding lookup's path). Weights rotate among copies that read 4x the L2 per round."""
@@ -573,7 +573,7 @@ def part_block_moe(args: argparse.Namespace) -> dict[str, Any]:
     against the float kernels on the layout's dequantized experts."""
     from glassbox.kernels.triton_block_moe import block_fused_moe
     from glassbox.kernels.triton_moe import fused_moe
-    from glassbox.layers.block_quantize import quantize
+    from glassbox.quant.blocks.quantize import quantize
 
     if SMOKE:
         return {"skipped": "the Triton kernels need CUDA"}
@@ -655,7 +655,7 @@ def part_gemv_sweep(args: argparse.Namespace) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from glassbox.kernels import triton_block_linear as tbl
-    from glassbox.layers.block_quantize import quantize
+    from glassbox.quant.blocks.quantize import quantize
 
     if SMOKE:
         return {"skipped": "the Triton kernels need CUDA"}

@@ -1,6 +1,6 @@
 """FP8 linears on one CUDA GPU: which path to take at how many rows (``--quantization fp8``, FP8 checkpoints).
 
-On Llama-3.1-8B's linear shapes (N, K), per-channel E4M3 weights (layers/fp8_quantize.py), at 1 to 8,192
+On Llama-3.1-8B's linear shapes (N, K), per-channel E4M3 weights (quant/fp8/quantize.py), at 1 to 8,192
 rows of bf16 activations, each graph-timed (gpu_bench.graph_ms, weights rotated over 4x the L2 where one
 call reads less than that):
   bf16        cuBLAS ``F.linear`` on the 16-bit weight (the baseline)
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from gpu_bench import graph_ms, l2_copies
 
 from glassbox.kernels.triton_fp8_linear import fp8_matmul
-from glassbox.layers.fp8_quantize import quantize_fp8, quantize_rows_fp8, row_scales, scaled_mm_rows
+from glassbox.quant.fp8.quantize import quantize_fp8, quantize_rows_fp8, row_scales, scaled_mm_rows
 
 SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))  # q/k/v, o, gate/up, down
 

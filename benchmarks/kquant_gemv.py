@@ -25,10 +25,10 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import quantize as gguf_quantize
 
-from glassbox.layers import kquant
-from glassbox.layers.block_linear import BlockQuantLinear, PackedWeights
-from glassbox.layers.block_quant import from_gguf
 from glassbox.perf.hardware import cpu_name
+from glassbox.quant.blocks import kquant
+from glassbox.quant.blocks.linear import BlockQuantLinear, PackedWeights
+from glassbox.quant.blocks.weights import from_gguf
 
 SHAPES = [(2048, 2048), (576, 1536)]  # (N, K); 576 x 1536: SmolLM2-135M's down_proj
 FORMATS = ["Q4_0", "Q8_0", "Q4_K", "Q6_K"]

@@ -30,11 +30,11 @@ from bench_models import moe_random  # noqa: E402
 
 from glassbox import LLM, SamplingParams  # noqa: E402
 from glassbox.kernels import cpu_ops  # noqa: E402
-from glassbox.layers.bf16_linear import TiledBf16Linear  # noqa: E402
-from glassbox.layers.linear import PackedLinear  # noqa: E402
 from glassbox.models import llama_native, moe  # noqa: E402
 from glassbox.models.llama import LlamaForCausalLM  # noqa: E402
 from glassbox.perf.probe import measure_read_bandwidth  # noqa: E402
+from glassbox.quant.dense.bf16_tiles import TiledBf16Linear  # noqa: E402
+from glassbox.quant.dense.onednn import PackedLinear  # noqa: E402
 
 SPENT: dict[str, float] = defaultdict(float)
 CALLS: dict[str, int] = defaultdict(int)

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from glassbox.layers.block_quantize import quantize, quantize_reference
 from glassbox.perf.hardware import cpu_name
+from glassbox.quant.blocks.quantize import quantize, quantize_reference
 
 SHAPES = {"expert gate_up": (1536, 2048), "expert down": (2048, 768), "dense": (4096, 4096)}
 MODES = {"int4": (4, False), "int8": (8, False), "int4-asym": (4, True)}

@@ -1,4 +1,4 @@
-"""glassbox's bf16 tiles (layers/bf16_linear.py, kernels/cpu_bf16.c) against float64 products of the same
+"""glassbox's bf16 tiles (quant/dense/bf16_tiles.py, kernels/cpu_bf16.c) against float64 products of the same
 bf16 values, on odd shapes: rows past a tile, in-dims that are not a multiple of the kernel's unrolling,
 1 to 20 activation rows (each of the kernel's row paths) and a prefill-sized batch."""
 
@@ -12,7 +12,7 @@ import torch
 from tiny_models import build_tiny_model
 
 from glassbox import LLM, SamplingParams
-from glassbox.layers.bf16_linear import (
+from glassbox.quant.dense.bf16_tiles import (
     TiledBf16Linear,
     linear_tiled,
     tile_weight,
@@ -56,7 +56,7 @@ def test_fast_untiling_gives_the_matrix(n: int, k: int) -> None:
 @pytest.fixture
 def prompts_on_onednn(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Prompt-sized products on oneDNN's GEMM whatever the CPU (auto: where it has AMX)."""
-    from glassbox.layers.bf16_linear import onednn_prompts
+    from glassbox.quant.dense.bf16_tiles import onednn_prompts
 
     monkeypatch.setenv("GLASSBOX_BF16_PROMPTS", "onednn")
     onednn_prompts.cache_clear()
@@ -69,7 +69,7 @@ def test_many_rows_run_the_gemm_on_the_untiled_matrix() -> None:
     """Past 32 rows (outside an engine step, or in a step with prompt rows) the module runs oneDNN's GEMM
     on the untiled matrix: within bf16's rounding of the float64 product; 32 rows and fewer, and decode
     steps of any width, stay on the tiles (bit for bit ``linear_tiled``)."""
-    from glassbox.layers.block_linear import block_kernel_rows
+    from glassbox.quant.blocks.linear import block_kernel_rows
 
     w, x, b = _case(130, 576, 67, True)
     lin = TiledBf16Linear(w, b.to(torch.bfloat16) if b is not None else None)

@@ -1,4 +1,4 @@
-"""Block weights' and K-quants' 16-row tiles (layers/block_tiles.py, kernels/cpu_quant.c): the edge cases of the layout,
+"""Block weights' and K-quants' 16-row tiles (quant/blocks/tiles.py, kernels/cpu_quant.c): the edge cases of the layout,
 each checked against the format's own dequantization (the gguf package) or the GEMV's arithmetic in
 PyTorch: N not a multiple of 16, K with blocks past the last whole 16-block chunk, fused parts whose last
 tile is short, embedding rows gathered from the tiles."""
@@ -14,10 +14,10 @@ from gguf.quants import quantize as gguf_quantize
 from gguf_factory import random_blocks
 from test_quantization import _int8_activation_reference, _weights, block_gemv_f32, needs_kernels
 
-from glassbox.layers.block_linear import BlockQuantEmbedding, concat_weights
-from glassbox.layers.block_quant import BlockWeights, from_gguf, from_zero_codes
-from glassbox.layers.kquant import KQuantWeights
-from glassbox.layers.kquant import from_gguf as kquant_from_gguf
+from glassbox.quant.blocks.kquant import KQuantWeights
+from glassbox.quant.blocks.kquant import from_gguf as kquant_from_gguf
+from glassbox.quant.blocks.linear import BlockQuantEmbedding, concat_weights
+from glassbox.quant.blocks.weights import BlockWeights, from_gguf, from_zero_codes
 
 
 def _gguf(qtype: Q, n: int, k: int, seed: int) -> tuple[BlockWeights, np.ndarray]:

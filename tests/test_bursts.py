@@ -21,10 +21,10 @@ from glassbox.engine.bursts import BURST_S, BurstSizer
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence
 from glassbox.kernels import cpu_ops, native
-from glassbox.layers.bf16_linear import tiled_available
-from glassbox.layers.block_quant import from_gguf
 from glassbox.models.llama_native import NativeForward
 from glassbox.models.sources import default_gguf
+from glassbox.quant.blocks.weights import from_gguf
+from glassbox.quant.dense.bf16_tiles import tiled_available
 
 NATIVE = pytest.mark.skipif(native.library() is None, reason="needs the C kernels")
 TILES = pytest.mark.skipif(not tiled_available(), reason="bf16 tiles need AVX-512 BF16 and the C kernels")

@@ -1,4 +1,4 @@
-"""compressed-tensors integer checkpoints (models/ct_int.py: llm-compressor's W4A16, W8A16, W8A8) kept in
+"""compressed-tensors integer checkpoints (quant/blocks/ct_int.py: llm-compressor's W4A16, W8A16, W8A8) kept in
 blocks. The checkpoints are written by the compressed-tensors package itself (its compressors quantize and
 pack each layer), and its own decompression is the reference: the blocks dequantize exactly to it, and a
 tiny Llama run by the engine matches transformers running the decompressed float32 weights."""
@@ -16,9 +16,9 @@ from test_gptq_awq import LINEARS, MAX_NEW, PROMPTS, _write
 from tiny_models import build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
-from glassbox.layers.block_linear import BlockQuantLinear
-from glassbox.models.ct_int import layer_blocks
-from glassbox.models.ct_int_config import CtIntSpec, ct_int_spec
+from glassbox.quant.blocks.ct_int import layer_blocks
+from glassbox.quant.blocks.ct_int_config import CtIntSpec, ct_int_spec
+from glassbox.quant.blocks.linear import BlockQuantLinear
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 ct = pytest.importorskip("compressed_tensors")
@@ -194,7 +194,7 @@ def test_checkpoint_runs_as_its_decompressed_weights(
     prompts = [Tokenizer.from_dir(qdir).encode(p) for p in PROMPTS]
     ref = hf_greedy(ddir, prompts, MAX_NEW)
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=1)
-    with caplog.at_level(logging.INFO, logger="glassbox.models.ct_int"):
+    with caplog.at_level(logging.INFO, logger="glassbox.quant.blocks.ct_int"):
         llm = LLM(str(qdir), dtype="float32", device="cpu")
     layers = [m for m in llm.engine.executor.model.modules() if isinstance(m, BlockQuantLinear)]
     assert len(layers) == 2 * 4  # fused q/k/v and gate/up, o, down per layer; lm_head stays float
@@ -250,7 +250,7 @@ def test_unsupported_weight_settings_name_their_key(field: str, value: Any, key:
 
 
 def test_float_formats_are_not_taken() -> None:
-    """FP8 groups stay models/fp8_config.py's; a model of 16-bit weights has no spec."""
+    """FP8 groups stay quant/fp8/config.py's; a model of 16-bit weights has no spec."""
     qc = quant_config("w4a16-g128")
     qc["config_groups"]["group_0"]["weights"] |= {"type": "float", "num_bits": 8}
     assert ct_int_spec(qc) is None

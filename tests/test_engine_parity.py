@@ -12,7 +12,7 @@ from tiny_models import ARCHS, build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
 from glassbox.kernels import native
-from glassbox.layers.linear import packing_available
+from glassbox.quant.dense.onednn import packing_available
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 MAX_NEW = 12

@@ -1,4 +1,4 @@
-"""4-bit float weights (layers/fp4_quant.py, kernels/cpu_fp4.c): MXFP4 against transformers' own
+"""4-bit float weights (quant/fp4/weights.py, kernels/cpu_fp4.c): MXFP4 against transformers' own
 dequantization of gpt-oss's blocks, NVFP4 against ModelOpt's definition written out here, the GEMV against
 its int8-activation arithmetic in float64, on shapes with partial chunks (K % 512 != 0), K not a multiple of
 32, and N not a multiple of the kernels' row tiles."""
@@ -15,11 +15,12 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from glassbox.kernels import native
 from glassbox.kernels.native import library
-from glassbox.layers import fp4_linear, fp4_quant
-from glassbox.layers.fp4_linear import FP4Linear
-from glassbox.layers.fp4_quant import FP4Weights, from_mxfp4, from_nvfp4, mxfp4_experts
-from glassbox.layers.fp4_quantize import e2m1_codes, quantize, quantize_mxfp4, quantize_nvfp4
 from glassbox.perf.quant import FORMATS
+from glassbox.quant.fp4 import linear as fp4_linear
+from glassbox.quant.fp4 import weights as fp4_quant
+from glassbox.quant.fp4.linear import FP4Linear
+from glassbox.quant.fp4.quantize import e2m1_codes, quantize, quantize_mxfp4, quantize_nvfp4
+from glassbox.quant.fp4.weights import FP4Weights, from_mxfp4, from_nvfp4, mxfp4_experts
 
 needs_kernels = pytest.mark.skipif(library() is None, reason="no C compiler: the kernels are not built")
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]

@@ -17,12 +17,12 @@ from tiny_models import build_tiny_model, hf_greedy
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from glassbox import LLM, SamplingParams
-from glassbox.layers.fp4_linear import FP4Linear
-from glassbox.layers.fp4_quantize import quantize_mxfp4, quantize_nvfp4
-from glassbox.layers.held_experts import HeldExperts
 from glassbox.models.config_reader import read_config
-from glassbox.models.fp4_checkpoint import nvfp4_spec
 from glassbox.models.moe import MoEExperts
+from glassbox.quant.fp4.checkpoint import nvfp4_spec
+from glassbox.quant.fp4.linear import FP4Linear
+from glassbox.quant.fp4.quantize import quantize_mxfp4, quantize_nvfp4
+from glassbox.quant.held_experts import HeldExperts
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -240,7 +240,7 @@ def test_gpt_oss_mxfp4_checkpoint_runs_as_transformers_loads_it(root: Path) -> N
 def test_gpt_oss_mxfp4_experts_held_on_cuda(root: Path) -> None:
     """On CUDA the reader holds gpt-oss's MXFP4 experts too (for the fused block MoE): each expert's matrix
     dequantizes to transformers' dequantization of the checkpoint's blocks."""
-    from glassbox.models.fp4_checkpoint import read_fp4
+    from glassbox.quant.fp4.checkpoint import read_fp4
 
     base = build_tiny_model("gpt_oss", root / "widen")
     tensors = load_file(str(base / "model.safetensors"))

@@ -1,4 +1,4 @@
-"""FP8 (E4M3) checkpoints kept 8-bit (models/fp8_checkpoint.py, layers/fp8_linear.py, kernels/cpu_fp8.c),
+"""FP8 (E4M3) checkpoints kept 8-bit (quant/fp8/checkpoint.py, quant/fp8/linear.py, kernels/cpu_fp8.c),
 held to the format's own definition: the test decodes E4M3 from its bits (sign, 4 exponent bits of bias 7,
 3 mantissa bits, subnormals at exponent 0) and multiplies by the layout's scale. Tiny Llama checkpoints are
 written here in the published layouts (HF "fp8" 128 x 128 blocks; compressed-tensors per-tensor with static
@@ -22,13 +22,13 @@ from tiny_models import build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
 from glassbox.kernels.native import library
-from glassbox.layers.fp8_linear import Fp8Linear
-from glassbox.layers.fp8_weights import Fp8Weights, concat, gemv
-from glassbox.models.ct_int_config import ct_int_spec
-from glassbox.models.fp8_checkpoint import layer_weights, read_fp8
-from glassbox.models.fp8_config import fp8_spec
 from glassbox.perf.memory_plan import weight_bytes
 from glassbox.perf.quant import resolve_scheme
+from glassbox.quant.blocks.ct_int_config import ct_int_spec
+from glassbox.quant.fp8.checkpoint import layer_weights, read_fp8
+from glassbox.quant.fp8.config import fp8_spec
+from glassbox.quant.fp8.linear import Fp8Linear
+from glassbox.quant.fp8.weights import Fp8Weights, concat, gemv
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 from glassbox.trace import weight_quant
 
@@ -292,7 +292,7 @@ def test_unsupported_groups_name_their_key(path: tuple[str, str], value: Any, ke
 
 
 def test_integer_groups_are_not_fp8() -> None:
-    """All-integer configs are models/ct_int.py's (fp8_spec: None; an integer type in the float format is
+    """All-integer configs are quant/blocks/ct_int.py's (fp8_spec: None; an integer type in the float format is
     refused there, by its format); an integer group beside an FP8 one is refused here, by its type."""
     qc = ct_config("channel", None, False, [])
     qc["config_groups"]["group_0"]["weights"]["type"] = "int"

@@ -1,5 +1,5 @@
 """FP8 checkpoints with routed experts (Qwen3-30B-A3B-FP8's layout: each expert's gate/up/down an E4M3
-weight with its scale; models/fp8_checkpoint.py): kept 8-bit as held experts on the CPU, greedy
+weight with its scale; quant/fp8/checkpoint.py): kept 8-bit as held experts on the CPU, greedy
 token-exact in float32 with transformers running the weights dequantized by the format's definition
 (tests/test_fp8_checkpoint.py decodes E4M3 from its bits)."""
 
@@ -16,8 +16,8 @@ from test_fp8_checkpoint import LINEARS, PROMPTS, ct_config, dequantized, quanti
 from tiny_models import build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
-from glassbox.layers.fp8_linear import Fp8Linear
 from glassbox.models.moe import MoEExperts
+from glassbox.quant.fp8.linear import Fp8Linear
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 
@@ -93,9 +93,9 @@ def test_off_the_cpu_the_experts_are_widened(moe_fp8: tuple[Path, Path]) -> None
     values; the dense FP8 layers stay 8-bit."""
     import json
 
-    from glassbox.layers.fp8_weights import Fp8Weights
-    from glassbox.models.fp8_checkpoint import read_fp8
-    from glassbox.models.fp8_config import fp8_spec
+    from glassbox.quant.fp8.checkpoint import read_fp8
+    from glassbox.quant.fp8.config import fp8_spec
+    from glassbox.quant.fp8.weights import Fp8Weights
 
     qdir, ddir = moe_fp8
     spec = fp8_spec(json.loads((qdir / "config.json").read_text())["quantization_config"])

@@ -1,4 +1,4 @@
-"""``--quantization fp8`` (layers/fp8_quantize.py): a float model's linears in E4M3 with a scale per output
+"""``--quantization fp8`` (quant/fp8/quantize.py): a float model's linears in E4M3 with a scale per output
 channel, held to the format's definition as tests/test_fp8_checkpoint.py decodes it (E4M3 from its bits,
 times the scale); the engine runs token for token as transformers runs the dequantized weights. W8A8
 (``scaled_mm_rows``, the CUDA prompt path) checked for its arithmetic on the CPU's ``torch._scaled_mm``."""
@@ -15,8 +15,10 @@ from tiny_models import build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
 from glassbox.config import EngineConfig
-from glassbox.layers.fp8_linear import Fp8Linear
-from glassbox.layers.fp8_quantize import (
+from glassbox.perf.memory_plan import weight_bytes
+from glassbox.perf.quant import resolve_scheme
+from glassbox.quant.fp8.linear import Fp8Linear
+from glassbox.quant.fp8.quantize import (
     W8A8_MIN_ROWS,
     quantize_fp8,
     quantize_rows_fp8,
@@ -24,9 +26,7 @@ from glassbox.layers.fp8_quantize import (
     scaled_mm_rows,
     w8a8_available,
 )
-from glassbox.layers.fp8_weights import Fp8Weights
-from glassbox.perf.memory_plan import weight_bytes
-from glassbox.perf.quant import resolve_scheme
+from glassbox.quant.fp8.weights import Fp8Weights
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 from glassbox.trace import weight_quant
 

@@ -1,4 +1,4 @@
-"""GGUF K-quants kept as stored (layers/kquant.py, kernels/cpu_kquant*.c): the dequantization equals the gguf
+"""GGUF K-quants kept as stored (quant/blocks/kquant.py, kernels/cpu_kquant*.c): the dequantization equals the gguf
 package's bit for bit, the int8-activation GEMV computes its arithmetic (checked in float64 PyTorch), a tiny
 Llama in a Q4_K_M-like mix of Q4_K/Q5_K/Q6_K runs packed with transformers' greedy tokens (float32) and
 through the one-call decode step as through the per-op forward (bf16), and a packed Gemma 3 table keeps its
@@ -22,13 +22,13 @@ from glassbox import LLM, SamplingParams
 from glassbox.engine.checkpoint import open_checkpoint
 from glassbox.kernels.native import library
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq
-from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear, block_weights
-from glassbox.layers.kquant import KQuantWeights, from_gguf
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.llama_native import NativeForward
 from glassbox.models.loader import build_model
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.sources import resolve_model
+from glassbox.quant.blocks.kquant import KQuantWeights, from_gguf
+from glassbox.quant.blocks.linear import BlockQuantEmbedding, BlockQuantLinear, block_weights
 
 needs_kernels = pytest.mark.skipif(library() is None, reason="no C compiler: the kernels are not built")
 TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]

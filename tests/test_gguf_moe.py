@@ -36,15 +36,15 @@ from tiny_models import build_tiny_model, greedy_continuation
 from glassbox import LLM, SamplingParams
 from glassbox.engine.checkpoint import Checkpoint
 from glassbox.kernels import native
-from glassbox.layers.block_linear import BlockQuantLinear, block_kernel_rows
-from glassbox.layers.fp4_linear import FP4Linear
-from glassbox.layers.linear import ConcatLinear
 from glassbox.models.config_reader import facts_from_gguf
 from glassbox.models.gguf_reader import open_gguf
 from glassbox.models.moe import MoEExperts
 from glassbox.perf.memory_plan import weight_bytes
 from glassbox.perf.model_presets import load_model_facts
 from glassbox.perf.planner import PlanRequest, resolve
+from glassbox.quant.blocks.linear import BlockQuantLinear, block_kernel_rows
+from glassbox.quant.dense.onednn import ConcatLinear
+from glassbox.quant.fp4.linear import FP4Linear
 
 tf = pytest.importorskip("transformers")
 needs_cc = pytest.mark.skipif(native.compiler() is None, reason="no C compiler to build the kernels")

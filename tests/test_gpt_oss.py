@@ -365,7 +365,7 @@ def test_block_matches_transformers() -> None:
 
 
 def test_bfloat16_packed_experts_keep_their_biases() -> None:
-    from glassbox.layers.linear import packing_available
+    from glassbox.quant.dense.onednn import packing_available
 
     _, block = _blocks()
     block = block.to(torch.bfloat16)

@@ -1,4 +1,4 @@
-"""GPTQ and AWQ checkpoints (models/gptq_awq.py) kept in blocks: written here by a packer of the test's
+"""GPTQ and AWQ checkpoints (quant/blocks/gptq_awq.py) kept in blocks: written here by a packer of the test's
 own from random codes, scales and zeros (the formats' standard definitions), and checked against the same
 definitions: the blocks dequantize exactly to W = s (q - z), the GEMV matches float64 arithmetic, and a
 tiny Llama run by the engine matches transformers running the formula's float32 weights."""
@@ -18,9 +18,9 @@ from tiny_models import build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
 from glassbox.kernels.native import library
-from glassbox.layers.block_linear import BlockQuantLinear
-from glassbox.models.gptq_awq import layer_blocks
-from glassbox.models.quant_config import GroupQuant, group_quant
+from glassbox.quant.blocks.gptq_awq import layer_blocks
+from glassbox.quant.blocks.linear import BlockQuantLinear
+from glassbox.quant.config import GroupQuant, group_quant
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 needs_kernels = pytest.mark.skipif(library() is None, reason="no C compiler: the kernels are not built")

@@ -1,5 +1,5 @@
 """Integer-quantized mixture-of-experts checkpoints (Qwen3-30B-A3B's GPTQ-Int4 and w4a16 releases: each
-expert's gate/up/down stored as its own GPTQ or compressed-tensors layer; models/expert_parts.py): kept in
+expert's gate/up/down stored as its own GPTQ or compressed-tensors layer; quant/expert_parts.py): kept in
 blocks as held experts on the CPU, float32 greedy token-exact with transformers running the weights as the
 format defines them (tests/test_gptq_awq.py's formula; the compressed-tensors package's decompression)."""
 
@@ -17,8 +17,8 @@ from test_gptq_awq import quant_config as gptq_config
 from tiny_models import build_tiny_model
 
 from glassbox import LLM
-from glassbox.layers.block_linear import BlockQuantLinear
-from glassbox.layers.held_experts import linear_bytes
+from glassbox.quant.blocks.linear import BlockQuantLinear
+from glassbox.quant.held_experts import linear_bytes
 
 FORMATS = ("gptq", "compressed-tensors")
 
@@ -91,13 +91,13 @@ def test_off_the_cpu_the_experts_are_held_for_the_block_moe(moe_int4: tuple[Path
     (the block MoE has no input permutation) are widened to float32 instead, every one."""
     import json
 
-    from glassbox.layers.block_quant import BlockWeights
-    from glassbox.layers.block_quantize import quantize
-    from glassbox.layers.held_experts import HeldExperts
-    from glassbox.models.ct_int import read_ct_int
-    from glassbox.models.ct_int_config import ct_int_spec
-    from glassbox.models.gptq_awq import read_group_quant, with_experts
-    from glassbox.models.quant_config import group_quant
+    from glassbox.quant.blocks.ct_int import read_ct_int
+    from glassbox.quant.blocks.ct_int_config import ct_int_spec
+    from glassbox.quant.blocks.gptq_awq import read_group_quant, with_experts
+    from glassbox.quant.blocks.quantize import quantize
+    from glassbox.quant.blocks.weights import BlockWeights
+    from glassbox.quant.config import group_quant
+    from glassbox.quant.held_experts import HeldExperts
 
     qdir, _, fmt = moe_int4
     qc = json.loads((qdir / "config.json").read_text())["quantization_config"]

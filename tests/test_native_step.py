@@ -10,8 +10,8 @@ import pytest
 from tiny_models import build_tiny_model
 
 from glassbox import LLM, SamplingParams
-from glassbox.layers.bf16_linear import tiled_available
 from glassbox.models.llama_native import NativeForward
+from glassbox.quant.dense.bf16_tiles import tiled_available
 
 TILES = pytest.mark.skipif(not tiled_available(), reason="bf16 tiles need AVX-512 BF16 and the C kernels")
 
@@ -33,7 +33,7 @@ def _runs(llm: LLM, copies: int) -> tuple[list[list[int]], list[list[float]]]:
         ("mistral", "bfloat16", "int8", "int8", 1),  # sliding window, 8-bit KV cache
         # 20 sequences at once: past KERNEL_ROWS decode rows the linears multiply dequantized weights
         ("llama", "bfloat16", "int4", "auto", 4),
-        # dense bf16 in tiles (layers/bf16_linear.py): q/k/v biases, then past KERNEL_ROWS rows
+        # dense bf16 in tiles (quant/dense/bf16_tiles.py): q/k/v biases, then past KERNEL_ROWS rows
         pytest.param("qwen2", "bfloat16", "none", "auto", 1, marks=TILES),
         pytest.param("llama", "bfloat16", "none", "auto", 4, marks=TILES),
     ],

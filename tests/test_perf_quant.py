@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from glassbox.models.quant_config import native_quant_from_config
 from glassbox.perf.hardware import GIB
 from glassbox.perf.memory_plan import weight_bytes
 from glassbox.perf.model_presets import load_model_facts
 from glassbox.perf.quant import FORMATS, get_format, resolve_scheme
+from glassbox.quant.config import native_quant_from_config
 
 
 def test_bits_per_weight_by_hand() -> None:

@@ -17,13 +17,13 @@ from test_engine_parity import CPU_KERNELS, _check
 from tiny_models import build_tiny_model, greedy_continuation, hf_greedy
 
 from glassbox import LLM, SamplingParams
-from glassbox.layers.block_linear import BlockQuantLinear
 from glassbox.layers.rotary import inv_frequencies
 from glassbox.models.config_reader import facts_from_config, facts_from_dir
 from glassbox.models.fused_parts import fused_rows
 from glassbox.models.gguf_reader import open_gguf
 from glassbox.models.model_config import ModelConfig
 from glassbox.perf.model_presets import load_model_facts
+from glassbox.quant.blocks.linear import BlockQuantLinear
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 ORIGINAL = 64  # the tiny model's pre-training length (original_max_position_embeddings)

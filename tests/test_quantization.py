@@ -1,4 +1,4 @@
-"""Weights in 32-value blocks (layers/block_quant.py, kernels/cpu_quant.c): GGUF Q4_0/Q4_1/Q8_0 kept as
+"""Weights in 32-value blocks (quant/blocks/weights.py, kernels/cpu_quant.c): GGUF Q4_0/Q4_1/Q8_0 kept as
 stored and --quantization int4/int8, each checked against the format's own definition (the gguf package,
 llama.cpp's reference implementation in Python), the kernels against their arithmetic in PyTorch."""
 
@@ -14,16 +14,16 @@ from tiny_models import build_tiny_model
 
 from glassbox import LLM, SamplingParams
 from glassbox.kernels.native import library
-from glassbox.layers.block_linear import (
+from glassbox.quant.at_load import quantize_model
+from glassbox.quant.blocks.linear import (
     HEAD_KERNEL_ROWS,
     BlockQuantEmbedding,
     BlockQuantLinear,
     block_kernel_rows,
     mark_lm_head,
 )
-from glassbox.layers.block_quant import BLOCK, BlockWeights, from_gguf
-from glassbox.layers.block_quantize import quantize
-from glassbox.layers.quantization import quantize_model
+from glassbox.quant.blocks.quantize import quantize
+from glassbox.quant.blocks.weights import BLOCK, BlockWeights, from_gguf
 
 needs_kernels = pytest.mark.skipif(library() is None, reason="no C compiler: the kernels are not built")
 SHAPES = [
@@ -88,7 +88,7 @@ def test_the_c_quantizer_gives_the_reference_bytes(bits: int, asymmetric: bool, 
     """kernels/cpu_quantize.c against ``quantize_reference`` (the PyTorch ops, themselves checked against
     gguf's quantization above), byte for byte: K past the last block, zero blocks, magnitude ties, scales
     that are float16 subnormals or overflow, negative zeros."""
-    from glassbox.layers.block_quantize import quantize_reference
+    from glassbox.quant.blocks.quantize import quantize_reference
 
     g = torch.Generator().manual_seed(bits + 2 * asymmetric)
     w = torch.randn(37, 300, generator=g) * torch.logspace(-9, 5, 37).unsqueeze(1)

@@ -19,8 +19,8 @@ from test_fp8_checkpoint import PROMPTS, dequantized, quantize, write_checkpoint
 from tiny_models import build_tiny_model, hf_greedy
 
 from glassbox import LLM, SamplingParams
-from glassbox.layers.held_experts import linear_bytes
 from glassbox.models.moe import MoEExperts
+from glassbox.quant.held_experts import linear_bytes
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -80,10 +80,10 @@ def test_quantized_experts_run_as_their_definition(base: Path, tmp_path: Path, q
 def test_off_the_cpu_experts_stay_float(base: Path) -> None:
     """CUDA's fused MoE takes float parameters: quantize_model leaves the experts without ``experts``."""
     from glassbox.engine.checkpoint import open_checkpoint
-    from glassbox.layers.quantization import quantize_model
     from glassbox.models.loader import build_model
     from glassbox.models.model_config import ModelConfig
     from glassbox.models.sources import resolve_model
+    from glassbox.quant.at_load import quantize_model
 
     ckpt = open_checkpoint(resolve_model(str(base)))
     model = build_model(ModelConfig.from_facts(ckpt.facts), None, torch.float32, torch.device("cpu"))

@@ -225,7 +225,7 @@ def test_quantized_checkpoint_cuts_that_break_blocks_are_named(tmp_path: Path, k
     """An act-order layer's groups are scattered over its columns (a rank's half rarely holds whole blocks
     of each); 128 x 128 FP8 scale blocks cut by a rank's 64 rows of k_proj (one of 2 KV heads) or 192
     columns of down_proj (FFN 384). Rank 0's reader, in process."""
-    from glassbox.models.quant_shards import sharded_quantized
+    from glassbox.quant.shards import sharded_quantized
 
     d = _checkpoint(kind, tmp_path)
     ckpt = open_checkpoint(resolve_model(str(d)))
@@ -344,7 +344,7 @@ def test_fp4_checkpoint_tp2_matches_tp1(tmp_path: Path, kind: str) -> None:
     ranks = llm.engine.executor.rank_weight_bytes
     assert len(ranks) == 2 and all(0.9 < r * 2 / whole < 1.1 for r in ranks), (ranks, whole)
     if kind == "nvfp4":
-        from glassbox.models.fp4_shards import sharded_fp4
+        from glassbox.quant.fp4.shards import sharded_fp4
 
         ckpt = open_checkpoint(resolve_model(str(d)))
         cfg = ModelConfig.from_facts(ckpt.facts)

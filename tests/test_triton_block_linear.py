@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 
-from glassbox.layers.block_linear import BlockQuantLinear, block_kernel_rows, to_triton
-from glassbox.layers.block_quant import BLOCK, BlockWeights, from_gguf, from_zero_codes
-from glassbox.layers.block_quantize import quantize
+from glassbox.quant.blocks.linear import BlockQuantLinear, block_kernel_rows, to_triton
+from glassbox.quant.blocks.quantize import quantize
+from glassbox.quant.blocks.weights import BLOCK, BlockWeights, from_gguf, from_zero_codes
 
 CUDA = torch.cuda.is_available()
 INTERPRET = (
@@ -134,7 +134,7 @@ def check_splits(w: Any, ref_w: torch.Tensor) -> None:
 
 def test_to_device_keeps_a_tied_table_once() -> None:
     """The embedding table and a tied LM head share their moved blocks; the linear runs the kernels."""
-    from glassbox.layers.block_linear import BlockQuantEmbedding
+    from glassbox.quant.blocks.linear import BlockQuantEmbedding
 
     w, ref_w = _weights("int4", 24, 64, seed=3)
     model = torch.nn.ModuleDict({"embed": BlockQuantEmbedding(w, torch.float32), "head": BlockQuantLinear(w)})

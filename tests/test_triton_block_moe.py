@@ -1,4 +1,4 @@
-"""The fused MoE on experts kept in blocks (kernels/triton_block_moe.py, stacked by models/moe_blocks.py), as
+"""The fused MoE on experts kept in blocks (kernels/triton_block_moe.py, stacked by quant/blocks/moe_stack.py), as
 CUDA runs it: int4 (Q4_0's layout), asymmetric int4 (stored offsets), int8, GGUF Q4_K and Q6_K, MXFP4 and
 NVFP4 experts, [gate | up] halves with SiLU and gpt-oss's interleaved clamped SwiGLU with biases, hidden
 sizes with blocks past the last whole chunk, 1-40 tokens, against each expert's dequantized weights in
@@ -20,11 +20,12 @@ from gguf import GGMLQuantizationType as Q
 from gguf_factory import random_blocks
 from test_triton_block_linear import CUDA, DEV, INTERPRET
 
-from glassbox.layers import block_quantize, kquant
-from glassbox.layers.block_linear import BlockQuantLinear
-from glassbox.layers.fp4_linear import FP4Linear
-from glassbox.layers.fp4_quantize import quantize as quantize_fp4
-from glassbox.layers.held_experts import ExpertMatrix
+from glassbox.quant.blocks import kquant
+from glassbox.quant.blocks import quantize as block_quantize
+from glassbox.quant.blocks.linear import BlockQuantLinear
+from glassbox.quant.fp4.linear import FP4Linear
+from glassbox.quant.fp4.quantize import quantize as quantize_fp4
+from glassbox.quant.held_experts import ExpertMatrix
 
 pytestmark = pytest.mark.skipif(not (CUDA or INTERPRET), reason="needs CUDA, or TRITON_INTERPRET=1 + triton")
 E, TOP_K = 4, 2
@@ -46,7 +47,7 @@ def _linear(w: ExpertMatrix, bias: torch.Tensor | None) -> Any:
 
 
 def fmt_is_fp4(w: ExpertMatrix) -> bool:
-    from glassbox.layers.fp4_quant import FP4Weights
+    from glassbox.quant.fp4.weights import FP4Weights
 
     return isinstance(w, FP4Weights)
 
@@ -103,7 +104,7 @@ CASES = [(f, 96, 80, False, "silu") for f in ("int4", "int4-asym", "int8", "mxfp
 )
 def test_block_fused_moe_matches_reference(fmt: str, hidden: int, inter: int, bias: bool, act: str) -> None:
     from glassbox.kernels.triton_block_moe import block_fused_moe
-    from glassbox.models.moe_blocks import StackedExperts, stack_experts
+    from glassbox.quant.blocks.moe_stack import StackedExperts, stack_experts
 
     pairs, w1, w2, b1, b2 = _experts(fmt, hidden, inter, bias, seed=hidden + inter)
     stacked = stack_experts(pairs, DEV)
@@ -123,7 +124,7 @@ def test_block_fused_moe_matches_reference(fmt: str, hidden: int, inter: int, bi
 
 
 def test_mixed_formats_are_not_stacked() -> None:
-    from glassbox.models.moe_blocks import stack_experts
+    from glassbox.quant.blocks.moe_stack import stack_experts
 
     pairs, *_ = _experts("int4", 96, 80, False, seed=1)
     other, *_ = _experts("int8", 96, 80, False, seed=2)
@@ -194,10 +195,10 @@ def test_interpreted_engine_gptq_moe(tmp_path: Path) -> None:
     from test_triton_block_linear import _on_triton, _tokens
 
     from glassbox.engine.checkpoint import open_checkpoint
-    from glassbox.layers.block_linear import block_weights
     from glassbox.models.loader import build_model
     from glassbox.models.moe import MoEExperts
     from glassbox.models.moe_triton import use_triton_experts
+    from glassbox.quant.blocks.linear import block_weights
 
     qdir, _ = moe_checkpoint("gptq", tmp_path)
 

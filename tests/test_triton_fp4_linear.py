@@ -1,4 +1,4 @@
-"""4-bit floats (MXFP4, NVFP4) on the Triton kernels (layers/fp4_triton.py: the block kernels with E2M1 codes
+"""4-bit floats (MXFP4, NVFP4) on the Triton kernels (quant/fp4/triton.py: the block kernels with E2M1 codes
 and byte scales decoded in registers), as CUDA runs them: checkpoint layouts with every scale byte (E8M0
 exponents, E4M3 normals, subnormals and negatives), fused rows of different NVFP4 tensor scales, N not a
 multiple of 16, K with blocks past the last whole chunk, at 1, 3, 16, 17 and 70 rows and forced K splits,
@@ -28,9 +28,9 @@ from test_triton_block_linear import (
     check_splits,
 )
 
-from glassbox.layers.block_linear import to_triton
-from glassbox.layers.fp4_linear import FP4Linear
-from glassbox.layers.fp4_quant import FP4Weights, concat, from_mxfp4, from_nvfp4
+from glassbox.quant.blocks.linear import to_triton
+from glassbox.quant.fp4.linear import FP4Linear
+from glassbox.quant.fp4.weights import FP4Weights, concat, from_mxfp4, from_nvfp4
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not (CUDA or INTERPRET), reason="needs CUDA, or TRITON_INTERPRET=1 + triton")

@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from glassbox.layers.block_linear import block_kernel_rows, to_triton
-from glassbox.layers.fp8_linear import Fp8Linear
-from glassbox.layers.fp8_weights import Fp8Weights
+from glassbox.quant.blocks.linear import block_kernel_rows, to_triton
+from glassbox.quant.fp8.linear import Fp8Linear
+from glassbox.quant.fp8.weights import Fp8Weights
 
 CUDA = torch.cuda.is_available()
 INTERPRET = (
@@ -80,7 +80,7 @@ def test_w8a8_prompt_rows() -> None:
     """Per-channel weights, 17+ bf16 rows: W8A8 where the device has FP8 tensor cores (compute capability
     8.9+), the same arithmetic as the CPU's ``torch._scaled_mm`` and within rounding the activations to
     E4M3 of the weight-only product; 16 rows stay weight-only."""
-    from glassbox.layers.fp8_quantize import quantize_fp8, scaled_mm_rows, w8a8_available
+    from glassbox.quant.fp8.quantize import quantize_fp8, scaled_mm_rows, w8a8_available
 
     g = torch.Generator().manual_seed(0)
     w = quantize_fp8(torch.randn(96, 256, generator=g))

@@ -1,4 +1,4 @@
-"""GGUF K-quants (Q4_K, Q5_K, Q6_K) on the Triton kernels (layers/kquant_triton.py: the block kernels with
+"""GGUF K-quants (Q4_K, Q5_K, Q6_K) on the Triton kernels (quant/blocks/kquant_triton.py: the block kernels with
 integer sub-block scales and float16 super-block scales decoded in registers), as CUDA runs them.
 
 The layout, everywhere: its dequantization (PyTorch ops, the embedding lookup's path) equals the gguf
@@ -32,9 +32,9 @@ from test_triton_block_linear import (
     check_splits,
 )
 
-from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear, to_triton
-from glassbox.layers.kquant import from_gguf
-from glassbox.layers.kquant_triton import TritonKQuant, for_triton
+from glassbox.quant.blocks.kquant import from_gguf
+from glassbox.quant.blocks.kquant_triton import TritonKQuant, for_triton
+from glassbox.quant.blocks.linear import BlockQuantEmbedding, BlockQuantLinear, to_triton
 
 on_triton = pytest.mark.skipif(not (CUDA or INTERPRET), reason="needs CUDA, or TRITON_INTERPRET=1 + triton")
 TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]

@@ -26,7 +26,7 @@ from glassbox.kernels import triton_fp8_linear as tfl
 Launch = tuple[Any, tuple[Any, ...], dict[str, Any]]  # (kernel, args, kwargs)
 OFFSETS = ("factor", "stored", "zeros")  # Q4_0/Q8_0/int, Q4_1, GPTQ/AWQ
 FP4 = ("mxfp4", "nvfp4")  # 4-bit floats, as ``offsets`` of 4-bit launches
-KQUANTS = {"Q4_K": 4, "Q5_K": 8, "Q6_K": 8}  # GGUF K-quants (layers/kquant_triton.py) and their code bits
+KQUANTS = {"Q4_K": 4, "Q5_K": 8, "Q6_K": 8}  # GGUF K-quants (quant/blocks/kquant_triton.py) and their code bits
 KINDS = {
     "factor": 0,
     "stored": 1,
@@ -84,7 +84,7 @@ def linear_launches(
         assert bits == KQUANTS[offsets]
         scales = torch.zeros(n, blocks * (2 if six else 1), dtype=torch.int8 if six else torch.uint8)
         sb = torch.zeros(n, k // 256 * (1 if six else 2), dtype=torch.float16)
-    else:  # 4-bit floats: byte scales (layers/fp4_triton.py); block weights: float16
+    else:  # 4-bit floats: byte scales (quant/fp4/triton.py); block weights: float16
         scales = torch.zeros(n, blocks, dtype=torch.uint8 if offsets in FP4 else torch.float16)
         sb = scales
     offs = {

@@ -41,7 +41,7 @@ class EngineConfig:
     load_format: str = "auto"
     # None: as the checkpoint stores it (GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K stay in their blocks on the CPU);
     # "none": 16/32-bit weights (a GGUF file is dequantized at load); "int8"/"int4": quantized at load;
-    # "mxfp4"/"nvfp4": linear layers and routed experts quantized at load (layers/fp4_linear.py)
+    # "mxfp4"/"nvfp4": linear layers and routed experts quantized at load (quant/fp4/linear.py)
     quantization: str | None = None
     enforce_eager: bool = False  # no CUDA graphs / torch.compile
     # post-process a step's outputs (detokenize, stop strings, outputs) while the next step runs on the

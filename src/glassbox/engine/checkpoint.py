@@ -12,23 +12,23 @@ from dataclasses import dataclass
 
 import torch
 
-from glassbox.layers import kquant
-from glassbox.layers.block_quant import GGUF_TYPES
-from glassbox.layers.held_experts import ExpertMatrix, HeldExperts
 from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
-from glassbox.models.ct_int import read_ct_int
-from glassbox.models.ct_int_config import ct_int_spec
 from glassbox.models.facts import ModelFacts
-from glassbox.models.fp4_checkpoint import read_fp4
-from glassbox.models.fp8_checkpoint import read_fp8
-from glassbox.models.fp8_config import fp8_spec
 from glassbox.models.fused_parts import FUSED_MODEL_TYPES, fused_config, split_fused
-from glassbox.models.gguf_experts import EXPERT_TYPES, expert_matrix, held_gguf_experts
 from glassbox.models.gguf_reader import GGUFCheckpoint, open_gguf
-from glassbox.models.gptq_awq import check_runs, read_group_quant
 from glassbox.models.loader import Packed, safetensors_tensors
-from glassbox.models.quant_config import group_quant
 from glassbox.models.sources import ModelSource
+from glassbox.quant.blocks import kquant
+from glassbox.quant.blocks.ct_int import read_ct_int
+from glassbox.quant.blocks.ct_int_config import ct_int_spec
+from glassbox.quant.blocks.gguf_experts import EXPERT_TYPES, expert_matrix, held_gguf_experts
+from glassbox.quant.blocks.gptq_awq import check_runs, read_group_quant
+from glassbox.quant.blocks.weights import GGUF_TYPES
+from glassbox.quant.config import group_quant
+from glassbox.quant.fp4.checkpoint import read_fp4
+from glassbox.quant.fp8.checkpoint import read_fp8
+from glassbox.quant.fp8.config import fp8_spec
+from glassbox.quant.held_experts import ExpertMatrix, HeldExperts
 from glassbox.tokenizer.gguf_tokenizer import tokenizer_from_gguf
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
@@ -46,8 +46,8 @@ class Checkpoint:
         self, keep_packed: bool, device: torch.device, dtype: torch.dtype, cpu: bool = True
     ) -> tuple[Tensors, dict[str, Packed]]:
         """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
-        tensors of the packed types (layers/block_quant.py, layers/kquant.py) stay in their blocks, and its
-        experts too by MoE module (``gguf_experts``, MXFP4 too: layers/fp4_quant.py; for CUDA a module's
+        tensors of the packed types (quant/blocks/weights.py, quant/blocks/kquant.py) stay in their blocks, and its
+        experts too by MoE module (``gguf_experts``, MXFP4 too: quant/fp4/weights.py; for CUDA a module's
         only where they stack for its fused block MoE); a GPTQ/AWQ, compressed-tensors integer, NVFP4 or MXFP4 checkpoint's layers always do (ValueError where no kernels run
         them: gptq_awq.check_runs, fp4_checkpoint; or for settings the loader cannot run), and an FP8
         checkpoint's stay 8-bit (any device and dtype); all else is float."""
@@ -94,7 +94,7 @@ class Checkpoint:
 
 def gguf_experts(gguf: GGUFCheckpoint, whole: bool = False) -> tuple[dict[str, HeldExperts], set[str]]:
     """Each MoE layer's stacked experts kept in their GGML types where the CPU kernels run those
-    (``EXPERT_TYPES``), by module name, and the tensor names taken (models/gguf_experts.py)."""
+    (``EXPERT_TYPES``), by module name, and the tensor names taken (quant/blocks/gguf_experts.py)."""
     stacked: dict[str, dict[str, list[ExpertMatrix]]] = {}
     for name, ggml_type, raw, shape in gguf.stored_tensors(set(EXPERT_TYPES), ndim=3):
         module, _, proj = name.removesuffix(".weight").rpartition(".")

@@ -47,7 +47,7 @@ def packed_here(
     the CPU's C kernels (bf16 activations; MoE experts too) or the Triton kernels (CUDA, any dtype;
     layers/block_linear.to_triton), and not under ``--quantization``. ValueError for a ``--quantization``
     (``bits``: its QUANTIZED_AT_LOAD value) that no kernel on ``device`` runs: block bits on CUDA without
-    triton (fp8 runs anywhere: layers/fp8_linear.py)."""
+    triton (fp8 runs anywhere: quant/fp8/linear.py)."""
     # fp8: Triton, or PyTorch ops; integer blocks and 4-bit floats: the Triton kernels
     runs_here = (bits is not None and bits != "fp8" and on_triton) or bits == "fp8"
     if bits is not None and device.type != "cpu" and not runs_here:

@@ -43,18 +43,18 @@ from glassbox.engine.step_inputs import decode_rows, flatten, metadata
 from glassbox.engine.step_sampling import DevicePendingStep, SamplePlan
 from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata
-from glassbox.layers.block_linear import (
+from glassbox.layers.kv_quant import row_width
+from glassbox.models.facts import ModelFacts
+from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
+from glassbox.models.model_config import KV_TORCH_DTYPES, ModelConfig, dtype_name
+from glassbox.outputs import SampleResult
+from glassbox.quant.blocks.linear import (
     KERNEL_ROWS,
     block_kernel_rows,
     block_weights,
     mark_lm_head,
     to_triton,
 )
-from glassbox.layers.kv_quant import row_width
-from glassbox.models.facts import ModelFacts
-from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
-from glassbox.models.model_config import KV_TORCH_DTYPES, ModelConfig, dtype_name
-from glassbox.outputs import SampleResult
 
 if TYPE_CHECKING:
     from glassbox.engine.cuda_graph import DecodeGraphs
@@ -138,7 +138,7 @@ class TorchExecutor:
             shard=tp_model.shard_fn(self.tp),
         )
         if bits is not None:
-            from glassbox.layers.quantization import quantize_model
+            from glassbox.quant.at_load import quantize_model
 
             quantize_model(
                 self.model,
@@ -173,7 +173,7 @@ class TorchExecutor:
         self.light_threads = self.max_threads  # reserve_frontend_core() lowers it
         self.packed = 0
         if self.device.type == "cpu" and self.dtype != torch.float32:  # under TP too: each shard
-            from glassbox.layers.linear import pack_linears, packing_available
+            from glassbox.quant.dense.onednn import pack_linears, packing_available
 
             if packing_available(self.dtype):
                 self.packed = pack_linears(self.model)  # oneDNN layout: ~2x faster bf16 decode GEMVs

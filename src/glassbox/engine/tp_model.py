@@ -17,18 +17,18 @@ from glassbox.distributed import TPState, broadcast_object, compute_backend, cpu
 from glassbox.engine.checkpoint import Checkpoint, Tensors
 from glassbox.engine.kv_plan import KVCachePlan
 from glassbox.layers.attention import AttentionMetadata
-from glassbox.layers.block_linear import block_kernel_rows
 from glassbox.models.causal_lm import CausalLM
-from glassbox.models.ct_int_config import ct_int_spec
-from glassbox.models.fp4_checkpoint import is_fp4
-from glassbox.models.fp4_shards import sharded_fp4
-from glassbox.models.fp8_config import fp8_spec
 from glassbox.models.gguf_shards import check_gguf_tp, sharded_gguf
 from glassbox.models.loader import Forward, Packed
 from glassbox.models.model_config import ModelConfig
-from glassbox.models.quant_config import group_quant
-from glassbox.models.quant_shards import sharded_quantized
 from glassbox.models.tensor_parallel import apply_tp, check_tp, kv_heads_of, sharded_safetensors
+from glassbox.quant.blocks.ct_int_config import ct_int_spec
+from glassbox.quant.blocks.linear import block_kernel_rows
+from glassbox.quant.config import group_quant
+from glassbox.quant.fp4.checkpoint import is_fp4
+from glassbox.quant.fp4.shards import sharded_fp4
+from glassbox.quant.fp8.config import fp8_spec
+from glassbox.quant.shards import sharded_quantized
 
 
 class StepRunner(Protocol):
@@ -95,7 +95,7 @@ def check_k_blocks(n: int, quantization: str, cfg: ModelConfig) -> None:
             )
 
 
-# the values of a block along K: int8, int4, int4-asym (layers/block_quant.py), mxfp4 (nvfp4: 16)
+# the values of a block along K: int8, int4, int4-asym (quant/blocks/weights.py), mxfp4 (nvfp4: 16)
 QUANT_BLOCK = 32
 
 
@@ -104,7 +104,7 @@ def weights(
 ) -> tuple[Tensors, dict[str, Packed]]:
     """This rank's shards: (float tensors, packed ones by HF name), read slice by slice from the
     safetensors files, from a GGUF file's blocks (kept packed with ``keep_packed``: models/gguf_shards.py),
-    or from a quantized checkpoint's layers (kept packed: models/quant_shards.py)."""
+    or from a quantized checkpoint's layers (kept packed: quant/shards.py)."""
     if checkpoint.gguf is not None:
         return sharded_gguf(checkpoint.gguf, cfg, tp.rank, tp.world, keep_packed)
     qc = checkpoint.facts.quantization_config

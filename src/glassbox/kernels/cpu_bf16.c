@@ -2,7 +2,7 @@
  *
  * Batch-1 decode of a dense bf16 model is one pass over every weight; what it costs is how fast that pass
  * streams. oneDNN's packed bf16 GEMV (what torch offers) reached about half the read-bandwidth probe on this
- * project's CPU (benchmarks/bf16_gemv.py). The layout here (layers/bf16_linear.py builds it at load) holds W as
+ * project's CPU (benchmarks/bf16_gemv.py). The layout here (quant/dense/bf16_tiles.py builds it at load) holds W as
  * (N/16, K/2, 16, 2): for each tile of 16 output rows, the K values in pairs, each 64-byte line the same two
  * k of 16 rows — what AVX-512 ``vdpbf16ps`` multiplies against a broadcast pair of activations. A tile is
  * read front to back, a matrix tile after tile, so each thread's weights stream as one sequential read, and

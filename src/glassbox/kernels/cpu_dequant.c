@@ -1,4 +1,4 @@
-/* Block weights dequantized (layers/block_quant.py's prefill rows and float32 models): d q + o per value,
+/* Block weights dequantized (quant/blocks/weights.py's prefill rows and float32 models): d q + o per value,
  * rounded once to the output dtype. The layout is cpu_quant.c's. */
 #include "cpu_quant.h"
 

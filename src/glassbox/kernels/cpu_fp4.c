@@ -1,5 +1,5 @@
 /* glassbox CPU kernels for 4-bit floating-point weights (E2M1 values): MXFP4 and NVFP4, kept packed
- * (layers/fp4_quant.py repacks them at load; it holds the PyTorch reference of everything here).
+ * (quant/fp4/weights.py repacks them at load; it holds the PyTorch reference of everything here).
  *
  * A code c (4 bits: sign bit 3, then a 3-bit magnitude index) is the E2M1 value
  *   {0, 0.5, 1, 1.5, 2, 3, 4, 6}[c & 7], negated when c & 8.

@@ -1,4 +1,4 @@
-/* 4-bit float weights dequantized (layers/fp4_quant.py's prefill rows and float32 models): value * scale,
+/* 4-bit float weights dequantized (quant/fp4/weights.py's prefill rows and float32 models): value * scale,
  * rounded once to the output dtype. The layout is cpu_fp4.c's. */
 #include "cpu_fp4.h"
 

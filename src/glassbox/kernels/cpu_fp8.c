@@ -1,4 +1,4 @@
-/* glassbox CPU kernels for FP8 weights kept as the checkpoint stores them (layers/fp8_weights.py), compiled
+/* glassbox CPU kernels for FP8 weights kept as the checkpoint stores them (quant/fp8/weights.py), compiled
  * with cpu_kernels.c by glassbox/kernels/native.py.
  *
  * Layout: row n of K weights is K bytes of E4M3 ("e4m3fn": 1 sign, 4 exponent bits of bias 7, 3 mantissa

@@ -1,5 +1,5 @@
 /* glassbox CPU kernels for GGUF K-quant weights kept as stored (Q4_K, Q5_K, Q6_K), compiled with
- * cpu_kernels.c by glassbox/kernels/native.py. The layout is written by layers/kquant.py.
+ * cpu_kernels.c by glassbox/kernels/native.py. The layout is written by quant/blocks/kquant.py.
  *
  * A row of K values (K a multiple of 256) is K / 256 super-blocks. Each has two records:
  *   codes (kind 4: 128 bytes, 5: 160, 6: 192): the unsigned codes q (4, 5 or 6 bits) in lane order, as

@@ -1,4 +1,4 @@
-/* GGUF K-quant weights dequantized (layers/kquant.py's prefill rows and float32 models), rounded once to the
+/* GGUF K-quant weights dequantized (quant/blocks/kquant.py's prefill rows and float32 models), rounded once to the
  * output dtype: equal to GGML's dequantization bit for bit. The layout is cpu_kquant.c's. */
 #include "cpu_kquant.h"
 

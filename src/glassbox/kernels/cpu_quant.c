@@ -1,7 +1,7 @@
 /* glassbox CPU kernels for weights kept in 32-value blocks of 4 or 8 bits (GGUF Q4_0, Q4_1, Q8_0, and
  * --quantization int4/int8), compiled with cpu_kernels.c by glassbox/kernels/native.py.
  *
- * One weight layout for every format (repacked at load by layers/block_quant.py): row n of K values
+ * One weight layout for every format (repacked at load by quant/blocks/weights.py): row n of K values
  * (K padded to Kp, a multiple of 64) holds unsigned codes q, and per 32-value block b a float16 scale
  * d[n,b] and an offset o[n,b]:  W[n,k] = d[n,b] * q[n,k] + o[n,b],  b = k / 32.  The offset is either
  * stored (float16, Q4_1: the block's min m), or -z[n,b] d[n,b] for an integer zero code z (uint8, GPTQ and AWQ:
@@ -14,7 +14,7 @@
  * (256 bytes). Blocks past the last whole chunk follow in plain order (4-bit: 32-byte groups of 64 codes,
  * low nibbles codes 0..31, high 32..63). The activation codes use the same 8-bit arrangement, so that
  * AVX-512 VNNI sums each block's 32 products into one int32 lane with no reduction (see code_index).
- * The rows are stored in tiles of 16 (cpu_quant.h tiled_index, layers/block_tiles.py): a tile holds chunk 0
+ * The rows are stored in tiles of 16 (cpu_quant.h tiled_index, quant/blocks/tiles.py): a tile holds chunk 0
  * of its 16 rows one after another, then chunk 1's, ..., then the rows' tail blocks row after row; the
  * scales (offsets, zero codes) the same way, 16 per chunk. A last tile of R < 16 rows has R in place of 16.
  * The batch-1 GEMV takes a tile at a time, chunk by chunk, so it reads the weights front to back: two or

@@ -47,7 +47,7 @@ static inline i64 code_index(i64 k, i64 Kp, int bits) {
 #define TILE 16 /* rows per tile */
 
 /* Where element j of row n lies in a tiled array of N rows of L elements whose first ``cut`` come in
- * segments of ``seg`` (cpu_quant.c, layers/block_tiles.py): tile t = n / 16 of R = min(16, N - 16 t) rows at
+ * segments of ``seg`` (cpu_quant.c, quant/blocks/tiles.py): tile t = n / 16 of R = min(16, N - 16 t) rows at
  * 16 t L; in it segment s of its row r at (s R + r) seg, then row r's last L - cut elements at cut R + r (L - cut). */
 static inline i64 tiled_index(i64 n, i64 j, i64 N, i64 L, i64 seg, i64 cut) {
     const i64 t = n / TILE, r = n % TILE, R = N - t * TILE < TILE ? N - t * TILE : TILE;

@@ -1,5 +1,5 @@
 /* `--quantization int4|int8|int4-asym` at load: a float weight (N x K, float32 dt=0 or bf16 dt=1) rounded into
- * 32-value blocks, the same arithmetic as layers/block_quant.py's PyTorch reference (`quantize_reference`), so
+ * 32-value blocks, the same arithmetic as quant/blocks/weights.py's PyTorch reference (`quantize_reference`), so
  * the two give the same bytes: per block, mode 0 (int4, Q4_0's rounding) d = the value of largest magnitude
  * (the first such) / -8, q = floor(w / d + 8.5) (w times 1 / d, then + 8.5, each rounded) clamped to 0..15;
  * mode 1 (int8, Q8_0's) d = max |w| / 127, q = round-half-even(w / d) + 128 clamped to 1..255; mode 2 (int4

@@ -28,9 +28,9 @@ void gb_linear_kquant(const void *x, i64 M, i64 K, const uint8_t *codes, const u
 void gb_linear_bf16t(const uint16_t *x, i64 M, i64 K, i64 ldx, const uint16_t *wp, const float *bias, i64 N,
                      void *out, i64 ldo, int dt, int threads);
 
-/* One linear's block weights (layers/block_quant.py BlockWeights.pointers()), or with ``kind`` 4, 5 or 6 a
- * GGUF K-quant's (layers/kquant.py: ``codes`` and its meta bytes in ``scales``), or with ``kind`` 16 bf16
- * weights in tiles (layers/bf16_linear.py: the tiles in ``codes``). */
+/* One linear's block weights (quant/blocks/weights.py BlockWeights.pointers()), or with ``kind`` 4, 5 or 6 a
+ * GGUF K-quant's (quant/blocks/kquant.py: ``codes`` and its meta bytes in ``scales``), or with ``kind`` 16 bf16
+ * weights in tiles (quant/dense/bf16_tiles.py: the tiles in ``codes``). */
 typedef struct {
     const uint8_t *codes;
     const uint16_t *scales;

@@ -35,7 +35,7 @@ _C_FILES = (
     "cpu_fp4_dequant.c",
     "cpu_kquant.c",  # GGUF K-quants
     "cpu_kquant_dequant.c",
-    "cpu_bf16.c",  # bf16 weights in tiles of 16 rows (layers/bf16_linear.py)
+    "cpu_bf16.c",  # bf16 weights in tiles of 16 rows (quant/dense/bf16_tiles.py)
 )
 SOURCES = [Path(__file__).with_name(name) for name in _C_FILES]
 HEADERS = [

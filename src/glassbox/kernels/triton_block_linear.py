@@ -1,8 +1,8 @@
-"""Triton linears for block weights (layers/block_quant.py ``BlockWeights``) on CUDA: y = x W^T + b with W
+"""Triton linears for block weights (quant/blocks/weights.py ``BlockWeights``) on CUDA: y = x W^T + b with W
 read as stored, 4 or 8 bits a weight, dequantized in registers (W4A16, W8A16: no dequantized copy).
 
 The kernels read the CPU's own bytes, moved to the device as they are: rows in 16-row tiles, each 16-block
-chunk's codes interleaved (layers/block_tiles.py, block_quant._interleave). A program takes 16 x T rows (T
+chunk's codes interleaved (quant/blocks/tiles.py, block_quant._interleave). A program takes 16 x T rows (T
 whole tiles), so each (tile, chunk) it reads is one contiguous span (4 KiB of codes at 4 bits, 8 KiB at 8,
 512 bytes of scales): loads as coalesced as a row-major layout's, no repack at load and one copy of the
 bytes. The interleave costs index arithmetic on the activation side only: within a chunk, byte b holds
@@ -41,11 +41,11 @@ part times them. Tiles (``GEMV_TILES``, ``mm_tiles``) compile for sm_90 and sm_1
 | dot, float32 16 x 32, 8 warps | 52-74 | 52-74 | |
 
 Offsets (constexpr OFFSETS): 0 a constant times the scale (Q4_0, Q8_0, int4/int8), 1 stored float16 (Q4_1),
-2 uint8 zero codes, o = -z d (GPTQ, AWQ). 4-bit floats (layers/fp4_triton.py) take the same kernels with
+2 uint8 zero codes, o = -z d (GPTQ, AWQ). 4-bit floats (quant/fp4/triton.py) take the same kernels with
 E2M1 codes (a value built from the code's bits, ``_e2m1``) and byte scales decoded in registers
 (``_scale``): 3 MXFP4 (an E8M0 byte per block), 4 NVFP4 (an E4M3 byte per half block: the low nibbles are a
 block's first 16 values, the high ones its second 16, so each nibble has its own scale; the tensor scale,
-per row, multiplies the sums). GGUF's K-quants (layers/kquant_triton.py) take them too: 5 Q4_K (4 bits) and
+per row, multiplies the sums). GGUF's K-quants (quant/blocks/kquant_triton.py) take them too: 5 Q4_K (4 bits) and
 Q5_K (8), a block's scale d sc and offset -dmin m formed in float32 from its 6-bit sc and m bytes and its
 super-block's float16 d and dmin (``_block_scale``, ``_block_offset``; the super-block arrays are tiled so
 that a block's super-block sits at its position >> 3); 6 Q6_K (8 bits, codes less 32), an int8 scale per
@@ -318,7 +318,7 @@ def _splits(programs: int, steps: int, device: torch.device) -> int:
 @dataclass(frozen=True)
 class BlockArgs:
     """A block weight's device arrays and kind as the kernels take them, made by each layout
-    (``triton_args``: layers/block_quant.py, layers/kquant_triton.py, layers/fp4_triton.py): ``offs`` the
+    (``triton_args``: quant/blocks/weights.py, quant/blocks/kquant_triton.py, quant/fp4/triton.py): ``offs`` the
     stored offsets, zero codes, K-quant mins or NVFP4's second-half scales (else ``scales``), ``sb`` the
     K-quants' super-block scales and ``rs`` NVFP4's row scales (else ``scales``)."""
 

@@ -3,8 +3,8 @@ GEMMs with the weights read as stored and dequantized in registers, as kernels/t
 linear's.
 
 A layer's experts (GGUF files' in their types, GPTQ/AWQ and compressed-tensors integer checkpoints' but
-act-order ones, MXFP4 checkpoints', ``--quantization``'s) are two block weights (layers/block_quant.py ``BlockWeights``, layers/kquant_triton.py,
-layers/fp4_triton.py): ``w1`` every expert's gate and up rows stacked by expert (E 2I rows: expert e's at
+act-order ones, MXFP4 checkpoints', ``--quantization``'s) are two block weights (quant/blocks/weights.py ``BlockWeights``, quant/blocks/kquant_triton.py,
+quant/fp4/triton.py): ``w1`` every expert's gate and up rows stacked by expert (E 2I rows: expert e's at
 e 2I + its row), ``w2`` every expert's down rows (E H rows), each in the block kernels' layout (16-row
 tiles, interleaved chunks), so an expert's rows are rows of one matrix and the block kernels' loop
 (``_block_dot``) reads them. The pairs are laid out by expert as for float experts (triton_moe.align: one

@@ -1,4 +1,4 @@
-"""Triton linears for FP8 weights (layers/fp8_weights.py ``Fp8Weights``) on CUDA: y = x W^T + b with W read
+"""Triton linears for FP8 weights (quant/fp8/weights.py ``Fp8Weights``) on CUDA: y = x W^T + b with W read
 as the checkpoint stores it, one E4M3 byte a weight, and activations in the model's dtype (weight-only, as
 the CPU runs it: W = e4m3(w) s, each weight times its block's float32 scale, rounded once).
 
@@ -11,10 +11,10 @@ float32 by Triton's conversion (hardware on sm_89 and later). As for block weigh
 rows a tensor-core dot of the dequantized step; K splits over programs when there are few rows, their
 partial sums added in order by ``_split_sum_kernel``. No host value is read (CUDA graphs capture it).
 
-Beside ``torch._scaled_mm`` (W8A8, layers/fp8_quantize.py): these kernels keep the weight-only arithmetic the
+Beside ``torch._scaled_mm`` (W8A8, quant/fp8/quantize.py): these kernels keep the weight-only arithmetic the
 CPU runs, for decode rows (where both read the same bytes and no activation is rounded), for block scales
 (which row-wise ``_scaled_mm`` cannot carry), float32/float16 activations and devices without FP8 tensor
-cores (compute capability below 8.9); layers/fp8_linear.py picks per call. They are checked under Triton's
+cores (compute capability below 8.9); quant/fp8/linear.py picks per call. They are checked under Triton's
 interpreter (tests/test_triton_fp8_linear.py) and compiled for sm_90 and sm_121 (tests/test_triton_compile.py).
 """
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from glassbox.models.facts import ModelFacts, config_dtype, id_list, rope_parameters
 from glassbox.models.gguf_reader import GGUFCheckpoint
-from glassbox.models.quant_config import gguf_native_quant, native_quant_from_config
+from glassbox.quant.config import gguf_native_quant, native_quant_from_config
 
 CONFIG_FILE = "config.json"
 SUPPORTED_TYPES = (

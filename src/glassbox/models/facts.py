@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glassbox.dtypes import canonical
-from glassbox.models.quant_config import NativeQuant
+from glassbox.quant.config import NativeQuant
 
 DEFAULT_MAX_POSITIONS = 2048  # what the engine assumes when a config names no limit
 

@@ -24,11 +24,11 @@ from torch import nn
 
 from glassbox.layers.activation import get_activation
 from glassbox.layers.attention import AttentionMetadata, paged_attention, write_kv
-from glassbox.layers.linear import concat_linears
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.model_config import ModelConfig
+from glassbox.quant.dense.onednn import concat_linears
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ dequantized or repacked, so that a rank reads and holds 1/N of every split tenso
   ``check_gguf_tp`` refuses a split that would cut a block (32 values: Q4_0, Q4_1, Q8_0, Q5_0, ...; 256: the
   K-quants' super-blocks), so that a shard's blocks are the file's own.
 The packed types (Q4_0, Q4_1, Q8_0; the K-quants Q4_K, Q5_K, Q6_K) stay in their blocks
-(layers/block_quant.py, layers/kquant.py) unless ``keep_packed`` is off; the rest (F32, F16, BF16, other
+(quant/blocks/weights.py, quant/blocks/kquant.py) unless ``keep_packed`` is off; the rest (F32, F16, BF16, other
 quants) are dequantized to float32, shard by shard. A MoE layer's stacked experts (E, rows, K) are cut per
 expert the same way (gate/up by rows, down by whole blocks of columns) and held per expert in the packed
-types, as without TP on the CPU (models/gguf_experts.py).
+types, as without TP on the CPU (quant/blocks/gguf_experts.py).
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ import torch
 from gguf import GGML_QUANT_SIZES, ReaderTensor
 from gguf.quants import dequantize
 
-from glassbox.layers import kquant
-from glassbox.layers.block_quant import GGUF_TYPES, from_gguf
-from glassbox.layers.held_experts import ExpertMatrix
 from glassbox.models.fused_parts import fused_rows
-from glassbox.models.gguf_experts import EXPERT_TYPES, expert_matrix, held_gguf_experts
 from glassbox.models.gguf_reader import GGUFCheckpoint, hf_shape, unpermute_rotary_rows
 from glassbox.models.loader import Packed
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.tensor_parallel import shard_plan
+from glassbox.quant.blocks import kquant
+from glassbox.quant.blocks.gguf_experts import EXPERT_TYPES, expert_matrix, held_gguf_experts
+from glassbox.quant.blocks.weights import GGUF_TYPES, from_gguf
+from glassbox.quant.held_experts import ExpertMatrix
 
 Tensors = Iterator[tuple[str, torch.Tensor]]  # (HF name, tensor), one at a time
 

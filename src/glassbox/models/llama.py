@@ -9,12 +9,12 @@ from torch import nn
 
 from glassbox.layers.activation import get_activation
 from glassbox.layers.attention import AttentionMetadata, paged_attention, write_kv
-from glassbox.layers.linear import concat_linears
 from glassbox.layers.norm import RMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.moe import SparseMoeBlock, checkpoint_name, checkpoint_slot, stacked_slot
+from glassbox.quant.dense.onednn import concat_linears
 
 
 class LlamaAttention(nn.Module):

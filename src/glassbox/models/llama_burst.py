@@ -16,11 +16,11 @@ import ctypes
 import torch
 
 from glassbox.kernels import cpu_ops
-from glassbox.layers.bf16_linear import TiledBf16Linear
-from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear
-from glassbox.layers.block_quant import BlockWeights
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.llama_step import DecodeStep, StepLinear, block_linear, step_linear
+from glassbox.quant.blocks.linear import BlockQuantEmbedding, BlockQuantLinear
+from glassbox.quant.blocks.weights import BlockWeights
+from glassbox.quant.dense.bf16_tiles import TiledBf16Linear
 
 
 class _Embed(ctypes.Structure):

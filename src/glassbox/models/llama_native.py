@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from glassbox.kernels import cpu_ops
 from glassbox.kernels.cpu_prefill import prefill_attention_bf16
 from glassbox.layers.attention import AttentionMetadata, prefill_attention
-from glassbox.layers.block_linear import kernel_chosen
 from glassbox.layers.kv_quant import KV8_DTYPES
 from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from glassbox.models.llama_burst import DecodeBurst, bind_burst
 from glassbox.models.llama_step import DecodeStep, bind_step
+from glassbox.quant.blocks.linear import kernel_chosen
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 

@@ -1,7 +1,7 @@
 """A decode step of the whole Llama layer stack in one native call (kernels/cpu_step.c), for models whose
 linears are all block weights (GGUF Q4_0/Q4_1/Q8_0 and the K-quants Q4_K/Q5_K/Q6_K, ``--quantization
 int4|int8``, GPTQ/AWQ without act-order: the default model's case) or bf16 weights in glassbox's tiles
-(layers/bf16_linear.py: dense bf16 models on a CPU with AVX-512 BF16). A q/k/v whose parts cannot share one
+(quant/dense/bf16_tiles.py: dense bf16 models on a CPU with AVX-512 BF16). A q/k/v whose parts cannot share one
 weight (a Q4_K_M file's Q6_K attn_v beside Q4_K q and k: a ConcatLinear) runs as its parts.
 
 The per-op forward (models/llama_native.py) calls ~10 kernels per layer from Python, 5-20 us each of
@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from glassbox.kernels import cpu_ops
-from glassbox.layers.bf16_linear import TiledBf16Linear
-from glassbox.layers.block_linear import BlockQuantLinear
-from glassbox.layers.block_quant import BlockWeights
-from glassbox.layers.kquant import KQuantWeights
-from glassbox.layers.linear import ConcatLinear
 from glassbox.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+from glassbox.quant.blocks.kquant import KQuantWeights
+from glassbox.quant.blocks.linear import BlockQuantLinear
+from glassbox.quant.blocks.weights import BlockWeights
+from glassbox.quant.dense.bf16_tiles import TiledBf16Linear
+from glassbox.quant.dense.onednn import ConcatLinear
 
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
@@ -70,7 +70,7 @@ def step_linear(module: object, k: int) -> StepLinear | None:
 
 
 def block_linear(w: BlockWeights, bias: int | None = None) -> StepLinear:
-    """Block weights (rows in tiles, layers/block_quant.py) as cpu_step.c reads a linear."""
+    """Block weights (rows in tiles, quant/blocks/weights.py) as cpu_step.c reads a linear."""
     codes, scales, offsets, zeros, factor = w.pointers()
     return StepLinear(
         codes, scales, offsets, zeros, bias, w.out_features, w.in_features, w.padded, factor, w.bits, 0
@@ -130,7 +130,7 @@ def bind_step(lm: LlamaForCausalLM, bound: list[Bound], final: cpu_ops.AddRMSNor
     """The one-call decode step over the per-op forward's bound kernels (per layer: attention, input and
     post-attention norms), or None when some layer is not a dense SiLU MLP over block-weight, K-quant or
     bf16-tiles linears, or the model is not bf16 (a float32 model's block linears run dequantized, in float32:
-    layers/block_linear.py)."""
+    quant/blocks/linear.py)."""
     model = lm.model
     a0 = bound[0][0]
     if a0.dtype != torch.bfloat16:

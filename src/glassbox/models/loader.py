@@ -13,13 +13,6 @@ from safetensors import safe_open
 from torch import nn
 
 from glassbox.layers.attention import AttentionMetadata
-from glassbox.layers.block_linear import BlockQuantEmbedding, BlockQuantLinear, PackedWeights
-from glassbox.layers.fp4_linear import FP4Linear
-from glassbox.layers.fp4_quant import FP4Weights
-from glassbox.layers.fp8_linear import Fp8Linear
-from glassbox.layers.fp8_weights import Fp8Weights
-from glassbox.layers.held_experts import HeldExperts
-from glassbox.layers.in_place import in_place_of
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
 from glassbox.models import llama_native
@@ -29,6 +22,13 @@ from glassbox.models.gpt_oss import GptOssForCausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.moe import MoEExperts
+from glassbox.quant.blocks.linear import BlockQuantEmbedding, BlockQuantLinear, PackedWeights
+from glassbox.quant.fp4.linear import FP4Linear
+from glassbox.quant.fp4.weights import FP4Weights
+from glassbox.quant.fp8.linear import Fp8Linear
+from glassbox.quant.fp8.weights import Fp8Weights
+from glassbox.quant.held_experts import HeldExperts
+from glassbox.quant.in_place import in_place_of
 
 logger = logging.getLogger(__name__)
 

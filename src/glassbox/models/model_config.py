@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from glassbox.models.ct_int_config import ct_int_spec
 from glassbox.models.facts import ModelFacts
-from glassbox.models.fp8_config import fp8_spec
 from glassbox.models.fused_parts import FUSED_MODEL_TYPES
-from glassbox.models.quant_config import group_quant
+from glassbox.quant.blocks.ct_int_config import ct_int_spec
+from glassbox.quant.config import group_quant
+from glassbox.quant.fp8.config import fp8_spec
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -94,8 +94,8 @@ class ModelConfig:
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         method = facts.quantization_config.get("quant_method", "?") if facts.quantization_config else None
-        # gpt-oss's MXFP4 experts: fp4_checkpoint.py; FP8 experts: fp8_checkpoint.py; GPTQ/AWQ and
-        # compressed-tensors integer experts: expert_parts.py
+        # gpt-oss's MXFP4 experts: quant/fp4/checkpoint.py; FP8 experts: quant/fp8/checkpoint.py; GPTQ/AWQ and
+        # compressed-tensors integer experts: quant/expert_parts.py
         qc = facts.quantization_config
         held = method in (None, "mxfp4") or fp8_spec(qc) is not None or group_quant(qc) is not None
         if method is not None and facts.model_type in FUSED_MODEL_TYPES:  # their readers do not cut yet

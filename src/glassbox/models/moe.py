@@ -30,11 +30,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from glassbox.layers.activation import get_activation
-from glassbox.layers.held_experts import ExpertSlice, HeldExperts, kept_linear, linear_bytes, packed_slice
+from glassbox.quant.held_experts import ExpertSlice, HeldExperts, kept_linear, linear_bytes, packed_slice
 
 if TYPE_CHECKING:
-    from glassbox.layers.held_experts import Quantize
-    from glassbox.models.moe_blocks import StackedExperts
+    from glassbox.quant.blocks.moe_stack import StackedExperts
+    from glassbox.quant.held_experts import Quantize
 
 
 class RouterLinear(nn.Linear):
@@ -136,7 +136,7 @@ class MoEExperts(nn.Module):
         self.bytes_read = 0  # their weights' bytes as held
         self._bytes: list[int] = []  # each expert's bytes as held, once it runs as linears
         # CUDA with triton: models/moe_triton.use_triton_experts sets a device counter (int64) of the experts
-        # the fused kernels read (the forward then runs them), and experts in blocks stacked (moe_blocks.py)
+        # the fused kernels read (the forward then runs them), and experts in blocks stacked (quant/blocks/moe_stack.py)
         self.fused: torch.Tensor | None = None
         self.blocks: StackedExperts | None = None
 
@@ -210,7 +210,7 @@ class MoEExperts(nn.Module):
         return weights + sum(b[e].numel() * b.element_size() for b in biases)
 
     def pack_weights(self) -> int:
-        """Each expert's float matrices in the CPU's fastest layout (layers/linear.py ``cpu_matrix``:
+        """Each expert's float matrices in the CPU's fastest layout (quant/dense/onednn.py ``cpu_matrix``:
         glassbox's tiles or oneDNN's, faster bf16 GEMVs than plain ``F.linear``); the float parameters are
         then freed. Returns the matrices packed (none where every matrix is held as stored)."""
         pairs = self.linears or [

@@ -4,7 +4,7 @@ The executor switches them on (:func:`use_triton_experts`) where the triton kern
 installed); ``MoEExperts.forward`` then calls :func:`fused_forward` in eager steps and in the decode CUDA
 graphs alike: no host read of the per-expert counts, and a batch reads only the experts its tokens chose.
 Experts held in blocks (GGUF types, ``--quantization int4|int8``, MXFP4/NVFP4) are stacked on the device
-(models/moe_blocks.py) for kernels/triton_block_moe.py's fused MoE, which reads them as stored. Experts
+(quant/blocks/moe_stack.py) for kernels/triton_block_moe.py's fused MoE, which reads them as stored. Experts
 with an activation the kernels do not have keep the grouped path (``MoEExperts.grouped``, the reference
 with ``MoEExperts.reference``)."""
 
@@ -36,7 +36,7 @@ def use_triton_experts(model: nn.Module) -> int:
     """Run every :class:`MoEExperts` of ``model`` on the fused triton kernels: those that hold their 3-D
     tensors as they are, those whose experts run as linears in blocks stacked on the model's device first
     (their linears let go). Returns how many. ValueError for held experts the kernels cannot take."""
-    from glassbox.models.moe_blocks import stack_experts
+    from glassbox.quant.blocks.moe_stack import stack_experts
 
     n = 0
     stacked_layers: dict[str, list[str]] = {}  # formats -> the layers whose experts were stacked
@@ -74,7 +74,7 @@ def fused_forward(
     spec = kernel_activation(experts, experts.linear_glu)
     assert spec is not None and experts.fused is not None
     act, alpha, limit = spec
-    if experts.blocks is not None:  # experts in blocks (models/moe_blocks.py)
+    if experts.blocks is not None:  # experts in blocks (quant/blocks/moe_stack.py)
         from glassbox.kernels.triton_block_moe import block_fused_moe
 
         s, glu = experts.blocks, experts.linear_glu

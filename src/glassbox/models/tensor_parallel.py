@@ -329,7 +329,7 @@ def sharded_safetensors(
     model_dir: Path, cfg: ModelConfig, rank: int, world: int, skip: AbstractSet[str] = frozenset()
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, this rank's shard) of every tensor but those in ``skip`` (a quantized checkpoint's reader
-    took them: models/quant_shards.py), each read with safetensors' ``get_slice`` (only the shard's bytes
+    took them: quant/shards.py), each read with safetensors' ``get_slice`` (only the shard's bytes
     leave the file)."""
     sizes = fused_config(cfg)
     for path in weight_files(model_dir):

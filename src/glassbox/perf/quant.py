@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from glassbox.dtypes import canonical
-from glassbox.models.quant_config import NativeQuant
+from glassbox.quant.config import NativeQuant
 
 # Parameter groups of a model (see models/facts.py ModelFacts.params).
 GROUPS = ("embed", "lm_head", "attention", "mlp", "experts", "moe_shared", "mamba", "norms")
