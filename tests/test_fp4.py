@@ -15,7 +15,7 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from glassbox.kernels import native
 from glassbox.kernels.native import library
-from glassbox.perf.quant import FORMATS
+from glassbox.quant.formats import FORMATS
 from glassbox.quant.fp4 import linear as fp4_linear
 from glassbox.quant.fp4 import weights as fp4_quant
 from glassbox.quant.fp4.linear import FP4Linear

@@ -15,9 +15,10 @@ from tiny_models import MOE_ARCHS, build_tiny_model, hf_greedy
 from glassbox import LLM, SamplingParams
 from glassbox.models.config_reader import facts_from_config, facts_from_dir
 from glassbox.models.llama import LlamaMLP
-from glassbox.models.loader import build_model, safetensors_tensors
+from glassbox.models.loader import build_model
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.moe import MoEExperts, SparseMoeBlock, route
+from glassbox.models.safetensors_files import safetensors_tensors
 from glassbox.quant.dense.onednn import packing_available
 
 

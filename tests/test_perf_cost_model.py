@@ -19,7 +19,8 @@ from glassbox.perf.cost_model import (
 from glassbox.perf.engine_profiles import PROFILES, EngineProfile
 from glassbox.perf.hardware import PRESETS
 from glassbox.perf.model_presets import load_model_facts
-from glassbox.perf.quant import FORMATS, QuantFormat, QuantScheme, resolve_scheme
+from glassbox.perf.quant import QuantScheme, resolve_scheme
+from glassbox.quant.formats import FORMATS, WeightFormat
 
 SPARK = PRESETS["dgx-spark"]
 IDEAL = PROFILES["ideal"]
@@ -62,7 +63,7 @@ def test_brief_nemotron_ceiling() -> None:
     # every active weight, state ignored) reproduces it; the realistic NVFP4 read adds the FP8 scales
     # (+0.5 bit/weight), a bf16 lm_head and the fp32 Mamba state, which lowers the ceiling to ~34 tok/s.
     f, _ = _setup("nemotron-3-super-120b-a12b", "nvfp4")
-    four_bit = QuantFormat("w4", 4.0, "bf16", False, 1.0, "4 bits, no scales")
+    four_bit = WeightFormat("w4", "blocks", 4.0, "bf16", "4 bits, no scales")
     flat = QuantScheme("4-bit", four_bit, four_bit, four_bit, four_bit)
     no_state = replace(f, state_bytes_per_seq=0)
     tok_s = 1.0 / step_cost(no_state, flat, SPARK, IDEAL, [(1, 0)]).seconds
@@ -133,7 +134,7 @@ def test_compute_dtype_rules() -> None:
     assert compute_dtype(FORMATS["q4_k_m"], SPARK, cpp) == "int8"  # ggml MMQ
     assert compute_dtype(FORMATS["bf16"], SPARK, cpp) == "bf16"
     glassbox = PROFILES["glassbox"]  # Triton kernels: weight-only, every format in 16-bit dots
-    for fmt in ("q4_0", "q8_0", "fp8", "int4"):
+    for fmt in ("q4_0", "q8_0", "fp8", "w4a16"):
         assert compute_dtype(FORMATS[fmt], PRESETS["h100-sxm"], glassbox) == "bf16"
     assert SPARK.peak_flops("fp4") == 500e12  # 1 PFLOP sparse halved
     assert PRESETS["m4-max"].peak_flops("int8") == PRESETS["m4-max"].peak_flops("bf16")

@@ -7,8 +7,9 @@ import pytest
 from glassbox.perf.hardware import GIB
 from glassbox.perf.memory_plan import weight_bytes
 from glassbox.perf.model_presets import load_model_facts
-from glassbox.perf.quant import FORMATS, get_format, resolve_scheme
+from glassbox.perf.quant import get_format, resolve_scheme
 from glassbox.quant.config import native_quant_from_config
+from glassbox.quant.formats import FORMATS
 
 
 def test_bits_per_weight_by_hand() -> None:
@@ -16,7 +17,7 @@ def test_bits_per_weight_by_hand() -> None:
     assert FORMATS["q4_0"].bits_per_weight == 18 * 8 / 32  # 32 nibbles + fp16 scale
     assert FORMATS["nvfp4"].bits_per_weight == 4 + 8 / 16  # E2M1 + FP8 scale per 16
     assert FORMATS["mxfp4"].bits_per_weight == 4 + 8 / 32  # E2M1 + E8M0 scale per 32
-    assert FORMATS["int4"].bits_per_weight == pytest.approx(4 + 20 / 128)  # fp16 scale + 4-bit zero / 128
+    assert FORMATS["w4a16"].bits_per_weight == pytest.approx(4 + 20 / 128)  # fp16 scale + 4-bit zero / 128
     assert FORMATS["bf16"].bits_per_weight == FORMATS["fp16"].bits_per_weight == 16
     assert 4.5 < FORMATS["q4_k_m"].bits_per_weight < 5.0  # between Q4_K (4.5) and Q6_K (6.56)
 
@@ -24,7 +25,7 @@ def test_bits_per_weight_by_hand() -> None:
 def test_unknown_format_names_the_flag() -> None:
     with pytest.raises(ValueError, match="--quant must be one of"):
         get_format("q3_xs")
-    assert get_format("BF16").name == "bf16" and get_format("awq").name == "int4"
+    assert get_format("BF16").name == "bf16" and get_format("awq").name == "w4a16"
 
 
 def test_gpt_oss_native_mix() -> None:
@@ -59,7 +60,7 @@ def test_uniform_formats() -> None:
     "qc,expected",
     [
         ({"quant_method": "fp8", "weight_block_size": [128, 128]}, ("fp8", "fp8")),
-        ({"quant_method": "awq", "bits": 4, "group_size": 128}, ("int4", "int4")),
+        ({"quant_method": "awq", "bits": 4, "group_size": 128}, ("w4a16", "w4a16")),
         ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}, ("nvfp4", "nvfp4")),
         (
             {

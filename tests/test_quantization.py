@@ -14,7 +14,8 @@ from tiny_models import build_tiny_model
 
 from glassbox import LLM, SamplingParams
 from glassbox.kernels.native import library
-from glassbox.quant.at_load import quantize_model
+from glassbox.quant.at_load import quantize_at_load
+from glassbox.quant.formats import FORMATS
 from glassbox.quant.blocks.linear import (
     HEAD_KERNEL_ROWS,
     BlockQuantEmbedding,
@@ -197,12 +198,12 @@ def test_lm_head_chooses_by_its_own_rows() -> None:
     assert marked == [llm.engine.executor.model.lm_head]
 
 
-def test_quantize_model_shares_a_tied_table() -> None:
+def test_quantize_at_load_shares_a_tied_table() -> None:
     emb = torch.nn.Embedding(50, 64)
     head = torch.nn.Linear(64, 50, bias=False)
     head.weight = emb.weight
     model = torch.nn.ModuleDict({"emb": emb, "mid": torch.nn.Linear(64, 64), "head": head})
-    assert quantize_model(model, 4) == 3
+    assert quantize_at_load(model, FORMATS["q4_0"]) == 3
     assert isinstance(model["emb"], BlockQuantEmbedding) and isinstance(model["head"], BlockQuantLinear)
     assert model["emb"].w is model["head"].w  # one copy of the blocks
     assert not any(isinstance(m, torch.nn.Linear | torch.nn.Embedding) for m in model.modules())
@@ -215,7 +216,7 @@ def test_int4_asym_keeps_token_tables_in_8_bits() -> None:
     model.embed = torch.nn.Embedding(50, 64)
     model.mid = torch.nn.Linear(64, 64)
     model.lm_head = torch.nn.Linear(64, 50, bias=False)
-    assert quantize_model(model, 4, asymmetric=True) == 3
+    assert quantize_at_load(model, FORMATS["q4_1"]) == 3
     labels = {name: m.w.label for name, m in model.named_children()}
     assert labels == {"embed": "int8", "mid": "int4-asym", "lm_head": "int8"}
 

@@ -78,16 +78,17 @@ def test_quantized_experts_run_as_their_definition(base: Path, tmp_path: Path, q
 
 
 def test_off_the_cpu_experts_stay_float(base: Path) -> None:
-    """CUDA's fused MoE takes float parameters: quantize_model leaves the experts without ``experts``."""
+    """CUDA's fused MoE takes float parameters: quantize_at_load leaves the experts without ``experts``."""
     from glassbox.engine.checkpoint import open_checkpoint
     from glassbox.models.loader import build_model
     from glassbox.models.model_config import ModelConfig
     from glassbox.models.sources import resolve_model
-    from glassbox.quant.at_load import quantize_model
+    from glassbox.quant.at_load import quantize_at_load
+    from glassbox.quant.formats import FORMATS
 
     ckpt = open_checkpoint(resolve_model(str(base)))
     model = build_model(ModelConfig.from_facts(ckpt.facts), None, torch.float32, torch.device("cpu"))
-    quantize_model(model, 4)
+    quantize_at_load(model, FORMATS["q4_0"])
     assert all(
         not m.linears and m.gate_up_proj.numel() > 0 for m in model.modules() if isinstance(m, MoEExperts)
     )

@@ -6,19 +6,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from glassbox.dtypes import ENGINE_DTYPES, KV_CACHE_DTYPES, parse_dtype
+from glassbox.quant.formats import FORMATS, WeightFormat, at_load_formats, parse_format
 from glassbox.spec_config import SpeculativeConfig, parse_speculative_config
 
 DEVICES = ("auto", "cpu", "cuda")
 MAX_SCHEDULER_STEPS = 64  # greedy decode steps in one engine step, at most
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV cache block (engine and planner)
 LOAD_FORMATS = ("auto", "dummy")
-QUANTIZATIONS = (None, "none", "int8", "int4", "int4-asym", "fp8", "mxfp4", "nvfp4")
-# --quantization applied to the built model (layers/quantization.quantize_model): integer block bits or
-# the float format (fp8, mxfp4, nvfp4)
-QUANTIZED_AT_LOAD: dict[str, int | str] = {
-    "int8": 8, "int4": 4, "int4-asym": 4, "fp8": "fp8", "mxfp4": "mxfp4", "nvfp4": "nvfp4"
-}  # fmt: skip
-ASYMMETRIC = frozenset({"int4-asym"})  # block quantizations with a min per block (Q4_1's layout)
+# --quantization: "none" (16/32-bit weights) or a format applied to the built model (quant/formats.py rows
+# with an ``at_load``; the aliases int8/int4/int4-asym spell q8_0/q4_0/q4_1)
+QUANTIZATIONS = ("none", *at_load_formats())
 
 
 @dataclass
@@ -40,8 +37,8 @@ class EngineConfig:
     seed: int = 0
     load_format: str = "auto"
     # None: as the checkpoint stores it (GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K stay in their blocks on the CPU);
-    # "none": 16/32-bit weights (a GGUF file is dequantized at load); "int8"/"int4": quantized at load;
-    # "mxfp4"/"nvfp4": linear layers and routed experts quantized at load (quant/fp4/linear.py)
+    # "none": 16/32-bit weights (a GGUF file is dequantized at load); a format of quant/formats.py with an
+    # at-load function (q8_0, q4_0, q4_1, fp8, nvfp4, mxfp4; int8/int4/int4-asym spell the first three)
     quantization: str | None = None
     enforce_eager: bool = False  # no CUDA graphs / torch.compile
     # post-process a step's outputs (detokenize, stop strings, outputs) while the next step runs on the
@@ -63,6 +60,11 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
 
     @property
+    def quantized_at_load(self) -> WeightFormat | None:
+        """The format ``--quantization`` applies to the built model, or None (as stored; "none": floats)."""
+        return None if self.quantization in (None, "none") else FORMATS[self.quantization]
+
+    @property
     def speculative(self) -> SpeculativeConfig | None:
         """The validated speculative decoding setup, or None."""
         assert self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig)
@@ -76,10 +78,10 @@ class EngineConfig:
             raise ValueError(f"--device must be one of {DEVICES}, got {self.device!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"--load-format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(
-                f"--quantization must be one of {QUANTIZATIONS[1:]} or unset, got {self.quantization!r}"
-            )
+        if self.quantization is not None and self.quantization.strip().lower() == "none":
+            self.quantization = "none"
+        elif self.quantization is not None:  # either spelling in ("int4"), the table's name kept ("q4_0")
+            self.quantization = parse_format(self.quantization, "--quantization", QUANTIZATIONS).name
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
         if self.max_num_seqs < 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from glassbox.config import DEFAULT_BLOCK_SIZE, DEVICES, LOAD_FORMATS, EngineConfig
+from glassbox.config import DEFAULT_BLOCK_SIZE, DEVICES, LOAD_FORMATS, QUANTIZATIONS, EngineConfig
 from glassbox.dtypes import ENGINE_DTYPES, long_name
 
 MODEL_HELP = (
@@ -61,8 +61,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
     g.add_argument(
         "--quantization",
         default=None,
-        choices=["none", "int8", "int4", "int4-asym", "fp8", "mxfp4", "nvfp4"],
-        help="int8/int4/int4-asym: weight-only, 32-value blocks (as GGUF Q8_0/Q4_0/Q4_1: int4-asym keeps a "
+        metavar="{none," + ",".join(QUANTIZATIONS[1:]) + "}",
+        help="q8_0/q4_0/q4_1 (also spelled int8/int4/int4-asym): weight-only, 32-value blocks as GGUF's (q4_1 keeps a "
         "min per block, 5 bits a weight, closer to the weights), CPU and CUDA (Triton; MoE routed experts "
         "quantized on the CPU only); fp8: linear layers in "
         "E4M3 with a scale per output channel (LM head and embeddings stay; MoE experts too off the CPU), for GPUs (prompt "

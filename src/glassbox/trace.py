@@ -216,12 +216,11 @@ def _moe_reads(
 
 def weight_quant(engine: LLMEngine) -> str:
     """The planner's --quant for the weights this engine reads: its dtype, a GGUF file's own blocks
-    ("native"), or the blocks --quantization made (as GGUF's Q4_0/Q8_0)."""
-    quantization = engine.config.quantization
-    if quantization in ("int4", "int4-asym", "int8"):  # int4-asym's 8-bit token tables: counted as q4_1
-        return {"int4": "q4_0", "int4-asym": "q4_1", "int8": "q8_0"}[quantization]
-    if quantization in ("fp8", "mxfp4", "nvfp4"):  # linears (fp4: experts too); embed/lm_head as the dtype
-        return quantization
+    ("native"), or the format --quantization made (one name for both: quant/formats.py; q4_1's 8-bit token
+    tables counted as q4_1, fp8's and fp4's 16-bit ones as the planner keeps them)."""
+    at_load = engine.config.quantized_at_load
+    if at_load is not None:
+        return at_load.name
     if engine.executor.block_formats and engine.facts.native_quant is not None:
         return "native"
     return dtype_name(engine.executor.dtype)

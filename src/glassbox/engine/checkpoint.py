@@ -16,19 +16,13 @@ from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
 from glassbox.models.facts import ModelFacts
 from glassbox.models.fused_parts import FUSED_MODEL_TYPES, fused_config, split_fused
 from glassbox.models.gguf_reader import GGUFCheckpoint, open_gguf
-from glassbox.models.loader import Packed, safetensors_tensors
+from glassbox.models.safetensors_files import safetensors_tensors
 from glassbox.models.sources import ModelSource
-from glassbox.quant.blocks import kquant
-from glassbox.quant.blocks.ct_int import read_ct_int
-from glassbox.quant.blocks.ct_int_config import ct_int_spec
-from glassbox.quant.blocks.gguf_experts import EXPERT_TYPES, expert_matrix, held_gguf_experts
-from glassbox.quant.blocks.gptq_awq import check_runs, read_group_quant
-from glassbox.quant.blocks.weights import GGUF_TYPES
-from glassbox.quant.config import group_quant
-from glassbox.quant.fp4.checkpoint import read_fp4
-from glassbox.quant.fp8.checkpoint import read_fp8
-from glassbox.quant.fp8.config import fp8_spec
+from glassbox.quant.blocks.gguf_experts import gguf_matrix, held_gguf_experts
+from glassbox.quant.checkpoint import read_kept
+from glassbox.quant.formats import kept_ggml_types
 from glassbox.quant.held_experts import ExpertMatrix, HeldExperts
+from glassbox.quant.kept import Kept
 from glassbox.tokenizer.gguf_tokenizer import tokenizer_from_gguf
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
@@ -44,7 +38,7 @@ class Checkpoint:
 
     def weights(
         self, keep_packed: bool, device: torch.device, dtype: torch.dtype, cpu: bool = True
-    ) -> tuple[Tensors, dict[str, Packed]]:
+    ) -> tuple[Tensors, dict[str, Kept]]:
         """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
         tensors of the packed types (quant/blocks/weights.py, quant/blocks/kquant.py) stay in their blocks, and its
         experts too by MoE module (``gguf_experts``, MXFP4 too: quant/fp4/weights.py; for CUDA a module's
@@ -54,31 +48,15 @@ class Checkpoint:
         if self.gguf is None:
             if self.facts.model_type in FUSED_MODEL_TYPES:  # Phi-3: q/k/v and gate/up stored fused
                 return split_fused(safetensors_tensors(self.source.path), fused_config(self.facts)), {}
-            fp4 = read_fp4(self.source.path, self.facts.quantization_config, device, dtype)
-            if fp4 is not None:
-                return fp4[1], dict(fp4[0])
-            spec = group_quant(self.facts.quantization_config)
-            if spec is not None:
-                check_runs(spec.method.upper(), device, dtype)
-                packed_layers, rest = read_group_quant(self.source.path, spec, cpu)
-                return rest, dict(packed_layers)
-            ct = ct_int_spec(self.facts.quantization_config)
-            if ct is not None:
-                check_runs("compressed-tensors integer", device, dtype)
-                packed_layers, rest = read_ct_int(self.source.path, ct, cpu)
-                return rest, dict(packed_layers)
-            fp8 = fp8_spec(self.facts.quantization_config)
-            if fp8 is not None:
-                fp8_layers, rest = read_fp8(self.source.path, fp8, cpu)
-                return rest, dict(fp8_layers)
-            return safetensors_tensors(self.source.path), {}
+            kept = read_kept(self.source.path, self.facts.quantization_config, device, dtype, cpu)
+            return kept if kept is not None else (safetensors_tensors(self.source.path), {})
         gguf = self.gguf
-        packed: dict[str, Packed] = {}
+        packed: dict[str, Kept] = {}
         skip: set[str] = set()
         if keep_packed:
-            types = {*GGUF_TYPES, *kquant.KQUANT_TYPES}
+            types = set(kept_ggml_types("blocks"))
             for name, ggml_type, raw, shape in gguf.stored_tensors(types):
-                packed[name] = expert_matrix(ggml_type, raw, shape)
+                packed[name] = gguf_matrix(ggml_type, raw, shape)
             skip = set(packed)
             # MoE experts: held for the CPU's kernels, or whole for CUDA's fused block MoE
             experts, held_names = gguf_experts(gguf, whole=not cpu)
@@ -94,12 +72,12 @@ class Checkpoint:
 
 def gguf_experts(gguf: GGUFCheckpoint, whole: bool = False) -> tuple[dict[str, HeldExperts], set[str]]:
     """Each MoE layer's stacked experts kept in their GGML types where the CPU kernels run those
-    (``EXPERT_TYPES``), by module name, and the tensor names taken (quant/blocks/gguf_experts.py)."""
+    (quant/formats.py ``kept_ggml_types``), by module name, and the tensor names taken (quant/blocks/gguf_experts.py)."""
     stacked: dict[str, dict[str, list[ExpertMatrix]]] = {}
-    for name, ggml_type, raw, shape in gguf.stored_tensors(set(EXPERT_TYPES), ndim=3):
+    for name, ggml_type, raw, shape in gguf.stored_tensors(set(kept_ggml_types()), ndim=3):
         module, _, proj = name.removesuffix(".weight").rpartition(".")
         stacked.setdefault(module, {})[proj] = [
-            expert_matrix(ggml_type, raw[e], shape[1:]) for e in range(shape[0])
+            gguf_matrix(ggml_type, raw[e], shape[1:]) for e in range(shape[0])
         ]
     return held_gguf_experts(stacked, whole)
 

@@ -13,6 +13,7 @@ import torch
 
 from glassbox.engine.kv_plan import GiB
 from glassbox.models.model_config import TORCH_DTYPES, ModelConfig
+from glassbox.quant.formats import WeightFormat
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def triton_usable(device: torch.device) -> bool:
 
 def packed_here(
     quantization: str | None,
-    bits: int | str | None,
+    at_load: WeightFormat | None,
     device: torch.device,
     attn_backend: str,
     dtype: torch.dtype,
@@ -45,12 +46,11 @@ def packed_here(
 ) -> bool:
     """Whether a GGUF file's Q4_0/Q4_1/Q8_0 and K-quant tensors stay in their blocks: where kernels run them,
     the CPU's C kernels (bf16 activations; MoE experts too) or the Triton kernels (CUDA, any dtype;
-    layers/block_linear.to_triton), and not under ``--quantization``. ValueError for a ``--quantization``
-    (``bits``: its QUANTIZED_AT_LOAD value) that no kernel on ``device`` runs: block bits on CUDA without
-    triton (fp8 runs anywhere: quant/fp8/linear.py)."""
-    # fp8: Triton, or PyTorch ops; integer blocks and 4-bit floats: the Triton kernels
-    runs_here = (bits is not None and bits != "fp8" and on_triton) or bits == "fp8"
-    if bits is not None and device.type != "cpu" and not runs_here:
+    quant/blocks/linear.to_triton), and not under ``--quantization``. ValueError for a ``--quantization``
+    (``at_load``: its format) that no kernel on ``device`` runs: integer blocks and 4-bit floats on CUDA
+    without triton (fp8 runs anywhere: quant/fp8/linear.py)."""
+    runs_here = at_load is not None and (at_load.family == "fp8" or on_triton)
+    if at_load is not None and device.type != "cpu" and not runs_here:
         raise ValueError(f"--quantization {quantization} needs triton on CUDA (not on {device.type})")
     native_bf16 = attn_backend == "native" and dtype == torch.bfloat16
     return quantization is None and (native_bf16 or on_triton)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from glassbox.config import ASYMMETRIC, QUANTIZED_AT_LOAD, EngineConfig
+from glassbox.config import EngineConfig
 from glassbox.distributed import state as tp_state
 from glassbox.dtypes import kv_element_bytes
 from glassbox.engine import tp_model
@@ -116,10 +116,8 @@ class TorchExecutor:
             if self.use_graphs:  # CUDA: eager steps (graphs that capture the collectives are not built)
                 logger.info("tensor parallelism on CUDA runs eager steps (no CUDA graphs)")
                 self.use_graphs = False
-        bits = QUANTIZED_AT_LOAD.get(config.quantization or "")
-        keep_packed = packed_here(
-            config.quantization, bits, self.device, self.attn_backend, self.dtype, on_triton
-        )
+        at_load = config.quantized_at_load
+        keep_packed = packed_here(config.quantization, at_load, self.device, self.attn_backend, self.dtype, on_triton)
         weights, packed = (None, {}) if checkpoint is None else (
             # a rank's shards; a GGUF's blocks stay packed on every rank (the PyTorch ops run them)
             tp_model.weights(self.tp, checkpoint, model_config, config.quantization is None)
@@ -137,15 +135,14 @@ class TorchExecutor:
             packed=packed,
             shard=tp_model.shard_fn(self.tp),
         )
-        if bits is not None:
-            from glassbox.quant.at_load import quantize_model
+        if at_load is not None:
+            from glassbox.quant.at_load import quantize_at_load
 
-            quantize_model(
+            quantize_at_load(
                 self.model,
-                bits,
-                asymmetric=config.quantization in ASYMMETRIC,
+                at_load,
                 # the routed experts too where kernels hold them: the CPU's, CUDA's fused block MoE
-                experts=self.device.type == "cpu" or (on_triton and bits != "fp8"),
+                experts=self.device.type == "cpu" or (on_triton and at_load.family != "fp8"),
                 across=tp_model.max_across(self.tp),
             )
         mark_lm_head(self.model)  # a packed LM head: its own rows choose the kernel (CPU)

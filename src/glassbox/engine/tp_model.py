@@ -19,15 +19,16 @@ from glassbox.engine.kv_plan import KVCachePlan
 from glassbox.layers.attention import AttentionMetadata
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.gguf_shards import check_gguf_tp, sharded_gguf
-from glassbox.models.loader import Forward, Packed
+from glassbox.models.loader import Forward
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.tensor_parallel import apply_tp, check_tp, kv_heads_of, sharded_safetensors
 from glassbox.quant.blocks.ct_int_config import ct_int_spec
 from glassbox.quant.blocks.linear import block_kernel_rows
-from glassbox.quant.config import group_quant
+from glassbox.quant.config import group_quant, quant_method
 from glassbox.quant.fp4.checkpoint import is_fp4
 from glassbox.quant.fp4.shards import sharded_fp4
 from glassbox.quant.fp8.config import fp8_spec
+from glassbox.quant.kept import Kept
 from glassbox.quant.shards import sharded_quantized
 
 
@@ -72,7 +73,7 @@ def check_run(
     if qc and not (group_quant(qc) or ct_int_spec(qc) or fp8_spec(qc) or is_fp4(qc)):
         raise ValueError(
             f"--tensor-parallel-size {n} splits 16/32-bit, GPTQ/AWQ, compressed-tensors integer, FP8, NVFP4 "
-            f"and MXFP4 safetensors checkpoints and GGUF files (not {qc.get('quant_method')!r} ones)"
+            f"and MXFP4 safetensors checkpoints and GGUF files (not {quant_method(qc)!r} ones)"
         )
     if checkpoint is not None and checkpoint.gguf is not None:
         check_gguf_tp(checkpoint.gguf, cfg, n)
@@ -101,7 +102,7 @@ QUANT_BLOCK = 32
 
 def weights(
     tp: TPState, checkpoint: Checkpoint, cfg: ModelConfig, keep_packed: bool
-) -> tuple[Tensors, dict[str, Packed]]:
+) -> tuple[Tensors, dict[str, Kept]]:
     """This rank's shards: (float tensors, packed ones by HF name), read slice by slice from the
     safetensors files, from a GGUF file's blocks (kept packed with ``keep_packed``: models/gguf_shards.py),
     or from a quantized checkpoint's layers (kept packed: quant/shards.py)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from glassbox.models.facts import ModelFacts, config_dtype, id_list, rope_parameters
 from glassbox.models.gguf_reader import GGUFCheckpoint
-from glassbox.quant.config import gguf_native_quant, native_quant_from_config
+from glassbox.quant.config import gguf_native_quant, method_config, native_quant_from_config
 
 CONFIG_FILE = "config.json"
 SUPPORTED_TYPES = (
@@ -317,7 +317,7 @@ def read_config(model_dir: str | Path, missing_ok: bool = False) -> dict[str, An
     quant_file = path.parent / "hf_quant_config.json"  # ModelOpt checkpoints keep it beside config.json
     if "quantization_config" not in cfg and quant_file.is_file():
         section = json.loads(quant_file.read_text()).get("quantization", {})  # algo, group size, exclusions
-        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "", **section}
+        cfg["quantization_config"] = method_config("modelopt", **{"quant_algo": "", **section})
     return cfg
 
 

@@ -27,17 +27,15 @@ from gguf.quants import dequantize
 
 from glassbox.models.fused_parts import fused_rows
 from glassbox.models.gguf_reader import GGUFCheckpoint, hf_shape, unpermute_rotary_rows
-from glassbox.models.loader import Packed
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.tensor_parallel import shard_plan
-from glassbox.quant.blocks import kquant
-from glassbox.quant.blocks.gguf_experts import EXPERT_TYPES, expert_matrix, held_gguf_experts
-from glassbox.quant.blocks.weights import GGUF_TYPES, from_gguf
+from glassbox.quant.blocks.gguf_experts import gguf_matrix, held_gguf_experts
+from glassbox.quant.formats import kept_ggml_types
 from glassbox.quant.held_experts import ExpertMatrix
+from glassbox.quant.kept import Kept
 
 Tensors = Iterator[tuple[str, torch.Tensor]]  # (HF name, tensor), one at a time
 
-PACKED_TYPES = frozenset({*GGUF_TYPES, *kquant.KQUANT_TYPES})
 
 
 def check_gguf_tp(gguf: GGUFCheckpoint, cfg: ModelConfig, world: int) -> None:
@@ -118,26 +116,24 @@ def _parts(gguf: GGUFCheckpoint) -> Iterator[tuple[str, ReaderTensor, tuple[int,
 
 def sharded_gguf(
     gguf: GGUFCheckpoint, cfg: ModelConfig, rank: int, world: int, keep_packed: bool
-) -> tuple[Tensors, dict[str, Packed]]:
+) -> tuple[Tensors, dict[str, Kept]]:
     """(this rank's float shards, one at a time; its packed 2-D shards by HF name), as
     engine/checkpoint.py's ``Checkpoint.weights`` gives a whole file's."""
-    packed: dict[str, Packed] = {}
+    packed: dict[str, Kept] = {}
     taken: set[str] = set()
     if keep_packed:
         stacked: dict[str, dict[str, list[ExpertMatrix]]] = {}  # MoE module -> projection -> experts
         for name, t, window in _parts(gguf):
             kind = t.tensor_type.name
-            if kind in PACKED_TYPES and len(t.shape) == 2:
+            if kind in kept_ggml_types("blocks") and len(t.shape) == 2:
                 raw, shape = read_shard(gguf, name, t, cfg, rank, world, window)
-                packed[name] = (kquant.from_gguf if kind in kquant.KQUANT_TYPES else from_gguf)(
-                    kind, raw, shape
-                )
+                packed[name] = gguf_matrix(kind, raw, shape)
                 taken.add(name)
-            elif kind in EXPERT_TYPES and len(t.shape) == 3:
+            elif kind in kept_ggml_types() and len(t.shape) == 3:
                 raw, shape = read_shard(gguf, name, t, cfg, rank, world)
                 module, _, proj = name.removesuffix(".weight").rpartition(".")
                 stacked.setdefault(module, {})[proj] = [
-                    expert_matrix(kind, raw[e], shape[1:]) for e in range(shape[0])
+                    gguf_matrix(kind, raw[e], shape[1:]) for e in range(shape[0])
                 ]
         held, names = held_gguf_experts(stacked)
         packed.update(held)

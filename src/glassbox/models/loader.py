@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from collections.abc import Set as AbstractSet
-from pathlib import Path
+from collections.abc import Callable, Iterable
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from glassbox.layers.attention import AttentionMetadata
@@ -21,19 +17,12 @@ from glassbox.models.gemma3 import Gemma3ForCausalLM
 from glassbox.models.gpt_oss import GptOssForCausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
-from glassbox.models.moe import MoEExperts
-from glassbox.quant.blocks.linear import BlockQuantEmbedding, BlockQuantLinear, PackedWeights
-from glassbox.quant.fp4.linear import FP4Linear
-from glassbox.quant.fp4.weights import FP4Weights
-from glassbox.quant.fp8.linear import Fp8Linear
-from glassbox.quant.fp8.weights import Fp8Weights
-from glassbox.quant.held_experts import HeldExperts
-from glassbox.quant.in_place import in_place_of
+from glassbox.quant.blocks.linear import BlockQuantEmbedding, BlockQuantLinear
+from glassbox.quant.kept import Kept, swap_in_kept
+from glassbox.quant.walk import in_place_of
 
 logger = logging.getLogger(__name__)
 
-# Weights kept in a format of their own, by HF weight name (a MoE layer's experts: by module name)
-Packed = PackedWeights | Fp8Weights | FP4Weights | HeldExperts
 # (input ids (T,), positions (T,), KV caches, attention metadata) -> final hidden states (T, hidden)
 Forward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], AttentionMetadata], torch.Tensor]
 
@@ -67,37 +56,6 @@ def bind_cpu_kernels(model: nn.Module, kv_caches: list[torch.Tensor], dtype: tor
     return bind(model, kv_caches, dtype)
 
 
-def weight_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a checkpoint: the index's shards, or the single model.safetensors."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [model_dir / s for s in shards]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise FileNotFoundError(f"weight shards missing in {model_dir}: {', '.join(missing)}")
-        return files
-    single = model_dir / "model.safetensors"
-    if single.is_file():
-        return [single]
-    found = sorted(model_dir.glob("*.safetensors"))
-    if found:
-        return found
-    raise FileNotFoundError(f"no *.safetensors weights found in model directory {model_dir}")
-
-
-def safetensors_tensors(
-    model_dir: Path, skip: AbstractSet[str] = frozenset()
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every tensor in a directory's safetensors files but those in ``skip`` (the ones
-    a quantized checkpoint's reader took), one at a time."""
-    for path in weight_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                if name not in skip:
-                    yield name, f.get_tensor(name)
-
-
 def build_model(
     cfg: ModelConfig,
     weights: Iterable[tuple[str, torch.Tensor]] | None,
@@ -105,7 +63,7 @@ def build_model(
     device: torch.device,
     seed: int = 0,
     where: str = "the checkpoint",
-    packed: dict[str, Packed] | None = None,
+    packed: dict[str, Kept] | None = None,
     shard: Callable[[CausalLM], None] | None = None,
 ) -> CausalLM:
     """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None,
@@ -125,7 +83,7 @@ def build_model(
         if isinstance(module, RotaryEmbedding):
             module.materialize(device)
     if packed:
-        _swap_in_blocks(model, packed, dtype)
+        swap_in_kept(model, packed, dtype)
     embed = model.get_submodule("model.embed_tokens")
     embed = getattr(embed, "inner", embed)  # a vocab-parallel shard's packed table
     if cfg.tie_word_embeddings and isinstance(embed, BlockQuantEmbedding):
@@ -140,48 +98,6 @@ def build_model(
     model.eval()
     model.requires_grad_(False)  # after fuse(): the fused linears are new parameters
     return model
-
-
-def _swap_in_blocks(model: nn.Module, packed: dict[str, Packed], dtype: torch.dtype) -> None:
-    """Replace each module whose weight is in ``packed`` by its block-quantized (FP8, FP4) form (a bias
-    stays a parameter, loaded from the checkpoint by name); MoE experts (by module name) hold theirs."""
-    for name, blocks in packed.items():
-        if isinstance(blocks, HeldExperts):
-            experts = model.get_submodule(name)
-            if not isinstance(experts, MoEExperts):
-                raise ValueError(f"{name}: held experts for a {type(experts).__name__}")
-            try:
-                experts.hold(blocks)
-            except ValueError as e:
-                raise ValueError(f"{name}: {e}") from None
-            continue
-        parent_name, _, child = name.removesuffix(".weight").rpartition(".")
-        parent = model.get_submodule(parent_name)
-        old = getattr(parent, child)
-        new: nn.Module
-        bias = None if not isinstance(old, nn.Linear) or old.bias is None else torch.zeros(old.out_features)
-        if hasattr(
-            old, "around"
-        ):  # a tensor-parallel layer keeps its bias (a row-parallel one: after the sum)
-            bias = None
-        if isinstance(blocks, Fp8Weights):
-            if not isinstance(old, nn.Linear):
-                raise ValueError(f"{name}: FP8 weights for a {type(old).__name__}, not a linear layer")
-            new = Fp8Linear(blocks, bias).to(old.weight.device)
-        elif isinstance(blocks, FP4Weights) and isinstance(old, nn.Linear):
-            new = FP4Linear(blocks, bias)
-        elif isinstance(old, nn.Embedding) and isinstance(blocks, PackedWeights):
-            # Gemma 3's table scales its rows: the blocks must too
-            new = BlockQuantEmbedding(blocks, dtype, getattr(old, "scale", None))  # also its TP shard's
-        elif isinstance(old, nn.Linear) and isinstance(blocks, PackedWeights):
-            new = BlockQuantLinear(blocks, bias)
-        else:
-            raise ValueError(f"{name}: packed weights for a {type(old).__name__}, not a linear or embedding")
-        if (new.num_embeddings if isinstance(new, BlockQuantEmbedding) else new.out_features) != (
-            blocks.out_features
-        ) or (isinstance(old, nn.Linear) and old.in_features != blocks.in_features):
-            raise ValueError(f"{name}: packed shape does not match the model")
-        setattr(parent, child, in_place_of(old, new))
 
 
 def _fill_random(model: nn.Module, seed: int) -> None:

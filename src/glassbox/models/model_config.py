@@ -14,7 +14,7 @@ import torch
 from glassbox.models.facts import ModelFacts
 from glassbox.models.fused_parts import FUSED_MODEL_TYPES
 from glassbox.quant.blocks.ct_int_config import ct_int_spec
-from glassbox.quant.config import group_quant
+from glassbox.quant.config import group_quant, quant_method
 from glassbox.quant.fp8.config import fp8_spec
 
 SUPPORTED_ARCHITECTURES = (
@@ -93,7 +93,7 @@ class ModelConfig:
                 f"architecture {facts.architecture or '(none)'!r} is not supported by the engine; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        method = facts.quantization_config.get("quant_method", "?") if facts.quantization_config else None
+        method = (quant_method(facts.quantization_config) or "?") if facts.quantization_config else None
         # gpt-oss's MXFP4 experts: quant/fp4/checkpoint.py; FP8 experts: quant/fp8/checkpoint.py; GPTQ/AWQ and
         # compressed-tensors integer experts: quant/expert_parts.py
         qc = facts.quantization_config

@@ -40,9 +40,9 @@ from glassbox.models.causal_lm import CausalLM
 from glassbox.models.fused_parts import fused_config, fused_rows
 from glassbox.models.gemma3 import Gemma3Attention, Gemma3ForCausalLM, Gemma3MLP, ScaledEmbedding, rounded
 from glassbox.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
-from glassbox.models.loader import weight_files
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.moe import MoEExperts, SparseMoeBlock
+from glassbox.models.safetensors_files import weight_files
 
 
 class RowParallelLinear(nn.Linear):

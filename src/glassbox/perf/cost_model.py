@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from glassbox.models.facts import ModelFacts
 from glassbox.perf.engine_profiles import EngineProfile
 from glassbox.perf.hardware import HardwareSpec
-from glassbox.perf.quant import QuantFormat, QuantScheme
+from glassbox.perf.quant import QuantScheme
 from glassbox.perf.tensor_parallel import kv_share, step_comm_s
+from glassbox.quant.formats import WeightFormat
 
 _DENSE_GROUPS = ("attention", "mlp", "moe_shared", "mamba", "norms")
 
@@ -42,7 +43,7 @@ class StepCost:
         return "memory" if self.memory_s >= self.compute_s else "compute"
 
 
-def compute_dtype(fmt: QuantFormat, hw: HardwareSpec, engine: EngineProfile) -> str:
+def compute_dtype(fmt: WeightFormat, hw: HardwareSpec, engine: EngineProfile) -> str:
     """Dtype of the matmuls for weights stored in ``fmt`` (widened when no native path exists)."""
     if fmt.is_16bit:
         return fmt.compute
@@ -109,7 +110,7 @@ def step_cost(
 
     # FLOPs: linear layers at their compute dtype, scans at bf16, attention at bf16 with the engine's
     # attention efficiency (eta_attn; flash attention at long context is a GEMM, near the GEMM rate).
-    def rate(fmt: QuantFormat) -> float:
+    def rate(fmt: WeightFormat) -> float:
         return hw.peak_flops(compute_dtype(fmt, hw, engine)) * engine.eta_flops
 
     dense_flops = 2.0 * tokens * sum(facts.params[g] for g in _DENSE_GROUPS)

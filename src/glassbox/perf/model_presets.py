@@ -13,6 +13,7 @@ from glassbox.models.config_reader import facts_from_config, facts_from_dir, fac
 from glassbox.models.facts import ModelFacts
 from glassbox.models.gguf_reader import open_gguf
 from glassbox.models.sources import resolve_model
+from glassbox.quant.config import method_config
 
 _LLAMA_COMMON: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -56,15 +57,15 @@ _GPT_OSS_COMMON: dict[str, Any] = {
     "swiglu_limit": 7.0,
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
-    "quantization_config": {
-        "quant_method": "mxfp4",
-        "modules_to_not_convert": [
+    "quantization_config": method_config(
+        "mxfp4",
+        modules_to_not_convert=[
             "model.layers.*.self_attn",
             "model.layers.*.mlp.router",
             "model.embed_tokens",
             "lm_head",
         ],
-    },
+    ),
 }
 
 

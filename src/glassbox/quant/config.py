@@ -1,6 +1,6 @@
 """A checkpoint's own weight formats, read from config.json's ``quantization_config`` (torch-free).
 
-Format names are those of perf/quant.py's FORMATS ("fp8", "nvfp4", "mxfp4", "int4", ...).
+Format names are the rows of quant/formats.py ("fp8", "nvfp4", "mxfp4", "w4a16", ...).
 """
 
 from __future__ import annotations
@@ -28,11 +28,29 @@ class NativeQuant:
         return f"{self.method}: linear layers {self.main}, embed/lm_head {self.lm_head}"
 
 
-def _format_from_bits(bits: int, kind: str) -> str:
+def quant_method(qc: dict[str, Any] | None) -> str:
+    """A ``quantization_config``'s method, lower-cased ("" for none): the one place it is read."""
+    return str((qc or {}).get("quant_method", "")).lower()
+
+
+def method_config(method: str, **settings: Any) -> dict[str, Any]:
+    """A ``quantization_config`` of ``method`` with ``settings`` (a preset's, or a ModelOpt checkpoint's
+    hf_quant_config.json "quantization" section: algorithm, group size, exclusions)."""
+    return {"quant_method": method, **settings}
+
+
+def unsupported_method(method: str, why: str) -> ValueError:
+    """The error for a ``quant_method`` the loader does not read."""
+    return ValueError(f"quantization_config quant_method={method!r}: {why}")
+
+
+def _format_from_bits(bits: int, kind: str, activations: bool = False) -> str:
+    """The format (quant/formats.py) of integer or float weights of ``bits`` (W8A8 where ``activations``
+    are quantized too)."""
     if bits == 8:
-        return "fp8" if kind == "float" else "int8"
+        return "fp8" if kind == "float" else "w8a8" if activations else "w8a16"
     if bits == 4:
-        return "nvfp4" if kind == "float" else "int4"
+        return "nvfp4" if kind == "float" else "w4a16"
     return "bf16"
 
 
@@ -41,7 +59,7 @@ def native_quant_from_config(cfg: dict[str, Any], dtype: str) -> NativeQuant | N
     qc = cfg.get("quantization_config")
     if not isinstance(qc, dict):
         return None
-    method = str(qc.get("quant_method", "")).lower()
+    method = quant_method(qc)
     if method == "mxfp4":  # gpt-oss: modules_to_not_convert = attention, router, embeddings, lm_head
         return NativeQuant("mxfp4", "mxfp4", dtype, dtype, dtype)
     if method in ("fp8", "fbgemm_fp8"):
@@ -54,7 +72,7 @@ def native_quant_from_config(cfg: dict[str, Any], dtype: str) -> NativeQuant | N
         fmt = _format_from_bits(int(qc.get("bits", 4)), "int")
         return NativeQuant(method, fmt, fmt, dtype, dtype)
     if method == "bitsandbytes":
-        fmt = "int4" if qc.get("load_in_4bit") else "int8"
+        fmt = "w4a16" if qc.get("load_in_4bit") else "w8a16"
         return NativeQuant(method, fmt, fmt, dtype, dtype)
     if method == "compressed-tensors":
         fmt_name = str(qc.get("format", ""))
@@ -62,7 +80,8 @@ def native_quant_from_config(cfg: dict[str, Any], dtype: str) -> NativeQuant | N
             return NativeQuant(method, "nvfp4", "nvfp4", dtype, dtype)
         for group in (qc.get("config_groups") or {}).values():
             weights = group.get("weights") or {}
-            fmt = _format_from_bits(int(weights.get("num_bits", 16)), str(weights.get("type", "int")))
+            kind, acts = str(weights.get("type", "int")), group.get("input_activations") is not None
+            fmt = _format_from_bits(int(weights.get("num_bits", 16)), kind, acts)
             return NativeQuant(method, fmt, fmt, dtype, dtype)
     return None
 
@@ -85,7 +104,7 @@ class GroupQuant:
 def group_quant(qc: dict[str, Any]) -> GroupQuant | None:
     """The GPTQ/AWQ settings of a ``quantization_config`` (None for other methods); ValueError naming the
     key and value of a setting the loader cannot run."""
-    method = str(qc.get("quant_method", "")).lower()
+    method = quant_method(qc)
     if method not in ("gptq", "awq"):
         return None
 

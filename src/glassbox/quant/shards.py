@@ -20,17 +20,18 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from glassbox.models.loader import Packed, weight_files
 from glassbox.models.model_config import ModelConfig
+from glassbox.models.safetensors_files import weight_files
 from glassbox.models.tensor_parallel import shard_plan, sharded_safetensors
 from glassbox.quant.blocks import ct_int, gptq_awq
 from glassbox.quant.blocks.ct_int_config import ct_int_spec
 from glassbox.quant.blocks.weights import BlockWeights
-from glassbox.quant.config import group_quant
+from glassbox.quant.config import group_quant, quant_method
 from glassbox.quant.expert_parts import sort_experts
 from glassbox.quant.fp8 import checkpoint as fp8_checkpoint
 from glassbox.quant.fp8.config import ACTIVATION_PARTS, fp8_spec
 from glassbox.quant.fp8.weights import Fp8Weights
+from glassbox.quant.kept import Kept
 
 Tensors = Iterator[tuple[str, torch.Tensor]]
 Parts = dict[str, torch.Tensor]
@@ -93,7 +94,7 @@ def fp8_shard(w: Fp8Weights, how: str, a: int, b: int) -> Fp8Weights:
 
 def sharded_quantized(
     model_dir: Path, qc: dict[str, Any], cfg: ModelConfig, rank: int, world: int
-) -> tuple[Tensors, dict[str, Packed]]:
+) -> tuple[Tensors, dict[str, Kept]]:
     """(this rank's float shards, one at a time; its quantized layers' shards by HF weight name) of a
     GPTQ/AWQ, compressed-tensors integer or FP8 checkpoint; ValueError for other formats and for a cut a
     layer's blocks cannot take (the layer and the flag named)."""
@@ -123,7 +124,7 @@ def sharded_quantized(
                 raise ValueError(f"{name}: an FP8 layer needs its weight and {spec_f.scale_part}")
             return fp8_checkpoint.layer_weights(parts["weight"], parts["scale"], spec_f, name)
     else:
-        raise ValueError(f"--tensor-parallel-size {world}: quantization_config {qc.get('quant_method')!r} "
+        raise ValueError(f"--tensor-parallel-size {world}: quantization_config {quant_method(qc)!r} "
                          "checkpoints are not split across ranks (GPTQ/AWQ, compressed-tensors integer and "
                          "FP8 are)")  # fmt: skip
     layers, taken = _layers(model_dir, take)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from glassbox.models.loader import weight_files
+from glassbox.models.safetensors_files import weight_files
 from glassbox.quant.blocks.ct_int_config import CtIntSpec
 from glassbox.quant.blocks.gptq_awq import GroupCodes, Tensors, unpack_words, with_experts
 from glassbox.quant.blocks.weights import BlockWeights

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from glassbox.quant.config import quant_method
+
 FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
 
 
@@ -26,7 +28,7 @@ def _unsupported(key: str, value: Any, why: str) -> ValueError:
 def is_int_config(qc: dict[str, Any]) -> bool:
     """Whether a compressed-tensors ``quantization_config`` quantizes weights to integers in every group (the
     checkpoints this module reads; float groups are FP8's, quant/fp8/config.py, or FP4's)."""
-    if str(qc.get("quant_method", "")).lower() != "compressed-tensors":
+    if quant_method(qc) != "compressed-tensors":
         return False
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:

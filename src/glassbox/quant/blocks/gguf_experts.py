@@ -7,16 +7,19 @@ from __future__ import annotations
 import numpy as np
 
 from glassbox.quant.blocks import kquant
-from glassbox.quant.blocks.weights import GGUF_TYPES, from_gguf
+from glassbox.quant.blocks.weights import from_gguf
+from glassbox.quant.formats import format_of_ggml
 from glassbox.quant.fp4.weights import from_ggml_mxfp4
 from glassbox.quant.held_experts import ExpertMatrix, HeldExperts
 
-EXPERT_TYPES = (*GGUF_TYPES, *kquant.KQUANT_TYPES, "MXFP4")  # GGML types a MoE layer's experts stay in
 
-
-def expert_matrix(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> ExpertMatrix:
-    """One matrix's raw blocks (rows, row bytes) of HF shape ``shape`` in the layout its kernels read."""
-    if ggml_type == "MXFP4":
+def gguf_matrix(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> ExpertMatrix:
+    """One matrix's raw blocks (rows, row bytes) of HF shape ``shape``, of a GGML type a format keeps
+    (quant/formats.py ``kept_ggml_types``), in the layout its kernels read."""
+    fmt = format_of_ggml(ggml_type)
+    if fmt is None:
+        raise ValueError(f"GGML type {ggml_type} is not kept in its blocks")
+    if fmt.family == "fp4":
         return from_ggml_mxfp4(raw, shape)
     return (kquant.from_gguf if ggml_type in kquant.KQUANT_TYPES else from_gguf)(ggml_type, raw, shape)
 

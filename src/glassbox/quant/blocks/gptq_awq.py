@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from glassbox.models.loader import safetensors_tensors, weight_files
+from glassbox.models.safetensors_files import safetensors_tensors, weight_files
 from glassbox.quant.blocks.weights import BLOCK, BlockWeights, from_zero_codes
 from glassbox.quant.config import GroupQuant
 from glassbox.quant.expert_parts import is_expert, sort_experts, widened_first

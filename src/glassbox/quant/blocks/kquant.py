@@ -23,9 +23,9 @@ import torch
 from glassbox.quant.blocks.tiles import from_tiles, gather_rows, to_tiles
 
 SUPER = 256  # values per super-block
-KQUANT_TYPES = ("Q4_K", "Q5_K", "Q6_K")  # GGML types kept packed here
 _KIND = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
 _FILE_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # per super-block in GGUF
+KQUANT_TYPES = tuple(_FILE_BYTES)  # the GGML types this layout reads
 CODE_BYTES = {4: 128, 5: 160, 6: 192}  # per super-block here (cpu_kquant.h: code_bytes)
 META_BYTES = {4: 16, 5: 16, 6: 18}  # the GGML block's d, dmin and scales
 

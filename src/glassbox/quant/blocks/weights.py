@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 BLOCK = 32
 GROUP = 64  # Kp (the padded row length) is a multiple of it
-GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # GGML types kept packed
 _BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # per 32-value block
 
 
@@ -311,7 +310,7 @@ def from_zero_codes(
 def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> BlockWeights:
     """A GGUF tensor's block bytes (rows, row bytes), HF shape (N, K), repacked."""
     if ggml_type not in _BYTES:
-        raise ValueError(f"GGML type {ggml_type} is not kept packed (packed types: {', '.join(GGUF_TYPES)})")
+        raise ValueError(f"GGML type {ggml_type} is not a 32-value block type ({', '.join(_BYTES)})")
     n, k = shape
     nb = k // BLOCK
     blocks = np.ascontiguousarray(raw).reshape(n, nb, _BYTES[ggml_type])

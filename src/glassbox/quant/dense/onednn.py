@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from glassbox.quant.dense.bf16_tiles import TiledBf16Linear, tiled_available
-from glassbox.quant.in_place import in_place_of, quantized_kind
+from glassbox.quant.walk import swap_layers
 
 logger = logging.getLogger(__name__)
 
@@ -53,18 +53,12 @@ def pack_linears(model: nn.Module) -> int:
     around the packed shard) with its weight in the fastest layout here (``cpu_matrix``), and let each
     module that holds its matrices otherwise (a ``pack_weights()`` method: MoE experts) pack them; returns
     how many matrices."""
-    count = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if quantized_kind(child) is nn.Linear:
-                assert isinstance(child, nn.Linear)
-                bias = None if hasattr(child, "around") else child.bias  # a row-parallel bias: after the sum
-                setattr(module, name, in_place_of(child, cpu_matrix(child.weight, bias)))
-                count += 1
+
+    def own(module: nn.Module) -> int:
         pack = getattr(module, "pack_weights", None)
-        if callable(pack):
-            count += int(pack())
-    return count
+        return int(pack()) if callable(pack) else 0
+
+    return swap_layers(model, linear=lambda layer, bias: cpu_matrix(layer.weight, bias), own=own)
 
 
 def packed_matrix(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:

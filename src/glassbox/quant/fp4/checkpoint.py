@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from glassbox.models.loader import weight_files
+from glassbox.models.safetensors_files import weight_files
+from glassbox.quant.config import quant_method
 from glassbox.quant.fp4.weights import FP4Weights, from_nvfp4, mxfp4_experts
 from glassbox.quant.held_experts import HeldExperts
 
@@ -53,7 +54,7 @@ class NVFP4Spec:
 def nvfp4_spec(qc: dict[str, Any]) -> NVFP4Spec | None:
     """The NVFP4 settings of a ``quantization_config`` (None for other methods and ModelOpt's FP8);
     ValueError naming the key and value of a 4-bit setting the loader cannot run."""
-    if not str(qc.get("quant_method", "")).lower().startswith("modelopt"):
+    if not quant_method(qc).startswith("modelopt"):
         return None
     section = qc.get("quantization")
     src: dict[str, Any] = section if isinstance(section, dict) else qc
@@ -94,7 +95,7 @@ def layer_weights(spec: NVFP4Spec, parts: dict[str, torch.Tensor], name: str) ->
 
 def is_mxfp4(qc: dict[str, Any]) -> bool:
     """Whether a ``quantization_config`` is gpt-oss's MXFP4."""
-    return str(qc.get("quant_method", "")).lower() == "mxfp4"
+    return quant_method(qc) == "mxfp4"
 
 
 def is_fp4(qc: dict[str, Any]) -> bool:

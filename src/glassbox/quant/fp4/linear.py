@@ -17,10 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from glassbox.quant.blocks.linear import kernel_chosen
+from glassbox.quant.formats import WeightFormat
 from glassbox.quant.fp4.quantize import quantize
 from glassbox.quant.fp4.triton import TritonFP4, for_triton
 from glassbox.quant.fp4.weights import FP4Weights, native_library
-from glassbox.quant.in_place import in_place_of, quantized_kind
+from glassbox.quant.walk import swap_layers
 
 
 def fp4_linear(x: torch.Tensor, w: FP4Weights, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -101,7 +102,7 @@ def _triton(x: torch.Tensor, w: TritonFP4, bias: torch.Tensor | None, decode: bo
 
 def quantize_model_fp4(
     model: nn.Module,
-    kind: str,
+    fmt: WeightFormat,
     experts: bool = True,
     across: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> int:
@@ -109,24 +110,24 @@ def quantize_model_fp4(
     experts; routers are ``RouterLinear`` and stay), and with ``experts`` (held experts: the CPU's kernels,
     CUDA's fused block MoE) the routed experts of modules that hold them otherwise (a
     ``quantize_experts`` method: models/moe.py), in ``kind``; embeddings and the LM head stay in the model's
-    dtype, as FP4 checkpoints keep them. ``across`` (tensor parallelism: ``distributed.load_max``): NVFP4's
+    dtype, as FP4 checkpoints keep them. ``fmt``: nvfp4 or mxfp4 (quant/formats.py). ``across`` (tensor parallelism: ``distributed.load_max``): NVFP4's
     tensor scales from the whole tensors a rank holds part of, so that every rank's codes are the whole
     model's. Returns the matrices quantized."""
+
+    kind = fmt.name
 
     def fp4(w: torch.Tensor) -> FP4Weights:
         if across is None or kind != "nvfp4":
             return quantize(w, kind)
         return quantize(w, kind, across(w.detach().float().abs().amax().reshape(1)))
 
-    count = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if quantized_kind(child) is nn.Linear and name != "lm_head":
-                assert isinstance(child, nn.Linear)
-                bias = None if hasattr(child, "around") else child.bias  # a row-parallel bias: after the sum
-                setattr(module, name, in_place_of(child, FP4Linear(fp4(child.weight), bias)))
-                count += 1
+    def own(module: nn.Module) -> int:
         hold = getattr(module, "quantize_experts", None)
-        if experts and callable(hold):
-            count += int(hold(fp4))
-    return count
+        return int(hold(fp4)) if experts and callable(hold) else 0
+
+    return swap_layers(
+        model,
+        linear=lambda layer, bias: FP4Linear(fp4(layer.weight), bias),
+        own=own,
+        skip=frozenset({"lm_head"}),
+    )

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from glassbox.models.loader import Packed, weight_files
 from glassbox.models.model_config import ModelConfig
+from glassbox.models.safetensors_files import weight_files
 from glassbox.models.tensor_parallel import shard_plan, sharded_safetensors
 from glassbox.quant.fp4.checkpoint import (
     EXPERT_PARTS,
@@ -35,6 +35,7 @@ from glassbox.quant.fp4.checkpoint import (
 )
 from glassbox.quant.fp4.weights import mxfp4_experts
 from glassbox.quant.held_experts import HeldExperts
+from glassbox.quant.kept import Kept
 
 Tensors = Iterator[tuple[str, torch.Tensor]]
 
@@ -46,7 +47,7 @@ def _whole_blocks(a: int, b: int, block: int, what: str) -> None:
 
 def _nvfp4_layer(
     f: SafetensorsFiles, spec: NVFP4Spec, prefix: str, cfg: ModelConfig, rank: int, world: int
-) -> Packed:
+) -> Kept:
     weight, scale, scale_2 = f.need(prefix, PARTS[:3], "an NVFP4 layer")
     w, s = f.slice(weight), f.slice(scale)
     n, half = w.get_shape()
@@ -77,11 +78,11 @@ def _mxfp4_experts(f: SafetensorsFiles, prefix: str, rank: int, world: int) -> H
 
 def sharded_fp4(
     model_dir: Path, qc: dict[str, Any], cfg: ModelConfig, rank: int, world: int
-) -> tuple[Tensors, dict[str, Packed]]:
+) -> tuple[Tensors, dict[str, Kept]]:
     """(this rank's float shards, one at a time; its NVFP4 linears by HF weight name or MXFP4 experts by
     MoE module name); ValueError naming the layer where a cut breaks a block."""
     nvfp4 = nvfp4_spec(qc)
-    packed: dict[str, Packed] = {}
+    packed: dict[str, Kept] = {}
     taken: set[str] = set()
     ends, parts = (".weight_scale", PARTS) if nvfp4 is not None else (".down_proj_blocks", EXPERT_PARTS)
     with ExitStack() as stack:

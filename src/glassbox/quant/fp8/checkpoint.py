@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from glassbox.models.loader import safetensors_tensors, weight_files
+from glassbox.models.safetensors_files import safetensors_tensors, weight_files
 from glassbox.quant.expert_parts import sort_experts, widened_first
 from glassbox.quant.fp8.config import ACTIVATION_PARTS, Fp8Layout, Fp8Spec
 from glassbox.quant.fp8.weights import Fp8Weights

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from glassbox.quant.blocks.ct_int_config import is_int_config
+from glassbox.quant.config import quant_method, unsupported_method
 
 # what a checkpoint may carry besides weights and their scales, read and dropped (weight-only execution)
 ACTIVATION_PARTS = ("input_scale", "activation_scale", "k_scale", "v_scale", "output_scale")
@@ -166,14 +167,13 @@ def fp8_spec(qc: dict[str, Any]) -> Fp8Spec | None:
     """The FP8 settings of a ``quantization_config``: None for methods other than HF "fp8" and
     compressed-tensors (and for compressed-tensors' 4-bit float formats); ValueError naming the key and
     value of a setting that does not load, and for the FP8 methods that do not (fbgemm_fp8, ModelOpt FP8)."""
-    method = str(qc.get("quant_method", "")).lower()
+    method = quant_method(qc)
     if method == "fp8":
         return _hf_fp8(qc)
     if method == "compressed-tensors":
         return _compressed_tensors(qc)
     if method == "fbgemm_fp8":
-        raise _unsupported("quant_method", qc.get("quant_method"), "FP8 loads from the fp8 and "
-                           "compressed-tensors layouts")  # fmt: skip
+        raise unsupported_method(method, "FP8 loads from the fp8 and compressed-tensors layouts")
     algo = str(qc.get("quant_algo", "")).upper()
     if method == "modelopt" and "FP8" in algo and "FP4" not in algo:
         raise _unsupported("quant_algo", qc.get("quant_algo"), "ModelOpt FP8 checkpoints do not load yet")

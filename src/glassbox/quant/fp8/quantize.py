@@ -23,8 +23,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from glassbox.quant.formats import WeightFormat
 from glassbox.quant.fp8.weights import Fp8Weights
-from glassbox.quant.in_place import cuts_k, in_place_of, quantized_kind
+from glassbox.quant.walk import cuts_k, swap_layers
 
 logger = logging.getLogger(__name__)
 
@@ -46,31 +47,28 @@ def quantize_fp8(weight: torch.Tensor, amax: torch.Tensor | None = None) -> Fp8W
 Across = Callable[[torch.Tensor], torch.Tensor]  # a value's largest over the tensor-parallel ranks
 
 
-def quantize_model_fp8(model: nn.Module, experts: bool = False, across: Across | None = None) -> int:
+def quantize_model_fp8(
+    model: nn.Module, fmt: WeightFormat, experts: bool = False, across: Across | None = None
+) -> int:
     """Every ``nn.Linear`` but the LM head in per-channel FP8 (routers are ``RouterLinear`` and stay); with
     ``experts`` (the CPU's held experts) the routed experts too (models/moe.py ``quantize_experts``).
     ``across`` (tensor parallelism: ``distributed.load_max``): the scales of layers that hold part of each
     row (row-parallel o/down, the experts' down) from the whole rows' largest values, so that every rank's
-    codes are the whole model's. Returns how many matrices."""
+    codes are the whole model's. ``fmt`` is fp8's row (quant/formats.py). Returns how many matrices."""
     from glassbox.quant.fp8.linear import Fp8Linear
 
     def fp8(w: torch.Tensor, part_rows: bool) -> Fp8Weights:
         amax = across(_row_amax(w)) if across is not None and part_rows else None
         return quantize_fp8(w, amax)
 
-    count = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if quantized_kind(child) is nn.Linear and name != "lm_head":
-                assert isinstance(child, nn.Linear)
-                bias = None if hasattr(child, "around") else child.bias  # a row-parallel bias: after the sum
-                lin = Fp8Linear(fp8(child.weight, cuts_k(child)), bias).to(child.weight.device)
-                setattr(module, name, in_place_of(child, lin))
-                count += 1
+    def linear(layer: nn.Linear, bias: torch.Tensor | None) -> nn.Module:
+        return Fp8Linear(fp8(layer.weight, cuts_k(layer)), bias).to(layer.weight.device)
+
+    def own(module: nn.Module) -> int:  # under TP each expert's down holds part of its rows
         hold = getattr(module, "quantize_experts", None)
-        if experts and callable(hold):  # under TP each expert's down holds part of its rows
-            count += int(hold(lambda w: fp8(w, False), lambda w: fp8(w, True)))
-    return count
+        return int(hold(lambda w: fp8(w, False), lambda w: fp8(w, True))) if experts and callable(hold) else 0
+
+    return swap_layers(model, linear=linear, own=own, skip=frozenset({"lm_head"}))
 
 
 def _row_amax(w: torch.Tensor) -> torch.Tensor:
