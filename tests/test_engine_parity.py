@@ -18,7 +18,7 @@ from glassbox.tokenizer.hf_tokenizer import Tokenizer
 MAX_NEW = 12
 # "native" needs a C compiler; where there is none the engine falls back to "torch" (and says so).
 CPU_KERNELS = ["native", "torch"] if native.compiler() else ["torch"]
-# Families with no forward on the CPU kernels (models/loader.CPU_KERNEL_FORWARDS): "native" falls back to "torch".
+# Families with no forward on the CPU kernels (models/families.py cpu_forward): "native" falls back to "torch".
 NO_CPU_KERNELS = {"gemma3"}
 TEXTS = [
     "def fibonacci(n):",

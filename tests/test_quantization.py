@@ -15,7 +15,6 @@ from tiny_models import build_tiny_model
 from glassbox import LLM, SamplingParams
 from glassbox.kernels.native import library
 from glassbox.quant.at_load import quantize_at_load
-from glassbox.quant.formats import FORMATS
 from glassbox.quant.blocks.linear import (
     HEAD_KERNEL_ROWS,
     BlockQuantEmbedding,
@@ -25,6 +24,7 @@ from glassbox.quant.blocks.linear import (
 )
 from glassbox.quant.blocks.quantize import quantize
 from glassbox.quant.blocks.weights import BLOCK, BlockWeights, from_gguf
+from glassbox.quant.formats import FORMATS
 
 needs_kernels = pytest.mark.skipif(library() is None, reason="no C compiler: the kernels are not built")
 SHAPES = [

@@ -14,7 +14,7 @@ import torch
 
 from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
 from glassbox.models.facts import ModelFacts
-from glassbox.models.fused_parts import FUSED_MODEL_TYPES, fused_config, split_fused
+from glassbox.models.fused_parts import fused_config, is_fused, split_fused
 from glassbox.models.gguf_reader import GGUFCheckpoint, open_gguf
 from glassbox.models.safetensors_files import safetensors_tensors
 from glassbox.models.sources import ModelSource
@@ -46,7 +46,7 @@ class Checkpoint:
         them: gptq_awq.check_runs, fp4_checkpoint; or for settings the loader cannot run), and an FP8
         checkpoint's stay 8-bit (any device and dtype); all else is float."""
         if self.gguf is None:
-            if self.facts.model_type in FUSED_MODEL_TYPES:  # Phi-3: q/k/v and gate/up stored fused
+            if is_fused(self.facts.model_type):  # Phi-3: q/k/v and gate/up stored fused
                 return split_fused(safetensors_tensors(self.source.path), fused_config(self.facts)), {}
             kept = read_kept(self.source.path, self.facts.quantization_config, device, dtype, cpu)
             return kept if kept is not None else (safetensors_tensors(self.source.path), {})

@@ -271,7 +271,7 @@ class TorchExecutor:
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         mc = self.model_config
-        n = max(1, min(max_num_batched_tokens, mc.max_position_embeddings))
+        n = max(1, min(max_num_batched_tokens, mc.max_positions))
         profile_prefill(self.model, mc, n, self.block_size, self.kv_dtype, self.kv_width, self.attn_backend,
                         self.dtype, self.device)  # fmt: skip
         peak = torch.cuda.max_memory_allocated(self.device) - before

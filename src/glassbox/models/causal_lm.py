@@ -1,7 +1,7 @@
 """CausalLM: what the engine calls on a model family's top module, whichever the family.
 
 Each family file (models/llama.py, models/gemma3.py) subclasses it with Hugging Face's parameter names,
-so that a checkpoint loads by name; the loader builds one through models/loader.py's MODEL_CLASSES and
+so that a checkpoint loads by name; the loader builds one through the class models/families.py names and
 the engine never names the family.
 """
 

@@ -14,23 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from glassbox.models.facts import ModelFacts, config_dtype, id_list, rope_parameters
+from glassbox.models.families import family_of_type, model_types
 from glassbox.models.gguf_reader import GGUFCheckpoint
 from glassbox.quant.config import gguf_native_quant, method_config, native_quant_from_config
 
 CONFIG_FILE = "config.json"
-SUPPORTED_TYPES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "qwen2_moe",
-    "qwen3_moe",
-    "mixtral",
-    "gemma3_text",
-    "gpt_oss",
-    "phi3",
-    "nemotron_h",
-)
 
 
 def layer_kinds(cfg: dict[str, Any], n_layers: int) -> tuple[list[str], int | None]:
@@ -290,13 +278,11 @@ def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
         text.setdefault("model_type", f"{cfg.get('model_type', '')}_text")
         cfg = text
     mt = str(cfg.get("model_type", ""))
-    if mt == "gemma3":
-        mt = "gemma3_text"
+    family = family_of_type(mt)
+    if family is None:
+        raise ValueError(f"MODEL: model_type {mt!r} is not supported; supported: {', '.join(model_types())}")
+    mt = family.model_type  # "gemma3": its text model
     cfg = {**cfg, "model_type": mt}
-    if mt not in SUPPORTED_TYPES:
-        raise ValueError(
-            f"MODEL: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED_TYPES)}"
-        )
     if mt == "nemotron_h":
         return nemotron_h_facts(cfg, name)
     return transformer_facts(cfg, name)

@@ -15,7 +15,8 @@ import re
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-FUSED_MODEL_TYPES = frozenset({"phi3"})
+from glassbox.models.families import family_of_type
+
 _FUSED = re.compile(
     r"^(?P<layer>model\.layers\.\d+)\.(?P<part>self_attn\.qkv_proj|mlp\.gate_up_proj)\.weight$"
 )
@@ -23,10 +24,16 @@ _FUSED = re.compile(
 T = TypeVar("T")
 
 
+def is_fused(model_type: str) -> bool:
+    """Whether a family stores q/k/v and gate/up fused (models/families.py ``fused``)."""
+    family = family_of_type(model_type)
+    return family is not None and family.fused
+
+
 def fused_rows(name: str, config: dict[str, Any]) -> list[tuple[str, int, int]] | None:
     """(parameter name, first row, end row) of each part of the checkpoint tensor ``name`` of a model with
     this HF ``config``, or None where the tensor is one parameter."""
-    if config.get("model_type") not in FUSED_MODEL_TYPES:
+    if not is_fused(str(config.get("model_type", ""))):
         return None
     m = _FUSED.match(name)
     if m is None:

@@ -144,9 +144,9 @@ class Gemma3Model(nn.Module):
         super().__init__()
         self.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.embed_scale)
         # one table per layer kind; both rotate the whole head (rotary_dim == head_dim)
-        self.rotary_global = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
+        self.rotary_global = RotaryEmbedding(cfg.head_dim, cfg.max_positions, cfg.rope)
         self.rotary_local = RotaryEmbedding(
-            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_local or cfg.rope
+            cfg.head_dim, cfg.max_positions, cfg.rope_local or cfg.rope
         )
         self.local = [w is not None for w in cfg.layer_windows]  # per layer: sliding (local) or global
         self.layers = nn.ModuleList(

@@ -17,24 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from glassbox.models.families import family_of_gguf, family_of_type, gguf_architectures
 from glassbox.models.gguf_moe import moe_fields
 
 logger = logging.getLogger(__name__)
 
-# GGUF general.architecture -> (transformers class, model_type)
-_HF_ARCHITECTURES = {
-    "llama": ("LlamaForCausalLM", "llama"),
-    "mistral": ("MistralForCausalLM", "mistral"),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
-    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
-    "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
-    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
-    "gpt-oss": ("GptOssForCausalLM", "gpt_oss"),
-    "phi3": ("Phi3ForCausalLM", "phi3"),
-}
-_MIXTRAL = ("MixtralForCausalLM", "mixtral")  # llama.cpp writes Mixtral as "llama" with expert_count
-SUPPORTED_ARCHITECTURES = tuple(_HF_ARCHITECTURES)
 # llama.cpp interleaves the rotary pairs of Q/K rows (its "normal" rope) for these; qwen2/qwen3 use the
 # NEOX rope, whose half-split layout is transformers' own, so their rows are stored unchanged.
 PERMUTED_QK_ARCHITECTURES = frozenset({"llama", "mistral"})
@@ -61,17 +48,18 @@ def hf_architecture(arch: str, metadata: dict[str, Any]) -> tuple[str, str]:
 
     llama.cpp converts Mistral models as ``llama``; they are told apart by their name, as transformers does.
     """
-    if arch not in _HF_ARCHITECTURES:
+    family = family_of_gguf(arch)
+    if family is None:
         raise ValueError(
-            f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"GGUF architecture {arch!r} is not supported; supported: {', '.join(gguf_architectures())}"
         )
     if arch == "llama" and int(_uniform(metadata.get("llama.expert_count", 0), "llama.expert_count") or 0):
-        return _MIXTRAL
-    if arch == "llama":
+        family = family_of_type("mixtral") or family  # Mixtral: llama.cpp's "llama" with experts
+    elif arch == "llama":
         names = (metadata.get("general.name"), metadata.get("general.basename"))
         if any(isinstance(n, str) and "mistral" in n.lower() for n in names):
-            return _HF_ARCHITECTURES["mistral"]
-    return _HF_ARCHITECTURES[arch]
+            family = family_of_gguf("mistral") or family
+    return family.architecture, family.model_type
 
 
 def _uniform(value: Any, key: str) -> Any:

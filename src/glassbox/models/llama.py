@@ -125,7 +125,7 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_positions, cfg.rope)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, self.rotary_emb, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

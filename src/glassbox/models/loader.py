@@ -1,4 +1,4 @@
-"""Build a model of a family (a plain dict of classes) and load its weights by Hugging Face name."""
+"""Build a model of a family (models/families.py names its class) and load its weights by Hugging Face name."""
 
 from __future__ import annotations
 
@@ -11,11 +11,8 @@ from torch import nn
 from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
-from glassbox.models import llama_native
 from glassbox.models.causal_lm import CausalLM
-from glassbox.models.gemma3 import Gemma3ForCausalLM
-from glassbox.models.gpt_oss import GptOssForCausalLM
-from glassbox.models.llama import LlamaForCausalLM
+from glassbox.models.families import engine_family
 from glassbox.models.model_config import ModelConfig
 from glassbox.quant.blocks.linear import BlockQuantEmbedding, BlockQuantLinear
 from glassbox.quant.kept import Kept, swap_in_kept
@@ -26,34 +23,16 @@ logger = logging.getLogger(__name__)
 # (input ids (T,), positions (T,), KV caches, attention metadata) -> final hidden states (T, hidden)
 Forward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], AttentionMetadata], torch.Tensor]
 
-# The family file that runs each architecture; a plain dict, no registry.
-MODEL_CLASSES: dict[str, type[CausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "Qwen3ForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Gemma3ForCausalLM": Gemma3ForCausalLM,
-    "MixtralForCausalLM": LlamaForCausalLM,  # Llama layers with routed experts (models/moe.py)
-    "Qwen2MoeForCausalLM": LlamaForCausalLM,
-    "Qwen3MoeForCausalLM": LlamaForCausalLM,
-    "GptOssForCausalLM": GptOssForCausalLM,  # Llama layers with sinks and its own experts (models/gpt_oss.py)
-    "Phi3ForCausalLM": LlamaForCausalLM,  # its fused qkv/gate_up tensors cut as read (models/fused_parts.py)
-}
-# The families with a forward on glassbox's CPU kernels: (model, KV caches, dtype) -> that forward.
-# A family absent here (Gemma 3) runs on the PyTorch ops on the CPU.
-CPU_KERNEL_FORWARDS: dict[type[nn.Module], Callable[..., Forward]] = {
-    LlamaForCausalLM: llama_native.bind,
-    GptOssForCausalLM: llama_native.bind,
-}
-
 
 def bind_cpu_kernels(model: nn.Module, kv_caches: list[torch.Tensor], dtype: torch.dtype) -> Forward:
     """The model's forward on the CPU kernels, bound to its weights and ``kv_caches``; ValueError when its
-    family has none or a shape the kernels cannot take."""
-    bind = CPU_KERNEL_FORWARDS.get(type(model))
+    family has none (models/families.py ``cpu_forward``) or a shape the kernels cannot take."""
+    config = getattr(model, "config", None)
+    bind = engine_family(config.architecture).bind_cpu_forward() if isinstance(config, ModelConfig) else None
     if bind is None:
         raise ValueError(f"no CPU-kernel forward for {type(model).__name__}")
-    return bind(model, kv_caches, dtype)
+    forward: Forward = bind(model, kv_caches, dtype)
+    return forward
 
 
 def build_model(
@@ -73,7 +52,7 @@ def build_model(
     save them for a backward that never comes). ``shard`` rewrites the model on the meta device before any
     weight exists (tensor parallelism: models/tensor_parallel.apply_tp), and ``weights`` are then shards."""
     with torch.device("meta"):
-        model = MODEL_CLASSES[cfg.architecture](cfg)
+        model = engine_family(cfg.architecture).model_class()(cfg)
         if shard is not None:
             shard(model)
     model.to(dtype)  # still on meta: free

@@ -37,6 +37,7 @@ from torch import nn
 
 from glassbox.distributed import all_gather_last, all_reduce
 from glassbox.models.causal_lm import CausalLM
+from glassbox.models.families import FAMILIES, engine_family
 from glassbox.models.fused_parts import fused_config, fused_rows
 from glassbox.models.gemma3 import Gemma3Attention, Gemma3ForCausalLM, Gemma3MLP, ScaledEmbedding, rounded
 from glassbox.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
@@ -164,10 +165,11 @@ def check_tp(cfg: ModelConfig, world: int) -> None:
     """ValueError naming what tensor parallelism over ``world`` ranks cannot run for this model."""
     if world == 1:
         return
-    if cfg.architecture not in TP_ARCHITECTURES:
+    if not engine_family(cfg.architecture).tensor_parallel:
+        built = sorted(a for a, f in FAMILIES.items() if f.tensor_parallel)
         raise ValueError(
             f"--tensor-parallel-size {world}: {cfg.architecture} has no tensor-parallel split yet "
-            f"(built for {', '.join(sorted(TP_ARCHITECTURES))})"
+            f"(built for {', '.join(built)})"
         )
     widths = {"FFN width": cfg.intermediate_size}
     if any(cfg.layer_moe):
@@ -185,14 +187,6 @@ def check_tp(cfg: ModelConfig, world: int) -> None:
             raise ValueError(f"--tensor-parallel-size {world} must divide the model's {what} {width}")
 
 
-TP_ARCHITECTURES = frozenset(
-    {
-        *("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"),
-        *("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
-        "GptOssForCausalLM",
-        "Phi3ForCausalLM",
-    }
-)
 
 
 def kv_heads_of(cfg: ModelConfig, rank: int, world: int) -> range:
@@ -267,7 +261,7 @@ def shard_plan(
     hd = cfg.head_dim
     part = name.rsplit(".", 2)
     module, kind = (part[-2], part[-1]) if len(part) >= 2 else ("", name)
-    if cfg.architecture == "GptOssForCausalLM" and module == "experts":
+    if cfg.model_type == "gpt_oss" and module == "experts":  # stored as gpt-oss stores them
         return _gpt_oss_experts(kind, shape, rank, world)
     if kind == "sinks":  # (H,): this rank's q heads
         per = shape[0] // world

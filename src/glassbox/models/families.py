@@ -1,0 +1,107 @@
+"""The one table of model families (torch-free): a row per Hugging Face architecture.
+
+A row says how a checkpoint names the family (config.json's ``architectures`` and ``model_type``, a GGUF
+file's ``general.architecture``) and what the engine has for it: the module that builds it, a forward on
+the CPU's C kernels, a tensor-parallel split, tensors stored fused. Like mini-sglang's models/register.py:
+a new family is its file in models/ and a row here. Code is named as "module:attribute" and imported only
+by the engine (the planner reads this table without torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+_LLAMA = "glassbox.models.llama:LlamaForCausalLM"
+_LLAMA_CPU = "glassbox.models.llama_native:bind"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family."""
+
+    architecture: str  # the Hugging Face class name (config.json ``architectures[0]``)
+    model_type: str  # config.json ``model_type`` (a multimodal checkpoint's text model: see ``aliases``)
+    model: str | None  # "module:Class" that runs it; None: the planner describes it, the engine does not
+    gguf: str | None = None  # llama.cpp's ``general.architecture`` for it
+    cpu_forward: str | None = None  # "module:function" binding a forward on the CPU's C kernels
+    tensor_parallel: bool = False  # models/tensor_parallel.py splits it
+    fused: bool = False  # stores q/k/v and gate/up fused (models/fused_parts.py cuts them as read)
+    aliases: tuple[str, ...] = ()  # other model_type spellings that mean it ("gemma3": its text model)
+
+    def model_class(self) -> Any:
+        """The nn.Module class that runs it (imports torch); ValueError where the engine has none."""
+        if self.model is None:
+            raise ValueError(f"architecture {self.architecture!r} is described by the planner only")
+        return _resolve(self.model)
+
+    def bind_cpu_forward(self) -> Any | None:
+        """The function that binds its forward on the CPU kernels, or None (the PyTorch ops run it)."""
+        return None if self.cpu_forward is None else _resolve(self.cpu_forward)
+
+
+def _resolve(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+FAMILIES: dict[str, Family] = {
+    f.architecture: f
+    for f in (
+        Family("LlamaForCausalLM", "llama", _LLAMA, "llama", _LLAMA_CPU, True),
+        Family("MistralForCausalLM", "mistral", _LLAMA, "mistral", _LLAMA_CPU, True),
+        Family("Qwen2ForCausalLM", "qwen2", _LLAMA, "qwen2", _LLAMA_CPU, True),
+        Family("Qwen3ForCausalLM", "qwen3", _LLAMA, "qwen3", _LLAMA_CPU, True),
+        # Llama layers with routed experts (models/moe.py); llama.cpp writes Mixtral as "llama" with experts
+        Family("MixtralForCausalLM", "mixtral", _LLAMA, None, _LLAMA_CPU, True),
+        Family("Qwen2MoeForCausalLM", "qwen2_moe", _LLAMA, "qwen2moe", _LLAMA_CPU, True),
+        Family("Qwen3MoeForCausalLM", "qwen3_moe", _LLAMA, "qwen3moe", _LLAMA_CPU, True),
+        # Llama layers with sinks and its own experts (models/gpt_oss.py)
+        Family(
+            "GptOssForCausalLM", "gpt_oss", "glassbox.models.gpt_oss:GptOssForCausalLM", "gpt-oss", _LLAMA_CPU,
+            True,
+        ),
+        # its fused qkv/gate_up tensors cut as read (models/fused_parts.py)
+        Family("Phi3ForCausalLM", "phi3", _LLAMA, "phi3", _LLAMA_CPU, True, fused=True),
+        Family(
+            "Gemma3ForCausalLM", "gemma3_text", "glassbox.models.gemma3:Gemma3ForCausalLM", "gemma3", None, True,
+            aliases=("gemma3",),
+        ),
+        Family("NemotronHForCausalLM", "nemotron_h", None),
+    )
+}  # fmt: skip
+
+_BY_TYPE = {t: f for f in FAMILIES.values() for t in (f.model_type, *f.aliases)}
+_BY_GGUF = {f.gguf: f for f in FAMILIES.values() if f.gguf is not None}
+
+
+def family_of_type(model_type: str) -> Family | None:
+    """The family a config.json ``model_type`` names, or None."""
+    return _BY_TYPE.get(model_type)
+
+
+def family_of_gguf(arch: str) -> Family | None:
+    """The family a GGUF ``general.architecture`` names, or None."""
+    return _BY_GGUF.get(arch)
+
+
+def engine_family(architecture: str) -> Family:
+    """The row of an architecture the engine runs; ValueError naming the supported ones."""
+    fam = FAMILIES.get(architecture)
+    if fam is None or fam.model is None:
+        supported = ", ".join(a for a, f in FAMILIES.items() if f.model is not None)
+        raise ValueError(
+            f"architecture {architecture or '(none)'!r} is not supported by the engine; supported: {supported}"
+        )
+    return fam
+
+
+def model_types() -> tuple[str, ...]:
+    """Every config.json model_type the planner can describe (canonical spellings)."""
+    return tuple(f.model_type for f in FAMILIES.values())
+
+
+def gguf_architectures() -> tuple[str, ...]:
+    """Every GGUF architecture read (beside "llama" with experts: Mixtral)."""
+    return tuple(_BY_GGUF)
