@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from gpu_bench import graph_ms, l2_copies
 
 from glassbox.kernels.triton_fp8_linear import fp8_matmul
-from glassbox.quant.fp8.quantize import quantize_fp8, quantize_rows_fp8, row_scales, scaled_mm_rows
+from glassbox.quant.fp8.quantize import quantize_fp8  # noqa: E402
+from glassbox.quant.fp8.w8a8 import quantize_rows_fp8, row_scales, scaled_mm_rows
 
 SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))  # q/k/v, o, gate/up, down
 

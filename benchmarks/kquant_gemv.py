@@ -27,7 +27,7 @@ from gguf.quants import quantize as gguf_quantize
 
 from glassbox.perf.hardware import cpu_name
 from glassbox.quant.blocks import kquant
-from glassbox.quant.blocks.linear import BlockQuantLinear, PackedWeights
+from glassbox.quant.blocks.linear import AnyBlocks, BlockQuantLinear
 from glassbox.quant.blocks.weights import from_gguf
 
 SHAPES = [(2048, 2048), (576, 1536)]  # (N, K); 576 x 1536: SmolLM2-135M's down_proj
@@ -36,7 +36,7 @@ COLD_BYTES = 256 << 20
 D_OFFSETS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # float16 scales inside a super-block
 
 
-def weights(fmt: str, n: int, k: int, seed: int) -> PackedWeights:
+def weights(fmt: str, n: int, k: int, seed: int) -> AnyBlocks:
     rng = np.random.default_rng(seed)
     qtype = GGMLQuantizationType[fmt]
     if fmt in kquant.KQUANT_TYPES:

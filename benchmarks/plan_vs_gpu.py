@@ -32,8 +32,9 @@ from gpu_bench import QWEN3_06B, workload  # noqa: E402
 
 from glassbox.perf.cost_model import prefill_cost, step_cost  # noqa: E402
 from glassbox.perf.engine_profiles import EngineProfile, get_engine  # noqa: E402
-from glassbox.perf.hardware import HardwareSpec, get_hardware  # noqa: E402
+from glassbox.perf.hardware import HardwareSpec
 from glassbox.perf.model_presets import load_model_facts  # noqa: E402
+from glassbox.perf.probe import get_hardware  # noqa: E402
 from glassbox.perf.quant import resolve_scheme  # noqa: E402
 from glassbox.perf.simulator import SimRequestSpec, SimSettings, run_requests  # noqa: E402
 from glassbox.sampling_params import SamplingParams  # noqa: E402

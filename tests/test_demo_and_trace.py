@@ -85,7 +85,7 @@ def test_generate_cli_runs_offline_with_no_model(tmp_path: Path) -> None:
 
 
 def test_trace_phases_are_consistent(demo: LLM) -> None:
-    from glassbox.perf.hardware import get_hardware
+    from glassbox.perf.probe import get_hardware
 
     # a preset, not this machine's probe: under load the probe's FLOP/s can fall below the demo model's 0.5
     # FLOP per byte and make its decode look compute-bound (seen once in CI)
@@ -147,7 +147,7 @@ def test_trace_of_an_immediate_eos(
 ) -> None:
     """A request whose first token is EOS (logit_bias forces it): a report with no decode, nothing divided
     by zero, no NaN/inf, and the renderer says so."""
-    from glassbox.perf.hardware import get_hardware
+    from glassbox.perf.probe import get_hardware
     from glassbox.trace_cli import render
 
     monkeypatch.setenv("COLUMNS", "240")  # rich's table: no wrapped cells
@@ -190,7 +190,7 @@ def test_trace_flags_a_fraction_above_100_percent(
     report marks the fractions and says the hardware figure was wrong."""
     import dataclasses
 
-    from glassbox.perf.hardware import get_hardware
+    from glassbox.perf.probe import get_hardware
     from glassbox.trace_cli import render
 
     monkeypatch.setenv("COLUMNS", "240")

@@ -18,9 +18,9 @@ from glassbox.config import EngineConfig
 from glassbox.perf.memory_plan import weight_bytes
 from glassbox.perf.quant import resolve_scheme
 from glassbox.quant.fp8.linear import Fp8Linear
-from glassbox.quant.fp8.quantize import (
+from glassbox.quant.fp8.quantize import quantize_fp8
+from glassbox.quant.fp8.w8a8 import (
     W8A8_MIN_ROWS,
-    quantize_fp8,
     quantize_rows_fp8,
     row_scales,
     scaled_mm_rows,

@@ -203,15 +203,15 @@ def test_packed_float32_model_matches_transformers(model_file: Path, reference: 
     """Every K-quant tensor packed (the embedding too), float32: the dequantization is exact, so greedy
     tokens equal transformers' on the gguf package's dequantized weights."""
     checkpoint = open_checkpoint(resolve_model(str(model_file)))
-    floats, packed = checkpoint.weights(True, torch.device("cpu"), torch.float32)
-    assert {p.label for p in packed.values()} == {"Q4_K", "Q5_K", "Q6_K"}
-    assert len(packed) == 2 * 7 + 2  # every 2-D tensor: 7 per layer, the embedding and the output
+    floats, kept = checkpoint.weights(True, torch.device("cpu"), torch.float32)
+    assert {p.label for p in kept.values()} == {"Q4_K", "Q5_K", "Q6_K"}
+    assert len(kept) == 2 * 7 + 2  # every 2-D tensor: 7 per layer, the embedding and the output
     cfg = ModelConfig.from_facts(checkpoint.facts)
-    model = build_model(cfg, floats, torch.float32, torch.device("cpu"), packed=packed)
+    model = build_model(cfg, floats, torch.float32, torch.device("cpu"), kept=kept)
     assert isinstance(model.get_submodule("model.embed_tokens"), BlockQuantEmbedding)
     assert not [m for m in model.modules() if isinstance(m, torch.nn.Linear | torch.nn.Embedding)]
     sizes = checkpoint.gguf.stored_sizes() if checkpoint.gguf else {}
-    for name, w in packed.items():  # the layout's bytes against the file's
+    for name, w in kept.items():  # the layout's bytes against the file's
         elements, stored = sizes[name]
         assert w.nbytes == stored
         assert elements == w.out_features * w.in_features
@@ -223,7 +223,7 @@ def test_packed_float32_model_matches_transformers(model_file: Path, reference: 
 
 @needs_kernels
 def test_engine_serves_the_blocks_in_bf16(model_file: Path, reference: list) -> None:
-    """The engine as served (bf16): K-quants kept packed, decode steps on the int8-activation kernel; the
+    """The engine as served (bf16): K-quants kept kept, decode steps on the int8-activation kernel; the
     first token as transformers', logprobs close while the greedy paths agree."""
     llm = LLM(str(model_file), dtype="bfloat16", device="cpu", max_model_len=128)
     ex = llm.engine.executor
@@ -285,9 +285,9 @@ def test_gemma3_packed_embedding_keeps_its_scale(tmp_path: Path) -> None:
     checkpoint = open_checkpoint(resolve_model(str(path)))
     cfg = ModelConfig.from_facts(checkpoint.facts)
     cpu = torch.device("cpu")
-    floats, packed = checkpoint.weights(True, cpu, torch.float32)
-    assert {w.label for w in packed.values()} == {"Q4_K", "Q8_0"}
-    ours = build_model(cfg, floats, torch.float32, cpu, packed=packed)
+    floats, kept = checkpoint.weights(True, cpu, torch.float32)
+    assert {w.label for w in kept.values()} == {"Q4_K", "Q8_0"}
+    ours = build_model(cfg, floats, torch.float32, cpu, kept=kept)
     dense = build_model(cfg, checkpoint.weights(False, cpu, torch.float32)[0], torch.float32, cpu)
     toks, lps = _greedy(ours, cfg, PROMPTS[1], 4)
     ref_toks, ref_lps = _greedy(dense, cfg, PROMPTS[1], 4)

@@ -215,7 +215,7 @@ def _parts(m: torch.nn.Module) -> list[Any]:
 
 def _held_llm(path: Path, monkeypatch: pytest.MonkeyPatch) -> LLM:
     """The engine on ``path`` in float32 with the experts kept as stored (the engine itself dequantizes
-    every GGUF weight in float32: the test has the checkpoint's own ``weights`` called with keep_packed)."""
+    every GGUF weight in float32: the test has the checkpoint's own ``weights`` called with keep_blocks)."""
     weights = Checkpoint.weights
     monkeypatch.setattr(
         Checkpoint, "weights", lambda self, keep, device, dt, **kw: weights(self, True, device, dt, **kw)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from glassbox.perf.cost_model import step_cost
 from glassbox.perf.engine_profiles import get_engine
-from glassbox.perf.hardware import get_hardware
 from glassbox.perf.model_presets import load_model_facts
+from glassbox.perf.probe import get_hardware
 from glassbox.perf.quant import resolve_scheme
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from glassbox.perf import hardware_cli, machine_load, probe
-from glassbox.perf.hardware import PRESETS, get_hardware
-from glassbox.perf.probe import probe_local
+from glassbox.perf.hardware import PRESETS
+from glassbox.perf.probe import get_hardware, probe_local
 
 # BRIEF.md's hardware table: bandwidth GB/s and dense BF16 TFLOP/s.
 BRIEF = {

@@ -25,8 +25,8 @@ from starlette.testclient import TestClient  # noqa: E402
 from test_server_harness import MODEL_NAME, sse_events, tiny_model  # noqa: E402, F401
 
 from glassbox import cli  # noqa: E402
-from glassbox.engine.sequence import METRIC_KEYS  # noqa: E402
-from glassbox.perf.hardware import get_hardware  # noqa: E402
+from glassbox.anatomy import METRIC_KEYS  # noqa: E402
+from glassbox.perf.probe import get_hardware  # noqa: E402
 from glassbox.server.tracing import RequestTracer, check_endpoint, require_otel  # noqa: E402
 from glassbox.trace import engine_roofline  # noqa: E402
 

@@ -39,20 +39,36 @@ def _top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the glassbox modules its top-level imports load (``from pkg import mod`` loads both)."""
+def _imported(node: ast.Import | ast.ImportFrom) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names}
+    if node.module and node.level == 0:
+        return {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return set()
+
+
+def import_graph(lazy: bool = True) -> dict[str, set[str]]:
+    """module -> the glassbox modules it imports (``from pkg import mod`` loads both): at the top level and,
+    with ``lazy``, inside functions too (an import deferred to a call still ties the two modules)."""
     modules = _modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        for node in _top_level_imports(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = {a.name for a in node.names}
-            elif node.module and node.level == 0:
-                targets = {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-            else:
-                targets = set()
-            graph[name] |= {t for t in targets if t in modules and t != name}
+        tree = ast.parse(path.read_text())
+        nodes = (
+            [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+            if lazy
+            else _top_level_imports(tree)
+        )
+        for node in nodes:
+            graph[name] |= {t for t in _imported(node) if t in modules and t != name}
     return graph
+
+
+# Third-party modules a function may import when called rather than at load: the heavy or optional ones
+# that the torch-free CLI paths (plan, bench) and the servers' optional features must not pay for.
+LAZY_THIRD_PARTY = frozenset(
+    {"torch", "triton", "rich", "opentelemetry", "matplotlib", "uvicorn", "httpx", "platform"}
+)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -79,8 +95,24 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_cycle_inside_glassbox() -> None:
+    """No cycle among glassbox's modules, counting the imports inside functions too."""
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_lazy_imports_are_of_the_short_list() -> None:
+    """An import inside a function is of glassbox itself (counted by the cycle test) or of LAZY_THIRD_PARTY."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        top = {id(n) for n in _top_level_imports(tree)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in top:
+                for target in _imported(node) or {"(relative)"}:
+                    root = target.split(".")[0]
+                    if root != "glassbox" and root not in LAZY_THIRD_PARTY:
+                        offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {target}")
+    assert not offenders, f"imports inside functions of modules not in LAZY_THIRD_PARTY: {offenders}"
 
 
 def test_the_cycle_finder_finds_cycles() -> None:
@@ -119,7 +151,7 @@ def test_plan_and_bench_start_without_torch() -> None:
 
 
 def test_the_api_schema_lists_every_reported_metric() -> None:
-    from glassbox.engine.sequence import METRIC_KEYS
+    from glassbox.anatomy import METRIC_KEYS
     from glassbox.server.protocol import RequestAnatomy
 
     assert tuple(RequestAnatomy.model_fields) == METRIC_KEYS

@@ -216,9 +216,9 @@ def test_interpreted_engine_gguf_q4_0(tmp_path: Path) -> None:
         from glassbox.engine.checkpoint import open_checkpoint
 
         ex = llm.engine.executor
-        weights, packed = open_checkpoint(llm.engine.source).weights(True, ex.device, ex.dtype, cpu=False)
-        assert packed and all(w.label == "Q4_0" for w in packed.values())
-        return build_model(ex.model_config, weights, ex.dtype, ex.device, packed=packed)
+        weights, kept = open_checkpoint(llm.engine.source).weights(True, ex.device, ex.dtype, cpu=False)
+        assert kept and all(w.label == "Q4_0" for w in kept.values())
+        return build_model(ex.model_config, weights, ex.dtype, ex.device, kept=kept)
 
     kw: dict[str, Any] = dict(dtype="float32", device="cpu", max_num_seqs=4)
     ref = with_engine(path, _tokens, **kw)

@@ -171,8 +171,8 @@ def test_interpreted_engine_gguf_moe(tmp_path: Path, arch: str) -> None:
 
     def packed_model(llm: Any) -> Any:
         ex = llm.engine.executor
-        weights, packed = open_checkpoint(llm.engine.source).weights(True, ex.device, ex.dtype, cpu=False)
-        model = build_model(ex.model_config, weights, ex.dtype, ex.device, packed=packed)
+        weights, kept = open_checkpoint(llm.engine.source).weights(True, ex.device, ex.dtype, cpu=False)
+        model = build_model(ex.model_config, weights, ex.dtype, ex.device, kept=kept)
         experts = [m for m in model.modules() if isinstance(m, MoEExperts)]
         assert use_triton_experts(model) == len(experts)
         assert sum(m.blocks is not None for m in experts) == stacked and not any(m.linears for m in experts)
@@ -204,8 +204,8 @@ def test_interpreted_engine_gptq_moe(tmp_path: Path) -> None:
 
     def packed_model(llm: Any) -> Any:
         ex = llm.engine.executor
-        weights, packed = open_checkpoint(llm.engine.source).weights(True, ex.device, ex.dtype, cpu=False)
-        model = build_model(ex.model_config, weights, ex.dtype, ex.device, packed=packed)
+        weights, kept = open_checkpoint(llm.engine.source).weights(True, ex.device, ex.dtype, cpu=False)
+        model = build_model(ex.model_config, weights, ex.dtype, ex.device, kept=kept)
         experts = [m for m in model.modules() if isinstance(m, MoEExperts)]
         assert experts and use_triton_experts(model) == len(experts)
         assert all(m.blocks is not None and m.blocks.w1.kind == 2 for m in experts)  # zero codes

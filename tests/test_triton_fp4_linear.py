@@ -70,7 +70,7 @@ def test_fp4_linear_matches_reference(kind: str, shape: tuple[int, int]) -> None
     ref_w = w.dequantize_reference(torch.float32)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(1)) if n % 2 else None
     lin = _linear(w, bias)
-    assert lin.triton is not None and lin.packed_weights() == [lin.triton]
+    assert lin.triton is not None and lin.held_weights() == [lin.triton]
     check_row_counts(lin, ref_w, bias)
 
 

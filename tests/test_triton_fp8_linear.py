@@ -80,7 +80,8 @@ def test_w8a8_prompt_rows() -> None:
     """Per-channel weights, 17+ bf16 rows: W8A8 where the device has FP8 tensor cores (compute capability
     8.9+), the same arithmetic as the CPU's ``torch._scaled_mm`` and within rounding the activations to
     E4M3 of the weight-only product; 16 rows stay weight-only."""
-    from glassbox.quant.fp8.quantize import quantize_fp8, scaled_mm_rows, w8a8_available
+    from glassbox.quant.fp8.quantize import quantize_fp8
+    from glassbox.quant.fp8.w8a8 import scaled_mm_rows, w8a8_available
 
     g = torch.Generator().manual_seed(0)
     w = quantize_fp8(torch.randn(96, 256, generator=g))

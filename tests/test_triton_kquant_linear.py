@@ -6,7 +6,7 @@ package's of the file's bytes bit for bit (random bytes: every code and scale bi
 with its bytes per weight. The kernels, under CUDA or ``TRITON_INTERPRET=1``: N not a multiple of 16, K
 with a super-block past the last whole chunk or none, at 1, 3, 16, 17 and 70 rows and forced K splits,
 against F.linear in float64 on that dequantization; a tied table and LM head moved once; the engine on a
-Q4_K_M-like file (Q4_K, Q5_K, Q6_K, the table packed) kept packed as CUDA keeps it: the greedy tokens of
+Q4_K_M-like file (Q4_K, Q5_K, Q6_K, the table kept) kept packed as CUDA keeps it: the greedy tokens of
 the CPU's float32 path, which dequantizes the file at load.
 """
 
@@ -125,9 +125,9 @@ def test_interpreted_engine_gguf_kquant_mix(tmp_path: Path) -> None:
         from glassbox.engine.checkpoint import open_checkpoint
 
         ex = llm.engine.executor
-        weights, packed = open_checkpoint(llm.engine.source).weights(True, ex.device, ex.dtype, cpu=False)
-        assert {w.label for w in packed.values()} == {"Q4_K", "Q5_K", "Q6_K"}
-        model = build_model(ex.model_config, weights, ex.dtype, ex.device, packed=packed)
+        weights, kept = open_checkpoint(llm.engine.source).weights(True, ex.device, ex.dtype, cpu=False)
+        assert {w.label for w in kept.values()} == {"Q4_K", "Q5_K", "Q6_K"}
+        model = build_model(ex.model_config, weights, ex.dtype, ex.device, kept=kept)
         assert isinstance(model.get_submodule("model.embed_tokens"), BlockQuantEmbedding)
         return model
 

@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from glassbox.engine.sequence import RequestMetrics
+    from glassbox.anatomy import RequestMetrics
     from glassbox.llm import LLM
     from glassbox.outputs import CompletionOutput, RequestOutput
     from glassbox.sampling_params import SamplingParams

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from glassbox.engine.sequence import RequestMetrics
+from glassbox.anatomy import RequestMetrics
 
 
 @dataclass

@@ -7,11 +7,11 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
+from glassbox.anatomy import RequestMetrics
 from glassbox.distributed import CollectiveTime, collective_time
 from glassbox.dtypes import kv_element_bytes
 from glassbox.engine.draft_model import DraftModelProposer
 from glassbox.engine.llm_engine import LLMEngine
-from glassbox.engine.sequence import RequestMetrics
 from glassbox.models.model_config import dtype_name
 from glassbox.models.moe import MoEExperts
 from glassbox.models.moe_triton import experts_read

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
+from glassbox.anatomy import METRIC_KEYS
 from glassbox.bench.workloads import RequestSpec
-from glassbox.engine.sequence import METRIC_KEYS
 
 SERVER_KEYS = METRIC_KEYS  # what glassbox reports per request in ``metrics`` (engine/sequence.py)
 

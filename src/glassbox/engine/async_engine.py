@@ -93,10 +93,6 @@ class RequestStream:
         if not self.terminal:
             self._owner.abort(self.request_id)
 
-    @property
-    def latest(self) -> RequestOutput | None:
-        return self._latest
-
     def __aiter__(self) -> RequestStream:
         return self
 
@@ -114,6 +110,30 @@ class RequestStream:
         return self._latest
 
 
+@dataclass(frozen=True)
+class Add:
+    """A request for the engine thread: its stream, prompt ids, sampling, arrival time and tokenize time."""
+
+    stream: RequestStream
+    ids: list[int]
+    params: SamplingParams
+    arrival: float
+    tokenize_s: float
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+Command = Add | Abort | Stop  # what the event loop sends the engine thread
+
+
 class AsyncEngine:
     """Runs an LLMEngine on its own thread and serves per-request streams to asyncio code.
 
@@ -127,7 +147,7 @@ class AsyncEngine:
         self.stats = EngineStats(
             num_free_blocks=engine.block_manager.num_free_blocks, num_blocks=engine.block_manager.num_blocks
         )
-        self._commands: queue.SimpleQueue[tuple[object, ...]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._live: dict[str, RequestStream] = {}  # engine thread only
@@ -153,7 +173,7 @@ class AsyncEngine:
         thread = self._thread
         if thread is None:
             return
-        self._commands.put(("stop",))
+        self._commands.put(Stop())
         deadline = time.monotonic() + timeout_s
         while thread.is_alive() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -183,13 +203,13 @@ class AsyncEngine:
             return stream
         self._in_flight[request_id] = stream
         arrival = time.perf_counter() if arrival_time is None else arrival_time
-        self._commands.put(("add", stream, list(prompt_token_ids), params, arrival, tokenize_s))
+        self._commands.put(Add(stream, list(prompt_token_ids), params, arrival, tokenize_s))
         return stream
 
     def abort(self, request_id: str) -> None:
         """End a request (no-op when it already ended); its stream gets a finish_reason "abort" output."""
         if request_id in self._in_flight:
-            self._commands.put(("abort", request_id))
+            self._commands.put(Abort(request_id))
 
     def abort_all(self) -> None:
         for request_id in list(self._in_flight):
@@ -264,12 +284,12 @@ class AsyncEngine:
         except queue.Empty:
             return True
         while True:
-            if cmd[0] == "stop":
+            if isinstance(cmd, Stop):
                 return False
-            if cmd[0] == "add":
-                self._add(*cmd[1:])  # type: ignore[arg-type]
-            elif cmd[0] == "abort":
-                self._abort(cmd[1])  # type: ignore[arg-type]
+            if isinstance(cmd, Add):
+                self._add(cmd.stream, cmd.ids, cmd.params, cmd.arrival, cmd.tokenize_s)
+            else:
+                self._abort(cmd.request_id)
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
@@ -359,10 +379,8 @@ class AsyncEngine:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if cmd[0] == "add":
-                stream = cmd[1]
-                assert isinstance(stream, RequestStream)
-                self._send(stream, RequestError(message, 503))
+            if isinstance(cmd, Add):
+                self._send(cmd.stream, RequestError(message, 503))
 
     def _publish_stats(self, record: StepRecord | None) -> None:
         engine = self.engine

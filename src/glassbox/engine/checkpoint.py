@@ -37,10 +37,10 @@ class Checkpoint:
     gguf: GGUFCheckpoint | None = None
 
     def weights(
-        self, keep_packed: bool, device: torch.device, dtype: torch.dtype, cpu: bool = True
+        self, keep_blocks: bool, device: torch.device, dtype: torch.dtype, cpu: bool = True
     ) -> tuple[Tensors, dict[str, Kept]]:
-        """(the float tensors, the packed ones by HF name). With ``keep_packed``, a GGUF file's 2-D
-        tensors of the packed types (quant/blocks/weights.py, quant/blocks/kquant.py) stay in their blocks, and its
+        """(the float tensors, the ones kept in their format by HF name). With ``keep_blocks``, a GGUF file's
+        2-D tensors of the types a format keeps (quant/formats.py) stay in their blocks, and its
         experts too by MoE module (``gguf_experts``, MXFP4 too: quant/fp4/weights.py; for CUDA a module's
         only where they stack for its fused block MoE); a GPTQ/AWQ, compressed-tensors integer, NVFP4 or MXFP4 checkpoint's layers always do (ValueError where no kernels run
         them: gptq_awq.check_runs, fp4_checkpoint; or for settings the loader cannot run), and an FP8
@@ -48,26 +48,26 @@ class Checkpoint:
         if self.gguf is None:
             if is_fused(self.facts.model_type):  # Phi-3: q/k/v and gate/up stored fused
                 return split_fused(safetensors_tensors(self.source.path), fused_config(self.facts)), {}
-            kept = read_kept(self.source.path, self.facts.quantization_config, device, dtype, cpu)
-            return kept if kept is not None else (safetensors_tensors(self.source.path), {})
+            read = read_kept(self.source.path, self.facts.quantization_config, device, dtype, cpu)
+            return read if read is not None else (safetensors_tensors(self.source.path), {})
         gguf = self.gguf
-        packed: dict[str, Kept] = {}
+        kept: dict[str, Kept] = {}
         skip: set[str] = set()
-        if keep_packed:
+        if keep_blocks:
             types = set(kept_ggml_types("blocks"))
             for name, ggml_type, raw, shape in gguf.stored_tensors(types):
-                packed[name] = gguf_matrix(ggml_type, raw, shape)
-            skip = set(packed)
+                kept[name] = gguf_matrix(ggml_type, raw, shape)
+            skip = set(kept)
             # MoE experts: held for the CPU's kernels, or whole for CUDA's fused block MoE
             experts, held_names = gguf_experts(gguf, whole=not cpu)
-            packed.update(experts)
+            kept.update(experts)
             skip |= held_names
 
         def floats() -> Tensors:
             for name, array in gguf.tensors(skip=skip):
                 yield name, torch.from_numpy(array)
 
-        return floats(), packed
+        return floats(), kept
 
 
 def gguf_experts(gguf: GGUFCheckpoint, whole: bool = False) -> tuple[dict[str, HeldExperts], set[str]]:

@@ -36,7 +36,7 @@ def triton_usable(device: torch.device) -> bool:
     return True
 
 
-def packed_here(
+def keeps_blocks(
     quantization: str | None,
     at_load: WeightFormat | None,
     device: torch.device,

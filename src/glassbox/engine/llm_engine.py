@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from glassbox.anatomy import merge_metrics
 from glassbox.config import EngineConfig
 from glassbox.engine import tp_runtime
 from glassbox.engine.block_manager import BlockManager
@@ -23,7 +24,7 @@ from glassbox.engine.device import resolve_device
 from glassbox.engine.draft_model import DraftModelProposer, make_proposer, open_draft
 from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
-from glassbox.engine.sequence import Sequence, merge_metrics
+from glassbox.engine.sequence import Sequence
 from glassbox.engine.structured import GrammarCompiler
 from glassbox.models.facts import ModelFacts
 from glassbox.models.sources import resolve_model

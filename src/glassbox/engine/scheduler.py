@@ -89,10 +89,6 @@ class SchedulerOutput:
         return sum(s.num_new_tokens for s in self.scheduled if s.is_decode)
 
     @property
-    def num_draft_tokens(self) -> int:
-        return sum(len(s.draft_tokens) for s in self.scheduled)
-
-    @property
     def passes(self) -> int:
         """Forward passes the step runs: 1, or a greedy decode burst's 1 + lookahead."""
         return 1 + self.scheduled[0].lookahead if self.scheduled else 1

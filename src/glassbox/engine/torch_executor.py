@@ -27,8 +27,8 @@ from glassbox.engine.device import (
     available_ram_bytes,
     describe_cuda,
     keep_large_allocations_in_heap,
+    keeps_blocks,
     kv_budget,
-    packed_here,
     read_device_memory,
     resolve_device,
     resolve_dtype,
@@ -117,12 +117,12 @@ class TorchExecutor:
                 logger.info("tensor parallelism on CUDA runs eager steps (no CUDA graphs)")
                 self.use_graphs = False
         at_load = config.quantized_at_load
-        keep_packed = packed_here(config.quantization, at_load, self.device, self.attn_backend, self.dtype, on_triton)
-        weights, packed = (None, {}) if checkpoint is None else (
+        keep_blocks = keeps_blocks(config.quantization, at_load, self.device, self.attn_backend, self.dtype, on_triton)
+        weights, kept = (None, {}) if checkpoint is None else (
             # a rank's shards; a GGUF's blocks stay packed on every rank (the PyTorch ops run them)
             tp_model.weights(self.tp, checkpoint, model_config, config.quantization is None)
             if self.tp is not None
-            else checkpoint.weights(keep_packed, self.device, self.dtype, cpu=self.device.type == "cpu")
+            else checkpoint.weights(keep_blocks, self.device, self.dtype, cpu=self.device.type == "cpu")
         )  # fmt: skip
         where = "the checkpoint" if checkpoint is None else str(checkpoint.source.path)
         self.model = build_model(
@@ -132,7 +132,7 @@ class TorchExecutor:
             self.device,
             seed=config.seed,
             where=where,
-            packed=packed,
+            kept=kept,
             shard=tp_model.shard_fn(self.tp),
         )
         if at_load is not None:

@@ -101,13 +101,13 @@ QUANT_BLOCK = 32
 
 
 def weights(
-    tp: TPState, checkpoint: Checkpoint, cfg: ModelConfig, keep_packed: bool
+    tp: TPState, checkpoint: Checkpoint, cfg: ModelConfig, keep_blocks: bool
 ) -> tuple[Tensors, dict[str, Kept]]:
     """This rank's shards: (float tensors, packed ones by HF name), read slice by slice from the
-    safetensors files, from a GGUF file's blocks (kept packed with ``keep_packed``: models/gguf_shards.py),
+    safetensors files, from a GGUF file's blocks (kept packed with ``keep_blocks``: models/gguf_shards.py),
     or from a quantized checkpoint's layers (kept packed: quant/shards.py)."""
     if checkpoint.gguf is not None:
-        return sharded_gguf(checkpoint.gguf, cfg, tp.rank, tp.world, keep_packed)
+        return sharded_gguf(checkpoint.gguf, cfg, tp.rank, tp.world, keep_blocks)
     qc = checkpoint.facts.quantization_config
     if qc and is_fp4(qc):
         return sharded_fp4(checkpoint.source.path, qc, cfg, tp.rank, tp.world)

@@ -26,11 +26,6 @@ def row_width(head_dim: int, dtype: torch.dtype) -> int:
     return head_dim + SCALE_BYTES if dtype in QMAX else head_dim
 
 
-def cache_head_dim(cache: torch.Tensor) -> int:
-    """D of a cache (..., row_width)."""
-    return cache.shape[-1] - SCALE_BYTES if is_8bit(cache) else cache.shape[-1]
-
-
 def quantize(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(..., D) values -> (..., D + 4) cache rows of ``dtype`` (int8 or float8_e4m3fn)."""
     xf = x.float()

@@ -10,9 +10,9 @@ dequantized or repacked, so that a rank reads and holds 1/N of every split tenso
   ``check_gguf_tp`` refuses a split that would cut a block (32 values: Q4_0, Q4_1, Q8_0, Q5_0, ...; 256: the
   K-quants' super-blocks), so that a shard's blocks are the file's own.
 The packed types (Q4_0, Q4_1, Q8_0; the K-quants Q4_K, Q5_K, Q6_K) stay in their blocks
-(quant/blocks/weights.py, quant/blocks/kquant.py) unless ``keep_packed`` is off; the rest (F32, F16, BF16, other
+(quant/blocks/weights.py, quant/blocks/kquant.py) unless ``keep_blocks`` is off; the rest (F32, F16, BF16, other
 quants) are dequantized to float32, shard by shard. A MoE layer's stacked experts (E, rows, K) are cut per
-expert the same way (gate/up by rows, down by whole blocks of columns) and held per expert in the packed
+expert the same way (gate/up by rows, down by whole blocks of columns) and held per expert in the kept
 types, as without TP on the CPU (quant/blocks/gguf_experts.py).
 """
 
@@ -115,19 +115,19 @@ def _parts(gguf: GGUFCheckpoint) -> Iterator[tuple[str, ReaderTensor, tuple[int,
 
 
 def sharded_gguf(
-    gguf: GGUFCheckpoint, cfg: ModelConfig, rank: int, world: int, keep_packed: bool
+    gguf: GGUFCheckpoint, cfg: ModelConfig, rank: int, world: int, keep_blocks: bool
 ) -> tuple[Tensors, dict[str, Kept]]:
     """(this rank's float shards, one at a time; its packed 2-D shards by HF name), as
     engine/checkpoint.py's ``Checkpoint.weights`` gives a whole file's."""
-    packed: dict[str, Kept] = {}
+    kept: dict[str, Kept] = {}
     taken: set[str] = set()
-    if keep_packed:
+    if keep_blocks:
         stacked: dict[str, dict[str, list[ExpertMatrix]]] = {}  # MoE module -> projection -> experts
         for name, t, window in _parts(gguf):
             kind = t.tensor_type.name
             if kind in kept_ggml_types("blocks") and len(t.shape) == 2:
                 raw, shape = read_shard(gguf, name, t, cfg, rank, world, window)
-                packed[name] = gguf_matrix(kind, raw, shape)
+                kept[name] = gguf_matrix(kind, raw, shape)
                 taken.add(name)
             elif kind in kept_ggml_types() and len(t.shape) == 3:
                 raw, shape = read_shard(gguf, name, t, cfg, rank, world)
@@ -136,7 +136,7 @@ def sharded_gguf(
                     gguf_matrix(kind, raw[e], shape[1:]) for e in range(shape[0])
                 ]
         held, names = held_gguf_experts(stacked)
-        packed.update(held)
+        kept.update(held)
         taken |= names
 
     def floats() -> Tensors:
@@ -146,4 +146,4 @@ def sharded_gguf(
                 values = np.array(dequantize(raw, t.tensor_type), dtype=np.float32)  # a copy
                 yield name, torch.from_numpy(gguf.as_hf(name, values.reshape(shape)))
 
-    return floats(), packed
+    return floats(), kept

@@ -42,7 +42,7 @@ def build_model(
     device: torch.device,
     seed: int = 0,
     where: str = "the checkpoint",
-    packed: dict[str, Kept] | None = None,
+    kept: dict[str, Kept] | None = None,
     shard: Callable[[CausalLM], None] | None = None,
 ) -> CausalLM:
     """The model on ``device`` in ``dtype`` with ``weights`` (HF names) loaded, or random ones when None,
@@ -61,8 +61,8 @@ def build_model(
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.materialize(device)
-    if packed:
-        swap_in_kept(model, packed, dtype)
+    if kept:
+        swap_in_kept(model, kept, dtype)
     embed = model.get_submodule("model.embed_tokens")
     embed = getattr(embed, "inner", embed)  # a vocab-parallel shard's packed table
     if cfg.tie_word_embeddings and isinstance(embed, BlockQuantEmbedding):

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from glassbox.layers.activation import get_activation
-from glassbox.quant.held_experts import ExpertSlice, HeldExperts, kept_linear, linear_bytes, packed_slice
+from glassbox.quant.held_experts import ExpertSlice, HeldExperts, kept_linear, kept_slice, linear_bytes
 
 if TYPE_CHECKING:
     from glassbox.quant.blocks.moe_stack import StackedExperts
@@ -138,6 +138,8 @@ class MoEExperts(nn.Module):
         # CUDA with triton: models/moe_triton.use_triton_experts sets a device counter (int64) of the experts
         # the fused kernels read (the forward then runs them), and experts in blocks stacked (quant/blocks/moe_stack.py)
         self.fused: torch.Tensor | None = None
+        self.fused_forward: Callable[[MoEExperts, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None
+        self.fused_forward = None  # its forward then (models/moe_triton.py fused_forward)
         self.blocks: StackedExperts | None = None
 
     def hold(self, held: HeldExperts) -> None:
@@ -220,7 +222,7 @@ class MoEExperts(nn.Module):
         ]  # fmt: skip
         count = sum(isinstance(m, ExpertSlice) for pair in pairs for m in pair)
         if count:
-            self._set_linears([tuple(packed_slice(m) for m in pair) for pair in pairs])  # type: ignore[misc]
+            self._set_linears([tuple(kept_slice(m) for m in pair) for pair in pairs])  # type: ignore[misc]
         for name in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
             if getattr(self, name) is not None and count:
                 setattr(self, name, _emptied(getattr(self, name)))
@@ -246,10 +248,8 @@ class MoEExperts(nn.Module):
         """x (T, H), ids (T, k), weights (T, k) in x's dtype -> (T, H). Grouped; on CUDA the fused triton
         kernels (models/moe_triton.py, eager and in graphs), else while a graph is being captured, dense
         (the grouped path reads the counts on the host)."""
-        if self.fused is not None:
-            from glassbox.models.moe_triton import fused_forward
-
-            return fused_forward(self, x, ids, weights)
+        if self.fused is not None and self.fused_forward is not None:
+            return self.fused_forward(self, x, ids, weights)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return self.dense(x, ids, weights)
         return self.grouped(x, ids, weights)

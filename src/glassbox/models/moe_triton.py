@@ -55,6 +55,7 @@ def use_triton_experts(model: nn.Module) -> int:
             m.blocks, m.linears, m.kept = stacked, [], nn.ModuleList()
             stacked_layers.setdefault(stacked.labels, []).append(name)
         m.fused = torch.zeros((), dtype=torch.int64, device=device)
+        m.fused_forward = fused_forward
         n += 1
     for labels, names in stacked_layers.items():
         logger.info(

@@ -162,20 +162,6 @@ PRESETS: dict[str, HardwareSpec] = {
 HARDWARE_CHOICES = (*PRESETS, "local")
 
 
-def get_hardware(name: str) -> HardwareSpec:
-    """A preset by name, or ``local`` (the cached probe of this machine, measured if missing)."""
-    key = name.lower()
-    if key == "local":
-        import torch
-
-        from glassbox.perf.probe import probe_local
-
-        return probe_local("cuda" if torch.cuda.is_available() else "cpu")
-    if key not in PRESETS:
-        raise ValueError(f"--hardware must be one of {', '.join(HARDWARE_CHOICES)}, got {name!r}")
-    return PRESETS[key]
-
-
 def cpu_name() -> str:
     """The CPU's model name as Linux reports it (the machine type elsewhere)."""
     try:

@@ -10,9 +10,10 @@ from functools import partial
 from glassbox.models.facts import ModelFacts
 from glassbox.perf.cost_model import PhaseCost, prefill_cost, step_time
 from glassbox.perf.engine_profiles import EngineProfile, get_engine
-from glassbox.perf.hardware import HardwareSpec, get_hardware
+from glassbox.perf.hardware import HardwareSpec
 from glassbox.perf.memory_plan import kv_bytes_per_element
 from glassbox.perf.model_presets import load_model_facts
+from glassbox.perf.probe import get_hardware
 from glassbox.perf.quant import QuantScheme, resolve_scheme
 from glassbox.perf.tensor_parallel import TensorParallel, check_tp, get_interconnect
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from glassbox.dtypes import canonical, long_name, parse_dtype
 from glassbox.perf import machine_load
-from glassbox.perf.hardware import GIB, HardwareSpec, cpu_name
+from glassbox.perf.hardware import GIB, HARDWARE_CHOICES, PRESETS, HardwareSpec, cpu_name
 
 CACHE_VERSION = 2
 MAX_AGE_S = 24 * 3600.0
@@ -365,3 +365,15 @@ def spec_from_record(rec: dict[str, Any], max_age_s: float = MAX_AGE_S) -> Hardw
             "warnings": warnings,
         },
     )
+
+
+def get_hardware(name: str) -> HardwareSpec:
+    """A preset by name, or ``local`` (the cached probe of this machine, measured if missing)."""
+    key = name.lower()
+    if key == "local":
+        import torch
+
+        return probe_local("cuda" if torch.cuda.is_available() else "cpu")
+    if key not in PRESETS:
+        raise ValueError(f"--hardware must be one of {', '.join(HARDWARE_CHOICES)}, got {name!r}")
+    return PRESETS[key]

@@ -78,6 +78,6 @@ def linear_bytes(m: nn.Module) -> int:
     return int(getattr(m, "nbytes", 0)) + (0 if bias is None else bias.numel() * bias.element_size())
 
 
-def packed_slice(m: nn.Module) -> nn.Module:
+def kept_slice(m: nn.Module) -> nn.Module:
     """An ExpertSlice in the CPU's packed layout (``cpu_matrix``); any other linear as it is."""
     return cpu_matrix(m.weight, m.bias) if isinstance(m, ExpertSlice) else m

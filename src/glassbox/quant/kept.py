@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from glassbox.quant.blocks.linear import BlockQuantEmbedding, BlockQuantLinear, PackedWeights
+from glassbox.quant.blocks.linear import AnyBlocks, BlockQuantEmbedding, BlockQuantLinear
 from glassbox.quant.fp4.linear import FP4Linear
 from glassbox.quant.fp4.weights import FP4Weights
 from glassbox.quant.fp8.linear import Fp8Linear
@@ -16,7 +16,7 @@ from glassbox.quant.held_experts import HeldExperts
 from glassbox.quant.walk import in_place_of
 
 # Weights kept in a format of their own, by HF weight name (a MoE layer's experts: by module name)
-Kept = PackedWeights | Fp8Weights | FP4Weights | HeldExperts
+Kept = AnyBlocks | Fp8Weights | FP4Weights | HeldExperts
 
 
 def swap_in_kept(model: nn.Module, kept: dict[str, Kept], dtype: torch.dtype) -> None:
@@ -48,10 +48,10 @@ def swap_in_kept(model: nn.Module, kept: dict[str, Kept], dtype: torch.dtype) ->
             new = Fp8Linear(blocks, bias).to(old.weight.device)
         elif isinstance(blocks, FP4Weights) and isinstance(old, nn.Linear):
             new = FP4Linear(blocks, bias)
-        elif isinstance(old, nn.Embedding) and isinstance(blocks, PackedWeights):
+        elif isinstance(old, nn.Embedding) and isinstance(blocks, AnyBlocks):
             # Gemma 3's table scales its rows: the blocks must too
             new = BlockQuantEmbedding(blocks, dtype, getattr(old, "scale", None))  # also its TP shard's
-        elif isinstance(old, nn.Linear) and isinstance(blocks, PackedWeights):
+        elif isinstance(old, nn.Linear) and isinstance(blocks, AnyBlocks):
             new = BlockQuantLinear(blocks, bias)
         else:
             raise ValueError(f"{name}: packed weights for a {type(old).__name__}, not a linear or embedding")

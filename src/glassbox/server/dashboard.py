@@ -27,8 +27,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from glassbox import __version__
+from glassbox.anatomy import METRIC_KEYS
 from glassbox.engine.llm_engine import LLMEngine, StepRecord
-from glassbox.engine.sequence import METRIC_KEYS
 from glassbox.outputs import RequestOutput
 from glassbox.server.dashboard_plan import Ceilings, measured
 from glassbox.server.dashboard_recorder import Cursor, DashboardRecorder

@@ -17,9 +17,9 @@ from typing import Any
 
 from starlette.requests import Request
 
+from glassbox.anatomy import RequestMetrics, merge_metrics
 from glassbox.engine.async_engine import RequestError, RequestStream
 from glassbox.engine.request_check import RequestCheckError, check_request
-from glassbox.engine.sequence import RequestMetrics, merge_metrics
 from glassbox.outputs import CompletionOutput, RequestOutput
 from glassbox.sampling_params import SamplingParams
 from glassbox.server.errors import ApiError, bad_request, error_body, param_of_value_error

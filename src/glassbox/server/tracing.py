@@ -25,7 +25,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from glassbox.engine.sequence import RequestMetrics
+from glassbox.anatomy import RequestMetrics
 from glassbox.outputs import RequestOutput
 from glassbox.perf.request_roofline import PROBE_WRONG, RequestRoofline
 from glassbox.server.generation import Job, request_metrics, usage

@@ -25,8 +25,8 @@ from glassbox.quant.blocks.kquant import concat as concat_kquant
 from glassbox.quant.blocks.kquant_triton import TritonKQuant, for_triton
 from glassbox.quant.blocks.weights import BlockWeights, concat, native_library
 
-PackedWeights = BlockWeights | KQuantWeights
-HeldWeights = PackedWeights | TritonKQuant  # what a module holds: K-quants re-laid on CUDA
+AnyBlocks = BlockWeights | KQuantWeights
+HeldWeights = AnyBlocks | TritonKQuant  # what a module holds: K-quants re-laid on CUDA
 _BUFFERS = ("codes", "scales", "offsets", "zeros", "perm", "meta", "sub", "mins", "sup")  # _register's names
 
 # Up to this many rows run the int8-activation kernel and more multiply the dequantized weight (bf16 GEMM).
@@ -113,14 +113,14 @@ class KeptWeights(Protocol):
 def block_weights(model: nn.Module) -> list[KeptWeights]:
     """Every distinct BlockWeights or KQuantWeights of a model (a tied table counted once), and the weights
     of modules that keep theirs otherwise (a ``kept_weights`` attribute: quant/fp8/linear.py; a
-    ``packed_weights()`` list: FP4 linears and MoE experts, quant/fp4/linear.py and models/moe.py)."""
+    ``held_weights()`` list: FP4 linears and MoE experts, quant/fp4/linear.py and models/moe.py)."""
     seen: dict[int, KeptWeights] = {}
     for m in model.modules():
         if isinstance(m, BlockQuantLinear | BlockQuantEmbedding):
             seen.setdefault(id(m.w), m.w)
         elif (kept := getattr(m, "kept_weights", None)) is not None:
             seen.setdefault(id(m), kept)
-        for w in getattr(m, "packed_weights", list)():
+        for w in getattr(m, "held_weights", list)():
             seen.setdefault(id(w), w)
     return list(seen.values())
 
@@ -259,7 +259,7 @@ class BlockQuantEmbedding(nn.Module):
         return rows if self.scale is None else rows * self.scale
 
 
-def concat_weights(parts: list[HeldWeights]) -> PackedWeights | None:
+def concat_weights(parts: list[HeldWeights]) -> AnyBlocks | None:
     """The parts stacked by rows (one kernel call for a fused q/k/v or gate/up), or None when they are of
     different layouts, bits or widths."""
     blocks = [p for p in parts if isinstance(p, BlockWeights)]

@@ -67,7 +67,7 @@ def _stack(
 class StackedExperts(nn.Module):
     """A layer's experts stacked for kernels/triton_block_moe.py: gate_up (E 2I rows) and down (E H rows),
     their arrays as (non-persistent) buffers, so that ``model.buffers()`` sees them, and as the engine's
-    kept weights (``packed_weights``: layers/block_linear.block_weights counts their bytes and formats)."""
+    kept weights (``held_weights``: layers/block_linear.block_weights counts their bytes and formats)."""
 
     def __init__(
         self,
@@ -87,7 +87,7 @@ class StackedExperts(nn.Module):
         self.expert_bytes = (held[0].nbytes + held[1].nbytes + size) // experts  # one expert's, as held
         self.labels = "/".join(dict.fromkeys((held[0].label, held[1].label)))
 
-    def packed_weights(self) -> list[StackedWeights]:
+    def held_weights(self) -> list[StackedWeights]:
         return list(self.held)
 
 

@@ -129,15 +129,15 @@ class SafetensorsFiles:
 def read_nvfp4(model_dir: Path, spec: NVFP4Spec) -> tuple[dict[str, FP4Weights], Tensors]:
     """(the NVFP4 linears as packed weights by HF weight name, the other tensors one at a time)."""
     files = weight_files(model_dir)
-    packed = {}
+    kept = {}
     with ExitStack() as stack:
         f = SafetensorsFiles(stack, files)
         quantized = sorted(k.removesuffix(".weight_scale") for k in f.where if k.endswith(".weight_scale"))
         for prefix in quantized:
             names = [f"{prefix}.{part}" for part in PARTS[:3] if f"{prefix}.{part}" in f.where]
             parts = {n.rpartition(".")[2]: f.tensor(n) for n in names}
-            packed[f"{prefix}.weight"] = layer_weights(spec, parts, prefix)
-    return packed, _floats(files, {f"{p}.{part}" for p in quantized for part in PARTS})
+            kept[f"{prefix}.weight"] = layer_weights(spec, parts, prefix)
+    return kept, _floats(files, {f"{p}.{part}" for p in quantized for part in PARTS})
 
 
 def _floats(files: list[Path], skip: set[str]) -> Tensors:

@@ -89,7 +89,7 @@ class FP4Linear(nn.Module):
             self.bias = nn.Parameter(self.bias.detach().to(device), requires_grad=False)
         self.nbytes = self.triton.nbytes
 
-    def packed_weights(self) -> list[FP4Weights | TritonFP4]:
+    def held_weights(self) -> list[FP4Weights | TritonFP4]:
         return [self.w if self.triton is None else self.triton]
 
 

@@ -82,7 +82,7 @@ def sharded_fp4(
     """(this rank's float shards, one at a time; its NVFP4 linears by HF weight name or MXFP4 experts by
     MoE module name); ValueError naming the layer where a cut breaks a block."""
     nvfp4 = nvfp4_spec(qc)
-    packed: dict[str, Kept] = {}
+    kept: dict[str, Kept] = {}
     taken: set[str] = set()
     ends, parts = (".weight_scale", PARTS) if nvfp4 is not None else (".down_proj_blocks", EXPERT_PARTS)
     with ExitStack() as stack:
@@ -90,10 +90,10 @@ def sharded_fp4(
         for prefix in sorted(k.removesuffix(ends) for k in f.where if k.endswith(ends)):
             try:
                 if nvfp4 is not None:
-                    packed[f"{prefix}.weight"] = _nvfp4_layer(f, nvfp4, prefix, cfg, rank, world)
+                    kept[f"{prefix}.weight"] = _nvfp4_layer(f, nvfp4, prefix, cfg, rank, world)
                 else:
-                    packed[prefix] = _mxfp4_experts(f, prefix, rank, world)
+                    kept[prefix] = _mxfp4_experts(f, prefix, rank, world)
             except ValueError as e:
                 raise ValueError(f"--tensor-parallel-size {world}: {prefix}: {e}") from None
             taken.update(n for n in (f"{prefix}.{part}" for part in parts) if n in f.where)
-    return sharded_safetensors(model_dir, cfg, rank, world, skip=taken), packed
+    return sharded_safetensors(model_dir, cfg, rank, world, skip=taken), kept

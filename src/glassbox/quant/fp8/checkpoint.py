@@ -104,7 +104,7 @@ def read_fp8(
         weights[prefix] = layer_weights(parts["weight"], parts["scale"], spec, prefix)
     dense, held, widened = sort_experts(weights, cpu, "FP8")
     stored = sum(w.nbytes for w in weights.values()) - sum(w.nbytes for w in widened.values())
-    packed: dict[str, Fp8Weights | HeldExperts] = {**dense, **held}
+    kept: dict[str, Fp8Weights | HeldExperts] = {**dense, **held}
     skip = dropped | {f"{p}.weight" for p in layers} | {f"{p}.{spec.scale_part}" for p in layers}
     logger.info("FP8 weights kept 8-bit: %d linear layers, %d MoE layers' experts (%s), %.1f MiB",
                 len(dense), len(held), spec.label, stored / 2**20)  # fmt: skip
@@ -113,4 +113,4 @@ def read_fp8(
                     "; ".join(spec.left_aside))  # fmt: skip
 
     rest = safetensors_tensors(model_dir, skip)
-    return packed, widened_first(widened, lambda w: w.dequantize_reference(torch.float32), rest, "FP8")
+    return kept, widened_first(widened, lambda w: w.dequantize_reference(torch.float32), rest, "FP8")

@@ -22,7 +22,7 @@ from torch import nn
 
 from glassbox.quant.blocks.linear import kernel_chosen, step_kernel_choice
 from glassbox.quant.blocks.weights import native_library
-from glassbox.quant.fp8.quantize import W8A8_MIN_ROWS, row_scales, scaled_mm_rows, w8a8_available
+from glassbox.quant.fp8.w8a8 import W8A8_MIN_ROWS, row_scales, scaled_mm_rows, w8a8_available
 from glassbox.quant.fp8.weights import Fp8Weights, concat
 
 # Up to this many rows run the GEMV, more the tiled dequantize + GEMM (benchmarks/fp8_gemv.py, a 2048 x
