@@ -58,7 +58,7 @@ class SentencePipeline:
     pooling: tuple[str, ...]  # modes, concatenated in this order
     dense: tuple[DenseSpec, ...]
     normalize: bool
-    max_seq_length: int | None  # inputs are cut (or refused) past this many tokens
+    max_seq_length: int | None  # inputs are cut (or refused) past this many tokens (capped by the positions)
     do_lower_case: bool  # the text is lower-cased before tokenizing
 
 
@@ -127,7 +127,14 @@ def read_pipeline(model_dir: Path) -> SentencePipeline:
             raise ValueError(f"sentence-transformers module {module.get('type')!r} is not supported")
     if not pooling:
         raise ValueError(f"{model_dir}: no Pooling module (token embeddings alone are not served)")
-    length = st.get("max_seq_length")
+    modalities = st.get("modality_config")
+    if isinstance(modalities, dict) and "message" in modalities:  # sentence-transformers 6's own saves
+        raise ValueError(
+            f"{model_dir}: sentence_bert_config.json renders texts through the chat template (modality "
+            "'message'), which is not supported; the published layout ({'max_seq_length': N}) embeds plain text"
+        )
+    # sentence-transformers 5+ keeps the limit as the tokenizer's model_max_length instead
+    length = st.get("max_seq_length") or _json(model_dir / "tokenizer_config.json").get("model_max_length")
     return SentencePipeline(
         pooling=pooling,
         dense=tuple(dense),
