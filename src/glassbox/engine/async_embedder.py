@@ -79,6 +79,7 @@ class AsyncEmbedder:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.stats = EmbedderStats()
+        self.num_in_flight = 0  # requests not yet answered (event-loop side)
 
     @property
     def is_running(self) -> bool:
@@ -104,11 +105,32 @@ class AsyncEmbedder:
         with self._cond:
             self._jobs.append(job)
             self._cond.notify()
+        self.num_in_flight += 1
         try:
             return await job.future
         except asyncio.CancelledError:
             job.cancelled = True  # its sequences not yet taken are skipped
             raise
+        finally:
+            self.num_in_flight -= 1
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until every request has its answer; False if ``timeout_s`` passed first."""
+        deadline = time.monotonic() + timeout_s
+        while self.num_in_flight:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    def abort_all(self) -> None:
+        """Answer every queued request with a 503 now (the batch in flight still finishes)."""
+        with self._cond:
+            left = list(self._jobs)
+            self._jobs.clear()
+        for job in left:
+            job.cancelled = True
+            self._answer(job, EmbedError("the request was aborted: the server is shutting down", 503))
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop after the batch in flight; requests still queued get a 503."""
@@ -117,11 +139,7 @@ class AsyncEmbedder:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        with self._cond:
-            left = list(self._jobs)
-            self._jobs.clear()
-        for job in left:
-            self._answer(job, EmbedError("the server is shutting down", 503))
+        self.abort_all()
 
     # -- the model's thread -------------------------------------------------------------------------
     def _take(self) -> list[tuple[_Job, int]] | None:

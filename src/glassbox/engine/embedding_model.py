@@ -26,7 +26,6 @@ from glassbox.config import EngineConfig
 from glassbox.engine.device import resolve_device
 from glassbox.engine.encoder_forward import decoder_hidden
 from glassbox.layers.encoder_attention import Segments
-from glassbox.layers.pooling import pool
 from glassbox.models import bert
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.config_reader import facts_from_config, read_config

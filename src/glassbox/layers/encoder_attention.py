@@ -67,5 +67,6 @@ def encoder_attention(
         buf = x.new_zeros(b * width, x.shape[1], d)
         buf.index_copy_(0, seg.index, x)
         padded.append(buf.view(b, width, x.shape[1], d).transpose(1, 2))  # (B, H, L, D)
-    o = F.scaled_dot_product_attention(*padded, attn_mask=seg.key_mask, scale=scale, enable_gqa=hq != hk)
+    qs, ks, vs = padded
+    o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seg.key_mask, scale=scale, enable_gqa=hq != hk)
     return o.transpose(1, 2).reshape(b * width, hq, d).index_select(0, seg.index)
