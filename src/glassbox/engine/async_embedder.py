@@ -55,7 +55,7 @@ class _Job:
 
 @dataclass(frozen=True)
 class EmbedderStats:
-    num_running: int = 0  # sequences in the batch now computing
+    num_running: int = 0  # sequences of the batch taken last (0 once it is done)
     num_waiting: int = 0  # sequences queued behind it
     batches: int = 0  # batches run since start
     sequences: int = 0  # sequences embedded since start

@@ -81,7 +81,8 @@ def build_embedding_app(embedder: AsyncEmbedder, settings: ServerSettings) -> Fa
         s = embedder.stats
         ok = embedder.is_running and not state.draining
         body = {"status": "ok" if ok else "unavailable", "task": model.task,
-                "num_requests_running": s.num_running, "num_requests_waiting": s.num_waiting}  # fmt: skip
+                "num_requests_running": s.num_running, "num_requests_waiting": s.num_waiting,
+                "batches": s.batches, "sequences": s.sequences, "tokens": s.tokens}  # fmt: skip
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", response_class=Response)
