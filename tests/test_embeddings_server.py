@@ -167,7 +167,7 @@ def test_requests_under_load_are_batched_together_and_exact(minilm: tuple[Server
     server, st = minilm
     before = httpx.get(f"{server.url}/health").json()
     requests = [
-        TEXTS[i % len(TEXTS) :] + ["dogs " * (5 * i + 1)] for i in range(24)
+        TEXTS[i % len(TEXTS) :] + ["dogs " * (5 * i + 1)] for i in range(16)
     ]  # mixed lengths and sizes
 
     def post(texts: list[str]) -> list[list[float]]:

@@ -26,6 +26,7 @@ from glassbox.config import EngineConfig
 from glassbox.engine.device import resolve_device
 from glassbox.engine.encoder_forward import decoder_hidden
 from glassbox.layers.encoder_attention import Segments
+from glassbox.layers.host import parts_to_device
 from glassbox.models import bert
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.config_reader import facts_from_config, read_config
@@ -221,9 +222,10 @@ def _bert_names(weights: Iterator[tuple[str, torch.Tensor]], arch: str) -> Itera
 def _flat(
     ids: list[list[int]], types: list[list[int]] | None, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, Segments]:
+    """(T,) ids, (T,) token types (zeros without), and the sequences' layout, on ``device``."""
     seg = Segments.build([len(s) for s in ids], device)
-    x = torch.tensor([t for s in ids for t in s], dtype=torch.long, device=device)
-    tt = torch.zeros_like(x) if types is None else torch.tensor([t for s in types for t in s], device=device)
+    flat_types = [t for s in types for t in s] if types is not None else [0] * seg.num_tokens
+    x, tt = parts_to_device([[t for s in ids for t in s], flat_types], torch.long, device)
     return x, tt, seg
 
 
@@ -277,8 +279,7 @@ def _pooled_decoder(
     head = head.to(device)
 
     def embed(ids: list[list[int]], types: list[list[int]] | None) -> torch.Tensor:
-        _, _, seg = _flat(ids, None, device)
-        x = torch.tensor([t for s in ids for t in s], dtype=torch.long, device=device)
+        x, _, seg = _flat(ids, None, device)
         with torch.inference_mode():
             return head(decoder_hidden(model, x, seg, causal, dtype), seg).cpu()
 

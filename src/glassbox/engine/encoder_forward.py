@@ -32,4 +32,4 @@ def decoder_hidden(
         causal=causal,
     )
     caches = [scratch] * cfg.num_layers  # every layer writes the same scratch; nothing reads it
-    return model(input_ids, seg.positions(dev), caches, meta)
+    return model(input_ids, seg.position, caches, meta)

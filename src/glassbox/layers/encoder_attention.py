@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from glassbox.layers.host import parts_to_device
+
 
 @dataclass(frozen=True)
 class Segments:
@@ -21,6 +23,11 @@ class Segments:
     lens: tuple[int, ...]
     offsets: tuple[int, ...]
     max_len: int
+    # on the device
+    first: torch.Tensor  # (N,) int64: each sequence's first row
+    count: torch.Tensor  # (N,) int64: its rows
+    owner: torch.Tensor  # (T,) int64: each row's sequence
+    position: torch.Tensor  # (T,) int64: each row's position in its sequence, from 0
     index: torch.Tensor | None  # (T,) int64: each row's place in the (B * max_len) padded layout; None: no padding
     key_mask: torch.Tensor | None  # (B, 1, 1, max_len) bool: True on real keys; None: no padding
 
@@ -32,19 +39,20 @@ class Segments:
         for n in lens[:-1]:
             offsets.append(offsets[-1] + n)
         width = max(lens)
+        owner = [i for i, n in enumerate(lens) for _ in range(n)]
+        position = [p for n in lens for p in range(n)]
+        index = [i * width + p for i, p in zip(owner, position, strict=True)]
+        first, count, owner_t, position_t, index_t = parts_to_device(
+            [offsets, lens, owner, position, index], torch.long, device
+        )
         if min(lens) == width:
-            return cls(tuple(lens), tuple(offsets), width, None, None)
-        index = torch.cat([torch.arange(n) + i * width for i, n in enumerate(lens)]).to(device)
-        key_mask = torch.arange(width)[None, :] < torch.tensor(lens)[:, None]  # (B, max_len)
-        return cls(tuple(lens), tuple(offsets), width, index, key_mask.to(device)[:, None, None, :])
+            return cls(tuple(lens), tuple(offsets), width, first, count, owner_t, position_t, None, None)
+        key_mask = (torch.arange(width, device=device)[None, :] < count[:, None])[:, None, None, :]
+        return cls(tuple(lens), tuple(offsets), width, first, count, owner_t, position_t, index_t, key_mask)
 
     @property
     def num_tokens(self) -> int:
         return sum(self.lens)
-
-    def positions(self, device: torch.device, start: int = 0) -> torch.Tensor:  # (T,) int64
-        """Each row's position inside its sequence, counted from ``start``."""
-        return torch.cat([torch.arange(start, start + n) for n in self.lens]).to(device)
 
 
 def encoder_attention(

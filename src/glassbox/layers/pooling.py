@@ -20,28 +20,25 @@ def pool(hidden: torch.Tensor, seg: Segments, modes: tuple[str, ...]) -> torch.T
     unknown = [m for m in modes if m not in POOLING_MODES]
     if unknown or not modes:
         raise ValueError(f"pooling modes must be some of {POOLING_MODES}, got {modes}")
-    dev = hidden.device
     rows = hidden.float()
     n, width = len(seg.lens), rows.shape[1]
-    lens = torch.tensor(seg.lens, device=dev, dtype=torch.float32)[:, None]  # (N, 1)
-    first = torch.tensor(seg.offsets, device=dev)
-    owner = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(seg.lens, device=dev))  # (T,)
+    lens = seg.count.float()[:, None]  # (N, 1)
     out = []
     total: torch.Tensor | None = None
     for mode in modes:
         if mode == "cls":
-            out.append(rows.index_select(0, first))
+            out.append(rows.index_select(0, seg.first))
         elif mode == "lasttoken":
-            out.append(rows.index_select(0, first + lens[:, 0].long() - 1))
+            out.append(rows.index_select(0, seg.first + seg.count - 1))
         elif mode == "max":
             init = rows.new_full((n, width), float("-inf"))
-            out.append(init.scatter_reduce(0, owner[:, None].expand_as(rows), rows, reduce="amax"))
+            out.append(init.scatter_reduce(0, seg.owner[:, None].expand_as(rows), rows, reduce="amax"))
         elif mode in ("mean", "mean_sqrt_len_tokens"):
             if total is None:
-                total = rows.new_zeros(n, width).index_add_(0, owner, rows)
+                total = rows.new_zeros(n, width).index_add_(0, seg.owner, rows)
             out.append(total / (lens if mode == "mean" else lens.sqrt()))
         else:  # weightedmean: token i (from 1) of a sequence weighs i
-            weight = seg.positions(dev, start=1).float()[:, None]  # (T, 1)
-            num = rows.new_zeros(n, width).index_add_(0, owner, rows * weight)
+            weight = (seg.position + 1).float()[:, None]  # (T, 1)
+            num = rows.new_zeros(n, width).index_add_(0, seg.owner, rows * weight)
             out.append(num / (lens * (lens + 1) / 2))
     return out[0] if len(out) == 1 else torch.cat(out, dim=-1)

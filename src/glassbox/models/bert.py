@@ -201,8 +201,7 @@ class BertModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, token_types: torch.Tensor, seg: Segments
     ) -> torch.Tensor:  # (T,), (T,) -> (T, H)
-        positions = seg.positions(input_ids.device)
-        return self.encoder(self.embeddings(input_ids, positions, token_types), seg)
+        return self.encoder(self.embeddings(input_ids, seg.position, token_types), seg)
 
 
 class BertForSequenceClassification(nn.Module):
@@ -219,7 +218,7 @@ class BertForSequenceClassification(nn.Module):
         self, input_ids: torch.Tensor, token_types: torch.Tensor, seg: Segments
     ) -> torch.Tensor:  # (T,), (T,) -> (N, num_labels)
         hidden = self.bert(input_ids, token_types, seg)
-        first = hidden.index_select(0, torch.tensor(seg.offsets, device=hidden.device))
+        first = hidden.index_select(0, seg.first)
         pooler = self.bert.pooler
         assert isinstance(pooler, BertPooler)
         return self.classifier(pooler(first))
