@@ -128,42 +128,67 @@ def _module(root: Path, idx: int, path: str, kind: str, config: dict[str, Any] |
         (root / path / "config.json").write_text(json.dumps(config))
 
 
+def _decoder_tokenizer(base: Path, bos_eos: bool) -> int:
+    """The shared test tokenizer without its chat template, BOS and EOS around each text where ``bos_eos``;
+    returns the vocabulary size."""
+    from tokenizer_factory import build_tokenizer_dir
+
+    build_tokenizer_dir(base)
+    tok = json.loads((base / "tokenizer.json").read_text())
+    specials = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    if bos_eos:
+        bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
+        tok["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": eos, "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {t: {"id": t, "ids": [specials[t]], "tokens": [t]} for t in (bos, eos)},
+        }  # fmt: skip
+        (base / "tokenizer.json").write_text(json.dumps(tok))
+    (base / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    return len(tok["model"]["vocab"]) + sum(
+        1 for t in tok["added_tokens"] if t["content"] not in tok["model"]["vocab"]
+    )
+
+
+def _save_st(base: Path, out: Path, modules: list[Any], max_seq_length: int, config: dict[str, Any]) -> None:
+    """``modules`` after the Transformer saved by sentence-transformers, then given the published 2.x-5.x
+    sentence_bert_config.json (sentence-transformers 6 would render texts through a chat template) and
+    ``config`` added to config.json."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Transformer
+
+    SentenceTransformer(modules=[Transformer(str(base)), *modules], device="cpu").save(str(out))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
+    cfg_json = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg_json, **config}))
+    shutil.rmtree(base)
+
+
+def _randomize(model: Any, seed: int) -> None:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.uniform_(-0.2, 0.2) if "norm" in name else p.normal_(0.0, 0.08)
+
+
 def tiny_gemma_embedder(root: Path) -> Path:
     """A random Gemma3TextModel with ``use_bidirectional_attention`` (EmbeddingGemma's layout): sliding
     windows of 10 (shorter than the texts), mean pooling, Dense 64 -> 256 -> 48 (the second with a bias and
-    tanh), Normalize; BOS and EOS around each text; ``max_seq_length`` 40; ``matryoshka_dimensions`` in its
-    config. Built and saved by sentence-transformers, then given the published 2.x-5.x
-    sentence_bert_config.json (sentence-transformers 6 would render texts through the chat template)."""
+    tanh), Normalize; BOS and EOS around each text; ``max_seq_length`` 40; ``matryoshka_dimensions``."""
     import transformers as tf
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.base.modules import Dense, Normalize
     from sentence_transformers.sentence_transformer.modules import Pooling
-    from tokenizer_factory import build_tokenizer_dir
 
     out = root / "tiny-gemma-embedder"
     if (out / "modules.json").is_file():
         return out
     base = root / "tiny-gemma-base"
-    build_tokenizer_dir(base)
-    tok = json.loads((base / "tokenizer.json").read_text())
-    specials = {t["content"]: t["id"] for t in tok["added_tokens"]}
-    bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
-    tok["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                   {"SpecialToken": {"id": eos, "type_id": 0}}],
-        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {t: {"id": t, "ids": [specials[t]], "tokens": [t]} for t in (bos, eos)},
-    }  # fmt: skip
-    (base / "tokenizer.json").write_text(json.dumps(tok))
-    (base / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((base / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (base / "tokenizer_config.json").write_text(json.dumps(config))
-    vocab = len(tok["model"]["vocab"]) + sum(
-        1 for t in tok["added_tokens"] if t["content"] not in tok["model"]["vocab"]
-    )
-    torch.manual_seed(4)
+    vocab = _decoder_tokenizer(base, bos_eos=True)
     cfg = tf.Gemma3TextConfig(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24, sliding_window=10,
@@ -171,18 +196,36 @@ def tiny_gemma_embedder(root: Path) -> Path:
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
     )  # fmt: skip
     model = tf.Gemma3TextModel(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.uniform_(-0.2, 0.2) if "norm" in name else p.normal_(0.0, 0.08)
+    _randomize(model, 4)
     model.save_pretrained(base)
-    st = SentenceTransformer(
-        modules=[Transformer(str(base)), Pooling(64, "mean"), Dense(64, 256, bias=False, activation_function=None),
-                 Dense(256, 48, bias=True, activation_function=torch.nn.Tanh()), Normalize()],
-        device="cpu",
+    dense = [
+        Dense(64, 256, bias=False, activation_function=None),
+        Dense(256, 48, activation_function=torch.nn.Tanh()),
+    ]
+    _save_st(
+        base, out, [Pooling(64, "mean"), *dense, Normalize()], 40, {"matryoshka_dimensions": [48, 32, 16]}
+    )
+    return out
+
+
+def tiny_qwen3_embedder(root: Path) -> Path:
+    """A random Qwen3Model with causal attention, last-token pooling and Normalize (Qwen3-Embedding's
+    layout); ``max_seq_length`` 32."""
+    import transformers as tf
+    from sentence_transformers.base.modules import Normalize
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    out = root / "tiny-qwen3-embedder"
+    if (out / "modules.json").is_file():
+        return out
+    base = root / "tiny-qwen3-base"
+    vocab = _decoder_tokenizer(base, bos_eos=False)
+    cfg = tf.Qwen3Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=256, architectures=["Qwen3Model"],
     )  # fmt: skip
-    st.save(str(out))
-    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40, "do_lower_case": False}))
-    cfg_json = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**cfg_json, "matryoshka_dimensions": [48, 32, 16]}))
-    shutil.rmtree(base)
+    model = tf.Qwen3Model(cfg)
+    _randomize(model, 5)
+    model.save_pretrained(base)
+    _save_st(base, out, [Pooling(64, "lasttoken"), Normalize()], 32, {})
     return out

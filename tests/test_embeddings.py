@@ -21,7 +21,13 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from embedding_models import minilm_dir, tiny_bert_embedder, tiny_cross_encoder, tiny_gemma_embedder
+from embedding_models import (
+    minilm_dir,
+    tiny_bert_embedder,
+    tiny_cross_encoder,
+    tiny_gemma_embedder,
+    tiny_qwen3_embedder,
+)
 
 from glassbox import LLM
 from glassbox.layers.encoder_attention import Segments
@@ -133,6 +139,18 @@ def test_gemma3_embedding_model_bidirectional_with_dense_layers(tmp_path: Path) 
     assert_close(llm.embed(texts, truncate=True, dimensions=16), short)
     with pytest.raises(ValueError, match=r"one of \[16, 32, 48\]"):
         llm.embed(texts[0], dimensions=20)
+
+
+def test_causal_decoder_with_last_token_pooling(tmp_path: Path) -> None:
+    """Qwen3-Embedding's layout: a Qwen3 base model, causal, the last token's state, normalized."""
+    from sentence_transformers import SentenceTransformer
+
+    path = tiny_qwen3_embedder(tmp_path)
+    llm = LLM(str(path), device="cpu")
+    assert llm.embedding is not None and "causal" in llm.embedding.description
+    texts = ["def main():\n    return 1", "x", "import os\n" * 20, "class A(B):\n    pass"]
+    st = SentenceTransformer(str(path), device="cpu")
+    assert_close(llm.embed(texts, truncate=True), st.encode(texts, convert_to_tensor=True))
 
 
 def test_cross_encoder_scores_equal_sentence_transformers(tmp_path: Path) -> None:

@@ -47,7 +47,9 @@ async def _body(request: Request) -> dict[str, Any]:
         raise OllamaError(400, "the request body must be a JSON object")
     where = _lone_surrogate(body, "")
     if where is not None:
-        raise OllamaError(400, f"{where or 'a field name'} holds a lone UTF-16 surrogate, not valid Unicode text")
+        raise OllamaError(
+            400, f"{where or 'a field name'} holds a lone UTF-16 surrogate, not valid Unicode text"
+        )
     return body
 
 
@@ -76,8 +78,32 @@ def _translate(e: Exception) -> OllamaError:
     return OllamaError(e.status, e.message)
 
 
+def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """The route's body in the OpenAPI schema (the handler reads the JSON itself, to answer in Ollama's shape)."""
+    body = {"type": "object", "properties": properties, "required": required}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}
+
+
+_EMBED = _schema(
+    {
+        "model": {"type": "string"},
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "truncate": {"type": "boolean"},
+        "dimensions": {"type": "integer"},
+        "options": {"type": "object"},
+        "keep_alive": {"anyOf": [{"type": "string"}, {"type": "number"}]},
+    },
+    ["model"],
+)
+_EMBEDDINGS = _schema(
+    {"model": {"type": "string"}, "prompt": {"type": "string"}, "options": {"type": "object"},
+     "keep_alive": {"anyOf": [{"type": "string"}, {"type": "number"}]}},
+    ["model"],
+)  # fmt: skip
+
+
 def install_ollama_embed_routes(app: FastAPI, service: EmbeddingService) -> None:
-    @app.post("/api/embed")
+    @app.post("/api/embed", openapi_extra=_EMBED)
     async def embed(request: Request) -> JSONResponse:
         try:
             body = await _body(request)
@@ -107,7 +133,7 @@ def install_ollama_embed_routes(app: FastAPI, service: EmbeddingService) -> None
             "load_duration": 0, "prompt_eval_count": m.prompt_tokens, "metrics": m.as_dict(),
         })  # fmt: skip
 
-    @app.post("/api/embeddings")
+    @app.post("/api/embeddings", openapi_extra=_EMBEDDINGS)
     async def embeddings(request: Request) -> JSONResponse:
         try:
             body = await _body(request)
