@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,23 @@ def test_ollama_mistakes_are_4xx_in_ollama_shape(
     assert r.status_code == status, r.text
     answer = r.json()
     assert list(answer) == ["error"] and isinstance(answer["error"], str) and answer["error"]
+
+
+def test_schemathesis_finds_no_server_error_on_the_embedding_server(
+    minilm: tuple[ServerProcess, Any], tmp_path: Path
+) -> None:
+    """Generated bodies (valid and not) for every route in the embedding server's schema: never a 5xx."""
+    st = Path(sys.executable).with_name("st")
+    if not st.exists():
+        pytest.skip("schemathesis is not installed")
+    cmd = [str(st), "run", f"{minilm[0].url}/openapi.json", "--checks", "not_a_server_error", "--mode", "all",
+           "--max-examples", "25", "--workers", "1", "--seed", "1", "--generation-database", "none",
+           "--request-timeout", "60", "--no-color"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0 and "passed" in proc.stdout, proc.stdout[-4000:] + minilm[0].log()[-3000:]
+    assert (
+        "Selected: 9/9" in proc.stdout
+    )  # /v1/embeddings, /v1/rerank, /rerank, /api/embed(dings), models, ...
 
 
 def test_embedding_server_refuses_what_it_does_not_serve(minilm: tuple[ServerProcess, Any]) -> None:
