@@ -61,11 +61,17 @@ class LLM:
     def _embedder(self, task: str) -> EmbeddingModel:
         if self.embedding is None or self.embedding.task != task:
             what = "reranks" if self.task == "rerank" else "embeds" if self.embedding else "generates"
-            hint = " (a generative model embeds with pooling='last')" if task == "embed" and what == "generates" else ""
+            hint = (
+                " (a generative model embeds with pooling='last')"
+                if task == "embed" and what == "generates"
+                else ""
+            )
             raise ValueError(f"this model {what}: it has no {task}(){hint}")
         return self.embedding
 
-    def _run(self, model: EmbeddingModel, ids: list[list[int]], types: list[list[int]] | None) -> torch.Tensor:
+    def _run(
+        self, model: EmbeddingModel, ids: list[list[int]], types: list[list[int]] | None
+    ) -> torch.Tensor:
         """All sequences in batches of at most ``max_num_batched_tokens`` tokens, results in order."""
         cuts, tokens = [0], 0
         for i, seq in enumerate(ids):

@@ -180,7 +180,9 @@ class AsyncEmbedder:
             seqs = [job.seqs[i] for job, i in batch]
             types = None
             if any(job.types is not None for job, _ in batch):
-                types = [job.types[i] if job.types is not None else [0] * len(job.seqs[i]) for job, i in batch]
+                types = [
+                    job.types[i] if job.types is not None else [0] * len(job.seqs[i]) for job, i in batch
+                ]
             try:
                 out = self.model.run(seqs, types)
             except Exception as e:  # a bug of ours: every request in the batch gets an error, none is lost

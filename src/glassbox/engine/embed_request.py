@@ -45,7 +45,9 @@ def _ids(model: EmbeddingModel, ids: list[Any], where: str, param: str, truncate
         raise InputError(f"{where} must hold integer token ids", param, "invalid_type")
     bad = [t for t in ids if not 0 <= t < model.vocab_size]
     if bad:
-        raise InputError(f"{where} holds ids outside the vocabulary [0, {model.vocab_size}): {bad[:5]}", param)
+        raise InputError(
+            f"{where} holds ids outside the vocabulary [0, {model.vocab_size}): {bad[:5]}", param
+        )
     if len(ids) > model.max_tokens:
         if not truncate:
             raise _too_long(TooLong(len(ids), model.max_tokens), where, param)
@@ -57,7 +59,9 @@ def _text(model: EmbeddingModel, text: str, where: str, param: str, truncate: bo
     if not text:
         raise InputError(f"{where} is an empty string", param)
     try:
-        ids = encode_text(model.tokenizer, text.lower() if model.do_lower_case else text, model.max_tokens, truncate)
+        ids = encode_text(
+            model.tokenizer, text.lower() if model.do_lower_case else text, model.max_tokens, truncate
+        )
     except TooLong as e:
         raise _too_long(e, where, param) from None
     if not ids:
@@ -65,7 +69,9 @@ def _text(model: EmbeddingModel, text: str, where: str, param: str, truncate: bo
     return ids
 
 
-def embedding_inputs(model: EmbeddingModel, inputs: Any, truncate: bool, param: str = "input") -> list[list[int]]:
+def embedding_inputs(
+    model: EmbeddingModel, inputs: Any, truncate: bool, param: str = "input"
+) -> list[list[int]]:
     """OpenAI's ``input``: a string, a list of strings, a token array, or a list of token arrays -> the ids
     of each input (a token array as given: no special tokens added)."""
     if isinstance(inputs, str):
@@ -79,7 +85,9 @@ def embedding_inputs(model: EmbeddingModel, inputs: Any, truncate: bool, param: 
     if not inputs:
         raise InputError(f"{param} must not be empty", param)
     if len(inputs) > MAX_INPUTS:
-        raise InputError(f"{param} has {len(inputs)} items, more than {MAX_INPUTS}", param, "array_above_max_length")
+        raise InputError(
+            f"{param} has {len(inputs)} items, more than {MAX_INPUTS}", param, "array_above_max_length"
+        )
     if all(type(x) is int for x in inputs):  # one token array
         return [_ids(model, inputs, param, param, truncate)]
     out = []
@@ -101,9 +109,15 @@ def rerank_inputs(
 ) -> tuple[list[str], list[list[int]], list[list[int]]]:
     """(the documents' texts, ids and token types of each (query, document) pair)."""
     if not isinstance(query, str) or not query:
-        raise InputError("query must be a non-empty string", "query", "invalid_type" if not isinstance(query, str) else "invalid_value")
+        raise InputError(
+            "query must be a non-empty string",
+            "query",
+            "invalid_type" if not isinstance(query, str) else "invalid_value",
+        )
     if not isinstance(documents, list) or not documents:
-        raise InputError("documents must be a non-empty list of strings (or {'text': ...} objects)", "documents")
+        raise InputError(
+            "documents must be a non-empty list of strings (or {'text': ...} objects)", "documents"
+        )
     if len(documents) > MAX_INPUTS:
         raise InputError(f"documents has {len(documents)} items, more than {MAX_INPUTS}", "documents")
     texts, ids, types = [], [], []

@@ -25,6 +25,7 @@ import torch
 from glassbox.config import EngineConfig
 from glassbox.engine.device import resolve_device
 from glassbox.engine.encoder_forward import decoder_hidden
+from glassbox.layers.block_linear import block_kernel_rows
 from glassbox.layers.encoder_attention import Segments
 from glassbox.layers.host import parts_to_device
 from glassbox.models import bert
@@ -118,7 +119,9 @@ def _limit(config: EngineConfig, pipeline: SentencePipeline | None, positions: i
     limit = pipeline.max_seq_length if pipeline is not None and pipeline.max_seq_length else positions
     if config.max_model_len is not None:
         if config.max_model_len > positions:
-            raise ValueError(f"--max-model-len {config.max_model_len} is past the model's {positions} positions")
+            raise ValueError(
+                f"--max-model-len {config.max_model_len} is past the model's {positions} positions"
+            )
         limit = config.max_model_len
     return min(limit, positions)
 
@@ -184,7 +187,8 @@ def _bert(
 
         def score(ids: list[list[int]], types: list[list[int]] | None) -> torch.Tensor:
             x, tt, seg = _flat(ids, types, device)
-            with torch.inference_mode():  # one logit per pair; sigmoid, as sentence-transformers' CrossEncoder
+            # one logit per pair; its sigmoid, as sentence-transformers' CrossEncoder
+            with torch.inference_mode():
                 return torch.sigmoid(cross(x, tt, seg).float()[:, 0]).cpu()
 
         return EmbeddingModel(
@@ -247,7 +251,9 @@ def _decoder(
     model = build_model(mc, _decoder_names(safetensors_tensors(path)), dtype, device, where=str(path))
     causal = not cfg.get("use_bidirectional_attention", False)
     limit = _limit(config, pipeline, facts.max_positions)
-    what = f"{arch} ({mc.num_layers} layers, {'causal' if causal else 'bidirectional'}) on {device} in {dtype}"
+    what = (
+        f"{arch} ({mc.num_layers} layers, {'causal' if causal else 'bidirectional'}) on {device} in {dtype}"
+    )
     flops = 2.0 * (facts.total_params - 2 * facts.params["embed"])
     return _pooled_decoder(model, dtype, causal, _head(pipeline, config.pooling, mc.hidden_size, "last"),
                            name, tokenizer, limit, _matryoshka(cfg), device,
@@ -280,7 +286,9 @@ def _pooled_decoder(
 
     def embed(ids: list[list[int]], types: list[list[int]] | None) -> torch.Tensor:
         x, _, seg = _flat(ids, None, device)
-        with torch.inference_mode():
+        # block weights as in a prompt step (the dequantized weight's GEMM): each text's hidden states are its
+        # prefill's, whatever the batch's row count
+        with torch.inference_mode(), block_kernel_rows(False, prompt=True):
             return head(decoder_hidden(model, x, seg, causal, dtype), seg).cpu()
 
     return EmbeddingModel(

@@ -28,7 +28,9 @@ class Segments:
     count: torch.Tensor  # (N,) int64: its rows
     owner: torch.Tensor  # (T,) int64: each row's sequence
     position: torch.Tensor  # (T,) int64: each row's position in its sequence, from 0
-    index: torch.Tensor | None  # (T,) int64: each row's place in the (B * max_len) padded layout; None: no padding
+    index: (
+        torch.Tensor | None
+    )  # (T,) int64: each row's place in the (B * max_len) padded layout; None: no padding
     key_mask: torch.Tensor | None  # (B, 1, 1, max_len) bool: True on real keys; None: no padding
 
     @classmethod

@@ -51,7 +51,9 @@ class BertConfig:
         archs = cfg.get("architectures") or ["BertModel"]
         arch = str(archs[0])
         if cfg.get("model_type") != "bert" or arch not in ARCHITECTURES:
-            raise ValueError(f"not a BERT checkpoint glassbox runs ({arch}; supported: {', '.join(ARCHITECTURES)})")
+            raise ValueError(
+                f"not a BERT checkpoint glassbox runs ({arch}; supported: {', '.join(ARCHITECTURES)})"
+            )
         kind = cfg.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise ValueError(f"BERT position_embedding_type {kind!r} is not supported (only 'absolute')")

@@ -98,7 +98,9 @@ def _dense(folder: Path) -> DenseSpec:
         raise ValueError(f"{folder}: Dense activation {act!r} is not supported ({', '.join(_ACTIVATIONS)})")
     if not (folder / "model.safetensors").is_file():
         raise ValueError(f"{folder}: Dense weights must be in model.safetensors (pickled .bin is not read)")
-    return DenseSpec(folder, int(cfg["in_features"]), int(cfg["out_features"]), bool(cfg.get("bias", True)), act)
+    return DenseSpec(
+        folder, int(cfg["in_features"]), int(cfg["out_features"]), bool(cfg.get("bias", True)), act
+    )
 
 
 def read_pipeline(model_dir: Path) -> SentencePipeline:

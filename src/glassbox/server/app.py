@@ -104,7 +104,10 @@ def _authorized(scope: Scope, key: str) -> bool:
 
 
 def build_app(
-    engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetrics, embedder: AsyncEmbedder | None = None
+    engine: AsyncEngine,
+    settings: ServerSettings,
+    metrics: ServerMetrics,
+    embedder: AsyncEmbedder | None = None,
 ) -> FastAPI:
     """The server app around a (not yet started) AsyncEngine whose observer is ``metrics``; ``embedder``:
     the same model's embeddings (``--pooling``), else /v1/embeddings answers that it does not embed."""

@@ -5,6 +5,7 @@ anatomy and the Prometheus counters. A route only translates its dialect's reque
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -97,19 +98,24 @@ class EmbeddingService:
                 f"the model {name!r} does not rerank; serve a cross-encoder (BertForSequenceClassification)"
             )
         if self.task == "rerank":
-            raise NotServed(f"the model {name!r} is a reranker: it scores pairs (/v1/rerank), it does not embed")
+            raise NotServed(
+                f"the model {name!r} is a reranker: it scores pairs (/v1/rerank), it does not embed"
+            )
         raise NotServed(
             f"the model {name!r} is a generative model and this server does not embed with it; start the "
             "server with --pooling last (its final hidden states, last token) or serve an embedding model"
         )
 
-    async def embed(self, inputs: object, truncate: bool, dimensions: object, param: str = "input") -> Embedded:
+    async def embed(
+        self, inputs: object, truncate: bool, dimensions: object, param: str = "input"
+    ) -> Embedded:
         """Check, tokenize and embed ``inputs`` (OpenAI's forms); raises InputError, NotServed, EmbedError."""
         embedder = self._require("embed")
         model = embedder.model
         t0 = time.perf_counter()
         dims = check_dimensions(model, dimensions)
-        ids = embedding_inputs(model, inputs, truncate, param)
+        # tokenizing up to 2048 texts: off the event loop, which keeps serving the other requests meanwhile
+        ids = await asyncio.to_thread(embedding_inputs, model, inputs, truncate, param)
         result = await embedder.run(ids, tokenize_s=time.perf_counter() - t0)
         self.metrics.observe("embed", len(ids), result.metrics)
         return Embedded(shorten(result.values, dims, model.normalized), result.metrics)
@@ -118,7 +124,7 @@ class EmbeddingService:
         """Check, tokenize and score each (query, document) pair; raises InputError, NotServed, EmbedError."""
         embedder = self._require("rerank")
         t0 = time.perf_counter()
-        texts, ids, types = rerank_inputs(embedder.model, query, documents, truncate)
+        texts, ids, types = await asyncio.to_thread(rerank_inputs, embedder.model, query, documents, truncate)
         result = await embedder.run(ids, types, tokenize_s=time.perf_counter() - t0)
         self.metrics.observe("rerank", len(ids), result.metrics)
         return Reranked(texts, [float(s) for s in result.values], result.metrics)
@@ -127,4 +133,6 @@ class EmbeddingService:
 def serves_embeddings(app: FastAPI) -> bool:
     """Whether the app's model embeds (Ollama's /api/show ``embedding`` capability)."""
     service = getattr(app.state, "embeddings", None)
-    return isinstance(service, EmbeddingService) and service.model is not None and service.model.task == "embed"
+    return (
+        isinstance(service, EmbeddingService) and service.model is not None and service.model.task == "embed"
+    )

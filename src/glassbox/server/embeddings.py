@@ -35,7 +35,9 @@ CheckModel = Callable[[str | None], None]  # 404 (ApiError) unless None or the s
 
 class EmbeddingRequest(_Body):
     model: str | None = Field(None, description="the served model name (default: the one served)")
-    input: Any = Field(..., description="a string, a list of strings, a token array, or a list of token arrays")
+    input: Any = Field(
+        ..., description="a string, a list of strings, a token array, or a list of token arrays"
+    )
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, description="a shorter vector, where the model was trained for it")
     user: str | None = None

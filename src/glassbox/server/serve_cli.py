@@ -49,6 +49,7 @@ class _Served(Protocol):
     @property
     def engine(self) -> _Engine: ...
 
+
 logger = logging.getLogger(__name__)
 
 

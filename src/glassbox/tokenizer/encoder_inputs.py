@@ -33,7 +33,9 @@ def encode_text(tok: Tokenizer, text: str, limit: int, truncate: bool) -> list[i
     return ids[:start] + body[: limit - specials] + ids[start + len(body) :]
 
 
-def encode_pair(tok: Tokenizer, first: str, second: str, limit: int, truncate: bool) -> tuple[list[int], list[int]]:
+def encode_pair(
+    tok: Tokenizer, first: str, second: str, limit: int, truncate: bool
+) -> tuple[list[int], list[int]]:
     """(ids, token types) of a text pair through the tokenizer's pair template; past ``limit`` ids the longer
     text is cut first (both to half when both are long), as ``tokenizers``' LongestFirst, or TooLong."""
     backend = tok.backend
