@@ -149,11 +149,17 @@ def open_embedding_model(config: EngineConfig, task: str) -> EmbeddingModel:
 
 
 def _head(pipeline: SentencePipeline | None, pooling: str | None, hidden: int, default: str) -> SentenceHead:
-    """The checkpoint's own pipeline, or ``--pooling`` (default ``default``) then Normalize."""
-    if pipeline is not None and pooling is None:
-        return SentenceHead(pipeline, hidden)
-    mode = POOLINGS[pooling or default]
-    return SentenceHead(SentencePipeline((mode,), (), True, None, False), hidden)
+    """The checkpoint's own pipeline (``--pooling`` replacing only its pooling), or without one ``--pooling``
+    (default ``default``) then Normalize."""
+    if pipeline is None:
+        return SentenceHead(SentencePipeline((POOLINGS[pooling or default],), (), True, None, False), hidden)
+    if pooling is not None:
+        if pipeline.dense:
+            raise ValueError(
+                "--pooling cannot replace the pooling of a pipeline with Dense layers (their inputs)"
+            )
+        pipeline = replace(pipeline, pooling=(POOLINGS[pooling],))
+    return SentenceHead(pipeline, hidden)
 
 
 def _bert(
@@ -171,6 +177,8 @@ def _bert(
         raise ValueError("--task rerank needs a cross-encoder (BertForSequenceClassification)")
     if task == "embed" and bc.architecture != "BertModel":
         raise ValueError(f"--task embed: {bc.architecture} is a reranker (serve it with --task rerank)")
+    if task == "rerank" and config.pooling is not None:
+        raise ValueError("--pooling does not apply to a reranker (it scores its [CLS] row)")
     if task == "rerank" and bc.num_labels != 1:
         raise ValueError(f"a reranker gives one score per pair; this classifier has {bc.num_labels} labels")
     dtype = _dtype(config.dtype, bc.dtype, device)
