@@ -141,16 +141,15 @@ def check_dimensions(model: EmbeddingModel, dimensions: Any, param: str = "dimen
         return None
     if type(dimensions) is not int:
         raise InputError(f"{param} must be an integer", param, "invalid_type")
-    if not model.dimensions_ok(dimensions):
-        sizes = (
-            f"one of {sorted({*model.matryoshka, model.dimension})}"
-            if model.matryoshka
-            else f"at most {model.dimension}"
-            if model.matryoshka is None
-            else f"{model.dimension} (this model does not say it was trained for shorter, Matryoshka, vectors)"
-        )
-        raise InputError(f"{param} must be {sizes}, got {dimensions}", param)
-    return dimensions
+    if model.dimensions_ok(dimensions):
+        return dimensions
+    if model.matryoshka is None:
+        sizes = f"at most {model.dimension}"
+    elif model.matryoshka:
+        sizes = f"one of {sorted({*model.matryoshka, model.dimension})}"
+    else:
+        sizes = f"{model.dimension} (this model does not say it was trained for shorter, Matryoshka, vectors)"
+    raise InputError(f"{param} must be {sizes}, got {dimensions}", param)
 
 
 def shorten(vectors: torch.Tensor, dimensions: int | None, normalized: bool) -> torch.Tensor:

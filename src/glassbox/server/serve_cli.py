@@ -198,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
 
     task = config.task if config.task != "auto" else checkpoint_task(resolve_model(config.model))
     if task != "generate":
+        if args.otlp_traces_endpoint is not None:
+            logger.warning("--otlp-traces-endpoint: embedding and rerank requests are not traced yet")
         app, what = _embedding_app(config, task, settings)
     else:
         if config.tensor_parallel_size > 1:
