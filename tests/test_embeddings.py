@@ -22,6 +22,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from embedding_models import (
+    TEXTS,
+    assert_close,
     minilm_dir,
     tiny_bert_embedder,
     tiny_cross_encoder,
@@ -32,25 +34,6 @@ from embedding_models import (
 from glassbox import LLM
 from glassbox.layers.encoder_attention import Segments
 from glassbox.layers.pooling import POOLING_MODES, pool
-
-COSINE = 0.9999  # see the module docstring
-TEXTS = [
-    "The capital of France is Paris.",
-    "what is the capital of france?",
-    "x",
-    "Dogs run fast; cats run slow. " * 12,  # ~100 tokens, the longest here
-    "Ünïcödé, emoji 🙂 and CJK 東京 text",
-    "hello world " * 3,
-]
-
-
-def assert_close(ours: torch.Tensor, ref: Any, norms: bool = False) -> None:
-    ref = torch.as_tensor(ref, dtype=torch.float32)
-    assert ours.shape == ref.shape
-    cos = F.cosine_similarity(ours, ref, dim=-1)
-    assert bool((cos >= COSINE).all()), cos.tolist()
-    if norms:
-        assert torch.allclose(ours.norm(dim=-1), ref.norm(dim=-1), rtol=1e-4)
 
 
 @pytest.fixture(scope="module")
