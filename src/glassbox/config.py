@@ -16,6 +16,8 @@ LOAD_FORMATS = ("auto", "dummy")
 # --quantization: "none" (16/32-bit weights) or a format applied to the built model (quant/formats.py rows
 # with an ``at_load``; the aliases int8/int4/int4-asym spell q8_0/q4_0/q4_1)
 QUANTIZATIONS = ("none", *at_load_formats())
+TASKS = ("auto", "generate", "embed", "rerank")  # --task (engine/embedding_model.py)
+POOLINGS = ("last", "mean", "cls")  # --pooling
 
 
 @dataclass
@@ -58,6 +60,12 @@ class EngineConfig:
     # "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b} or a draft model,
     # {"model": DIR, "num_speculative_tokens": k}; parsed to SpeculativeConfig (or None) here
     speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
+    # what the model serves (engine/embedding_model.py): "auto" decides from the checkpoint (BERT encoders and
+    # sentence-transformers directories embed, BertForSequenceClassification reranks, the rest generate)
+    task: str = "auto"
+    # pooling for a model without sentence-transformers files (then L2-normalized); with a generative model
+    # it turns embeddings on beside generation (last-token pooling of its final hidden states)
+    pooling: str | None = None
 
     @property
     def quantized_at_load(self) -> WeightFormat | None:
@@ -109,5 +117,9 @@ class EngineConfig:
             )
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"--node-rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        if self.task not in TASKS:
+            raise ValueError(f"--task must be one of {TASKS}, got {self.task!r}")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise ValueError(f"--pooling must be one of {POOLINGS} or unset, got {self.pooling!r}")
         if not 0 <= self.master_port < 65536:
             raise ValueError(f"--master-port must be in [0, 65535], got {self.master_port}")

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from glassbox.config import DEFAULT_BLOCK_SIZE, DEVICES, LOAD_FORMATS, QUANTIZATIONS, EngineConfig
+from glassbox.config import (
+    DEFAULT_BLOCK_SIZE,
+    DEVICES,
+    LOAD_FORMATS,
+    POOLINGS,
+    QUANTIZATIONS,
+    TASKS,
+    EngineConfig,
+)
 from glassbox.dtypes import ENGINE_DTYPES, long_name
 
 MODEL_HELP = (
@@ -115,6 +123,22 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         help="rendezvous port (default: a free one on one host, else 29500)",
     )
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--task",
+        default="auto",
+        choices=TASKS,
+        help="what the model serves: generate, embed (/v1/embeddings, /api/embed) or rerank (/v1/rerank); "
+        "auto: BERT encoders and sentence-transformers directories embed, BertForSequenceClassification "
+        "reranks, the rest generate",
+    )
+    g.add_argument(
+        "--pooling",
+        default=None,
+        choices=POOLINGS,
+        help="embeddings of a model without sentence-transformers files: its final hidden states pooled "
+        "(last token, mean or first), L2-normalized; with a generative model this turns /v1/embeddings on "
+        "beside generation",
+    )
 
 
 def config_from_args(args: argparse.Namespace, **extra: object) -> EngineConfig:
@@ -144,5 +168,7 @@ def config_from_args(args: argparse.Namespace, **extra: object) -> EngineConfig:
         master_port=args.master_port,
         speculative_config=args.speculative_config,
         seed=args.seed,
+        task=args.task,
+        pooling=args.pooling,
         **extra,  # type: ignore[arg-type]
     )

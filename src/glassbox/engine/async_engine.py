@@ -127,8 +127,7 @@ class Abort:
 
 
 @dataclass(frozen=True)
-class Stop:
-    pass
+class Stop: ...
 
 
 Command = Add | Abort | Stop  # what the event loop sends the engine thread

@@ -90,6 +90,9 @@ class AttentionMetadata:
     prefills: list[PrefillSeq] = field(default_factory=list)
     backend: str = "torch"  # "torch" (reference SDPA) | "native" (CPU kernels) | "triton" (CUDA kernels)
     paged_prefill: PagedPrefill | None = None  # triton backend: the prefill rows' layout
+    # False: every prefill row sees its whole sequence (a decoder run as an encoder: engine/encoder_forward.py;
+    # whole sequences, torch backend only)
+    causal: bool = True
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
@@ -179,7 +182,7 @@ def paged_attention(
         out[:nd] = _decode_attention(
             q[:nd], kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, sliding_window, sinks
         )
-    prefill_attention(q, k, v, kv_cache, meta.prefills, scale, sliding_window, out, sinks)
+    prefill_attention(q, k, v, kv_cache, meta.prefills, scale, sliding_window, out, sinks, meta.causal)
     return out
 
 
@@ -193,11 +196,14 @@ def prefill_attention(
     sliding_window: int | None,
     out: torch.Tensor,  # (T, Hq, D): each prefill's rows written
     sinks: torch.Tensor | None = None,  # (Hq,)
+    causal: bool = True,
 ) -> None:
     """Causal attention of each prefill chunk over its cached prefix and itself (PyTorch SDPA; with sinks,
     the explicit softmax of :func:`attention_with_sinks`). An 8-bit cache is read back for the chunk's own
     keys too, so that a prompt's answer does not depend on how it was chunked or whether its prefix was
-    cached."""
+    cached. Not ``causal``: whole sequences (start 0), each row sees every row of its sequence, or in a
+    sliding layer those within ``sliding_window // 2`` positions either side (transformers' bidirectional
+    window, Gemma 3's ``use_bidirectional_attention``)."""
     gqa = q.shape[1] != k.shape[1]
     fresh_ok = not kv_quant.is_8bit(kv_cache)
     for p in prefills:
@@ -212,13 +218,17 @@ def prefill_attention(
         ks = ks.transpose(0, 1).unsqueeze(0).to(qs.dtype)  # (1, Hk, total, D)
         vs = vs.transpose(0, 1).unsqueeze(0).to(qs.dtype)
         if p.start == 0 and sliding_window is None and sinks is None:
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa)
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale, enable_gqa=gqa)
         else:
             qpos = torch.arange(p.start, total, device=q.device)[:, None]
             kpos = torch.arange(total, device=q.device)[None, :]
-            mask = kpos <= qpos
-            if sliding_window is not None:
-                mask &= kpos > qpos - sliding_window
+            if causal:
+                mask = kpos <= qpos
+                if sliding_window is not None:
+                    mask &= kpos > qpos - sliding_window
+            else:
+                assert p.start == 0, "bidirectional attention runs on whole sequences"
+                mask = (kpos - qpos).abs() <= (total if sliding_window is None else sliding_window // 2)
             if sinks is not None:
                 o = attention_with_sinks(qs, ks, vs, mask, scale, sinks)
             else:

