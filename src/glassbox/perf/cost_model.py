@@ -42,8 +42,14 @@ class StepCost:
         return "memory" if self.memory_s >= self.compute_s else "compute"
 
 
-def compute_dtype(fmt: QuantFormat, hw: HardwareSpec, engine: EngineProfile) -> str:
-    """Dtype of the matmuls for weights stored in ``fmt`` (widened when no native path exists)."""
+def compute_dtype(fmt: QuantFormat, hw: HardwareSpec, engine: EngineProfile, experts: bool = False) -> str:
+    """Dtype of the matmuls for weights stored in ``fmt`` (widened when no native path exists).
+
+    FP4 (NVFP4/MXFP4) runs on the FP4 tensor cores only where the chip has them, its engines ship the
+    GEMMs (``hw.fp4_engine_support``) and the engine uses them: for dense linears ``native_fp4``, for the
+    routed experts' grouped GEMMs ``native_fp4_moe`` (vLLM on sm_121 runs MoE experts on Marlin's
+    weight-only kernel: 4-bit weights widened to bf16). FP8 and INT8 run natively where the chip has them.
+    """
     if fmt.is_16bit:
         return fmt.compute
     if engine.weight_only:
@@ -51,7 +57,8 @@ def compute_dtype(fmt: QuantFormat, hw: HardwareSpec, engine: EngineProfile) -> 
     if engine.gguf:
         return "int8"  # ggml MMQ: activations quantized to 8 bits, int8 dot products
     if fmt.compute == "fp4":
-        native = engine.native_fp4 and hw.fp4_engine_support and hw.has("fp4")
+        uses = engine.native_fp4_moe if experts else engine.native_fp4
+        native = uses and hw.fp4_engine_support and hw.has("fp4")
         return "fp4" if native else "bf16"
     if fmt.compute in ("fp8", "int8"):
         return fmt.compute if hw.has(fmt.compute) else "bf16"
@@ -109,8 +116,8 @@ def step_cost(
 
     # FLOPs: linear layers at their compute dtype, scans at bf16, attention at bf16 with the engine's
     # attention efficiency (eta_attn; flash attention at long context is a GEMM, near the GEMM rate).
-    def rate(fmt: QuantFormat) -> float:
-        return hw.peak_flops(compute_dtype(fmt, hw, engine)) * engine.eta_flops
+    def rate(fmt: QuantFormat, experts: bool = False) -> float:
+        return hw.peak_flops(compute_dtype(fmt, hw, engine, experts)) * engine.eta_flops
 
     dense_flops = 2.0 * tokens * sum(facts.params[g] for g in _DENSE_GROUPS)
     expert_flops = 2.0 * tokens * facts.experts_per_token * facts.moe_layers * facts.params_per_expert
@@ -121,7 +128,7 @@ def step_cost(
     attn_rate = hw.peak_flops("bf16") * (engine.eta_attn or engine.eta_flops)
     compute_s = (
         dense_flops / rate(quant.main)
-        + expert_flops / (rate(quant.experts) * engine.moe_flops_factor)
+        + expert_flops / (rate(quant.experts, experts=True) * engine.moe_flops_factor)
         + head_flops / rate(quant.lm_head)
         + attn_flops / attn_rate
         + scan_flops / bf16_rate
