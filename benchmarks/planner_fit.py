@@ -13,7 +13,7 @@ from pathlib import Path
 
 from glassbox.perf.calibrate import error, fit_engine, fit_step_sync, leave_one_model_out, mape, predict
 from glassbox.perf.engine_profiles import PROFILES
-from glassbox.perf.spark_rows import ROWS, rows
+from glassbox.perf.spark_rows import BATCH_SIZES, BATCHED_CONTEXT, BATCHED_DECODE, ROWS, rows
 from glassbox.perf.tensor_parallel import INTERCONNECTS
 
 ENGINES = ("ollama", "llama.cpp", "sglang", "vllm", "trt-llm")
@@ -69,10 +69,41 @@ def report() -> str:
         else:
             lines += ["", "Leave one model out: not possible (one model among the fit rows)."]
         lines.append("")
+    lines += batched_section()
     excluded = [r for r in ROWS if r.split == "excluded"]
     if excluded:
         lines += ["Excluded rows (reason in spark_rows.py): " + "; ".join(r.label for r in excluded), ""]
     return "\n".join(lines) + "\n"
+
+
+def batched_section() -> list[str]:
+    """Batched decode (llama-batched-bench) predicted with the expected union of experts, llama.cpp profile."""
+    from glassbox.perf.calibrate import SPARK
+    from glassbox.perf.cost_model import expected_distinct_experts, step_cost
+    from glassbox.perf.model_presets import load_model_facts
+    from glassbox.perf.quant import resolve_scheme
+
+    eng = PROFILES["llama.cpp"]
+    head = " | ".join(f"B={b}" for b in BATCH_SIZES)
+    lines = [
+        "## Batched MoE decode: the expected union of experts vs llama-batched-bench (held out)",
+        "",
+        "Aggregate tok/s, published / predicted (error); in brackets the experts a step reads per MoE layer "
+        "under uniform routing, E (1 - (1 - k/E)^B).",
+        "",
+        f"| model | {head} |",
+        "|---|" + "---:|" * len(BATCH_SIZES),
+    ]
+    for (model, quant), measured in BATCHED_DECODE.items():
+        f = load_model_facts(model)
+        s = resolve_scheme(quant, f.native_quant, f.dtype, eng.gguf, eng.mixed_rest_format)
+        cells = []
+        for b, y in zip(BATCH_SIZES, measured, strict=True):
+            p = b / step_cost(f, s, SPARK, eng, [(1, BATCHED_CONTEXT)] * b).seconds
+            union = expected_distinct_experts(f.num_experts, f.experts_per_token, b)
+            cells.append(f"{y:.0f} / {p:.0f} ({p / y - 1:+.0%})" + (f" [{union:.1f}]" if f.is_moe else ""))
+        lines.append(f"| {model} {quant} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def main() -> int:

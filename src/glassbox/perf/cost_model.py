@@ -13,7 +13,7 @@ read and written, and recurrent (Mamba) state; FLOPs are 2 x active weights per 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from glassbox.models.facts import ModelFacts
 from glassbox.perf.engine_profiles import EngineProfile
@@ -36,6 +36,7 @@ class StepCost:
     flops: float
     num_tokens: int
     comm_s: float = 0.0  # tensor parallelism's all-reduces (included in seconds)
+    terms: dict[str, float] = field(default_factory=dict)  # what makes up ``seconds`` (see step_cost)
 
     @property
     def bound(self) -> str:
@@ -126,21 +127,41 @@ def step_cost(
     scan_flops = tokens * facts.mixer_flops_per_token
     bf16_rate = hw.peak_flops("bf16") * engine.eta_flops
     attn_rate = hw.peak_flops("bf16") * (engine.eta_attn or engine.eta_flops)
-    compute_s = (
-        dense_flops / rate(quant.main)
-        + expert_flops / (rate(quant.experts, experts=True) * engine.moe_flops_factor)
-        + head_flops / rate(quant.lm_head)
-        + attn_flops / attn_rate
-        + scan_flops / bf16_rate
-    ) / ranks
+    parts = {  # seconds of each kind of arithmetic on one rank
+        "linear_s": dense_flops / rate(quant.main) / ranks,
+        "experts_s": expert_flops / (rate(quant.experts, experts=True) * engine.moe_flops_factor) / ranks,
+        "lm_head_s": head_flops / rate(quant.lm_head) / ranks,
+        "attention_s": attn_flops / attn_rate / ranks,
+        "scan_s": scan_flops / bf16_rate / ranks,
+    }
+    compute_s = sum(parts.values())
     flops = (dense_flops + expert_flops + head_flops + attn_flops + scan_flops) / ranks
-    overhead = (
-        engine.step_overhead_s + engine.layer_overhead_s * facts.num_layers + engine.seq_overhead_s * seqs
-    )
+    host = {
+        "step_overhead_s": engine.step_overhead_s,
+        "layer_overhead_s": engine.layer_overhead_s * facts.num_layers,
+        "seq_overhead_s": engine.seq_overhead_s * seqs,
+    }
+    overhead = sum(host.values())
     busy = max(memory_s, compute_s) if engine.overlap else memory_s + compute_s
     comm = step_comm_s(facts, engine.tp, tokens, seqs if logit_rows is None else logit_rows)
     seconds = busy + overhead + comm
-    return StepCost(seconds, memory_s, compute_s, overhead, weight_bytes + other_bytes, flops, tokens, comm)
+    terms = {
+        "weight_bytes": weight_bytes,
+        "kv_state_bytes": other_bytes,
+        "memory_s": memory_s,
+        "linear_flops": (dense_flops + head_flops) / ranks,
+        "expert_flops": expert_flops / ranks,
+        "attention_flops": attn_flops / ranks,
+        "compute_s": compute_s,
+        **parts,
+        "overlapped": 1.0 if engine.overlap else 0.0,
+        **host,
+        "comm_s": comm,
+        "seconds": seconds,
+    }
+    return StepCost(
+        seconds, memory_s, compute_s, overhead, weight_bytes + other_bytes, flops, tokens, comm, terms
+    )
 
 
 def step_time(

@@ -132,3 +132,17 @@ def rows(engine: str | None = None, split: str | None = None, kinds: tuple[str, 
         and (split is None or r.split == split)
         and (not kinds or r.kind in kinds)
     ]
+
+
+# llama-batched-bench on a Spark (the same file as LLAMA_CPP_BENCH): PP 512, TG 32, B sequences decoding
+# together, aggregate S_TG tok/s. Held out (never fitted): the check of the expected union of experts a
+# batch reads (cost_model.expected_distinct_experts) against published batched MoE decode; the dense 7B
+# is the control. Reported by benchmarks/planner_fit.py, not part of the MAPEs above.
+BATCHED_DECODE: dict[tuple[str, str], tuple[float, ...]] = {
+    ("gpt-oss-20b", "mxfp4"): (81.11, 95.00, 151.90, 254.09, 400.94, 614.82),
+    ("gpt-oss-120b", "mxfp4"): (57.28, 60.35, 95.08, 146.65, 220.02, 312.56),
+    ("qwen3-30b-a3b", "q8_0"): (57.63, 64.11, 102.01, 154.91, 232.98, 345.01),
+    ("qwen2.5-coder-7b", "q8_0"): (29.24, 54.46, 104.33, 195.67, 335.01, 593.27),
+}
+BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+BATCHED_CONTEXT = 512 + 16  # the prompt plus half of the 32 decoded tokens
