@@ -113,6 +113,9 @@ def step_cost(
     kv_write = sum(facts.kv_bytes(c + n, kv_bytes_per_element) for n, c in work) - kv_read
     state = 2.0 * seqs * facts.state_bytes_per_seq / ranks  # recurrent state read and written back
     other_bytes = (kv_read + max(kv_write, 0.0)) * kv_share(facts, ranks) + state
+    if engine.prompt_prep_bytes_per_weight and max(n for n, _ in work) > engine.prompt_prep_rows:
+        dense = sum(facts.params[g] for g in _DENSE_GROUPS) + facts.params["lm_head"]
+        other_bytes += dense * engine.prompt_prep_bytes_per_weight / ranks  # the prompt GEMMs' weight copy
     memory_s = weight_s + other_bytes / bw
 
     # FLOPs: linear layers at their compute dtype, scans at bf16, attention at bf16 with the engine's

@@ -44,6 +44,9 @@ class EngineProfile:
     kv_row_scales: an fp8/int8 KV cache keeps a float32 scale per token and head (glassbox's layout);
         else one scale per tensor (vLLM's fp8), 1 byte per element.
     tp: tensor parallelism (ranks, link); a step's time is one rank's share plus its all-reduces.
+    prompt_prep_bytes_per_weight: bytes moved per dense weight to prepare a prompt step's GEMM (glassbox on
+        a CPU with AMX: bf16 tiles untiled into a temporary for oneDNN, read 2 + write 2 bytes), charged at
+        eta_bw on steps with a sequence of more than ``prompt_prep_rows`` new tokens; 0: none.
     """
 
     name: str
@@ -66,6 +69,8 @@ class EngineProfile:
     eta_attn: float = 0.0  # 0: attention at eta_flops of the bf16 peak
     overlap: bool = True
     kv_row_scales: bool = False
+    prompt_prep_bytes_per_weight: float = 0.0
+    prompt_prep_rows: int = 32
     fitted_on: str = ""
     tp: TensorParallel = field(default_factory=TensorParallel)  # ranks and their link (perf/tensor_parallel)
 
@@ -120,6 +125,7 @@ PROFILES: dict[str, EngineProfile] = {
             max_num_seqs=256,
             runtime_gib=0.5,
             kv_row_scales=True,
+            prompt_prep_bytes_per_weight=4.0,  # bf16 prompts untiled per step (README: bf16 prompts)
             fitted_on="benchmarks/plan_vs_measured.py on a 2-core AVX-512 EPYC: Qwen3-0.6B-shaped bf16 decode "
             "and prefill at batch 1 and the demo model's decode (glassbox's C kernels around oneDNN-packed linears)",
         ),
