@@ -38,7 +38,7 @@ def test_presets_match_brief(name: str) -> None:
 
 def test_spark_semantics() -> None:
     spark = PRESETS["dgx-spark"]
-    assert spark.unified_memory and not spark.fp4_engine_support
+    assert spark.unified_memory and spark.fp4_engine_support  # sm_121 FP4 GEMMs ship (vLLM, TRT-LLM)
     assert spark.tflops["fp4"] * 2 == 1000  # BRIEF: ~1 PFLOP FP4 *sparse*
     assert PRESETS["h100-sxm"].tflops["fp8"] == pytest.approx(1979)
     assert {"m4-max", "strix-halo", "h100-pcie"} <= set(PRESETS)

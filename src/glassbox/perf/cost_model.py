@@ -13,7 +13,7 @@ read and written, and recurrent (Mamba) state; FLOPs are 2 x active weights per 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from glassbox.models.facts import ModelFacts
 from glassbox.perf.engine_profiles import EngineProfile
@@ -37,14 +37,21 @@ class StepCost:
     flops: float
     num_tokens: int
     comm_s: float = 0.0  # tensor parallelism's all-reduces (included in seconds)
+    terms: dict[str, float] = field(default_factory=dict)  # what makes up ``seconds`` (see step_cost)
 
     @property
     def bound(self) -> str:
         return "memory" if self.memory_s >= self.compute_s else "compute"
 
 
-def compute_dtype(fmt: WeightFormat, hw: HardwareSpec, engine: EngineProfile) -> str:
-    """Dtype of the matmuls for weights stored in ``fmt`` (widened when no native path exists)."""
+def compute_dtype(fmt: WeightFormat, hw: HardwareSpec, engine: EngineProfile, experts: bool = False) -> str:
+    """Dtype of the matmuls for weights stored in ``fmt`` (widened when no native path exists).
+
+    FP4 (NVFP4/MXFP4) runs on the FP4 tensor cores only where the chip has them, its engines ship the
+    GEMMs (``hw.fp4_engine_support``) and the engine uses them: for dense linears ``native_fp4``, for the
+    routed experts' grouped GEMMs ``native_fp4_moe`` (vLLM on sm_121 runs MoE experts on Marlin's
+    weight-only kernel: 4-bit weights widened to bf16). FP8 and INT8 run natively where the chip has them.
+    """
     if fmt.is_16bit:
         return fmt.compute
     if engine.weight_only:
@@ -52,7 +59,8 @@ def compute_dtype(fmt: WeightFormat, hw: HardwareSpec, engine: EngineProfile) ->
     if engine.gguf:
         return "int8"  # ggml MMQ: activations quantized to 8 bits, int8 dot products
     if fmt.compute == "fp4":
-        native = engine.native_fp4 and hw.fp4_engine_support and hw.has("fp4")
+        uses = engine.native_fp4_moe if experts else engine.native_fp4
+        native = uses and hw.fp4_engine_support and hw.has("fp4")
         return "fp4" if native else "bf16"
     if fmt.compute in ("fp8", "int8"):
         return fmt.compute if hw.has(fmt.compute) else "bf16"
@@ -106,12 +114,15 @@ def step_cost(
     kv_write = sum(facts.kv_bytes(c + n, kv_bytes_per_element) for n, c in work) - kv_read
     state = 2.0 * seqs * facts.state_bytes_per_seq / ranks  # recurrent state read and written back
     other_bytes = (kv_read + max(kv_write, 0.0)) * kv_share(facts, ranks) + state
+    if engine.prompt_prep_bytes_per_weight and max(n for n, _ in work) > engine.prompt_prep_rows:
+        dense = sum(facts.params[g] for g in _DENSE_GROUPS) + facts.params["lm_head"]
+        other_bytes += dense * engine.prompt_prep_bytes_per_weight / ranks  # the prompt GEMMs' weight copy
     memory_s = weight_s + other_bytes / bw
 
     # FLOPs: linear layers at their compute dtype, scans at bf16, attention at bf16 with the engine's
     # attention efficiency (eta_attn; flash attention at long context is a GEMM, near the GEMM rate).
-    def rate(fmt: WeightFormat) -> float:
-        return hw.peak_flops(compute_dtype(fmt, hw, engine)) * engine.eta_flops
+    def rate(fmt: WeightFormat, experts: bool = False) -> float:
+        return hw.peak_flops(compute_dtype(fmt, hw, engine, experts)) * engine.eta_flops
 
     dense_flops = 2.0 * tokens * sum(facts.params[g] for g in _DENSE_GROUPS)
     expert_flops = 2.0 * tokens * facts.experts_per_token * facts.moe_layers * facts.params_per_expert
@@ -120,21 +131,41 @@ def step_cost(
     scan_flops = tokens * facts.mixer_flops_per_token
     bf16_rate = hw.peak_flops("bf16") * engine.eta_flops
     attn_rate = hw.peak_flops("bf16") * (engine.eta_attn or engine.eta_flops)
-    compute_s = (
-        dense_flops / rate(quant.main)
-        + expert_flops / (rate(quant.experts) * engine.moe_flops_factor)
-        + head_flops / rate(quant.lm_head)
-        + attn_flops / attn_rate
-        + scan_flops / bf16_rate
-    ) / ranks
+    parts = {  # seconds of each kind of arithmetic on one rank
+        "linear_s": dense_flops / rate(quant.main) / ranks,
+        "experts_s": expert_flops / (rate(quant.experts, experts=True) * engine.moe_flops_factor) / ranks,
+        "lm_head_s": head_flops / rate(quant.lm_head) / ranks,
+        "attention_s": attn_flops / attn_rate / ranks,
+        "scan_s": scan_flops / bf16_rate / ranks,
+    }
+    compute_s = sum(parts.values())
     flops = (dense_flops + expert_flops + head_flops + attn_flops + scan_flops) / ranks
-    overhead = (
-        engine.step_overhead_s + engine.layer_overhead_s * facts.num_layers + engine.seq_overhead_s * seqs
-    )
+    host = {
+        "step_overhead_s": engine.step_overhead_s,
+        "layer_overhead_s": engine.layer_overhead_s * facts.num_layers,
+        "seq_overhead_s": engine.seq_overhead_s * seqs,
+    }
+    overhead = sum(host.values())
     busy = max(memory_s, compute_s) if engine.overlap else memory_s + compute_s
     comm = step_comm_s(facts, engine.tp, tokens, seqs if logit_rows is None else logit_rows)
     seconds = busy + overhead + comm
-    return StepCost(seconds, memory_s, compute_s, overhead, weight_bytes + other_bytes, flops, tokens, comm)
+    terms = {
+        "weight_bytes": weight_bytes,
+        "kv_state_bytes": other_bytes,
+        "memory_s": memory_s,
+        "linear_flops": (dense_flops + head_flops) / ranks,
+        "expert_flops": expert_flops / ranks,
+        "attention_flops": attn_flops / ranks,
+        "compute_s": compute_s,
+        **parts,
+        "overlapped": 1.0 if engine.overlap else 0.0,
+        **host,
+        "comm_s": comm,
+        "seconds": seconds,
+    }
+    return StepCost(
+        seconds, memory_s, compute_s, overhead, weight_bytes + other_bytes, flops, tokens, comm, terms
+    )
 
 
 def step_time(

@@ -34,7 +34,9 @@ class EngineProfile:
     max_num_seqs: sequences decoded together at most (server default).
     runtime_gib: memory beyond weights/KV/activations: CUDA context, workspaces, graphs.
     gguf: loads GGUF files; quantized matmuls run on the int8 (MMQ) path.
-    native_fp4: uses FP4 tensor cores for NVFP4/MXFP4 where the chip and kernels allow.
+    native_fp4: runs the dense linears of NVFP4/MXFP4 weights on FP4 tensor cores where the chip and
+        kernels allow (the prompt GEMMs at the FP4 rate; activations quantized to FP4 per block).
+    native_fp4_moe: the routed experts' grouped GEMMs too (else widened to bf16, as Marlin's kernels do).
     weight_only: quantized weights are dequantized into 16-bit dots (glassbox's Triton kernels: 4/8-bit
         blocks, GPTQ/AWQ and FP8 weight-only), never int8/FP8 tensor cores; bytes per weight unchanged.
     mixed_rest_format: how its files store the 16-bit part of a mixed checkpoint (llama.cpp: q8_0).
@@ -42,6 +44,9 @@ class EngineProfile:
     kv_row_scales: an fp8/int8 KV cache keeps a float32 scale per token and head (glassbox's layout);
         else one scale per tensor (vLLM's fp8), 1 byte per element.
     tp: tensor parallelism (ranks, link); a step's time is one rank's share plus its all-reduces.
+    prompt_prep_bytes_per_weight: bytes moved per dense weight to prepare a prompt step's GEMM (glassbox on
+        a CPU with AMX: bf16 tiles untiled into a temporary for oneDNN, read 2 + write 2 bytes), charged at
+        eta_bw on steps with a sequence of more than ``prompt_prep_rows`` new tokens; 0: none.
     """
 
     name: str
@@ -55,6 +60,7 @@ class EngineProfile:
     runtime_gib: float
     gguf: bool = False
     native_fp4: bool = False
+    native_fp4_moe: bool = False
     weight_only: bool = False
     mixed_rest_format: str | None = None
     kernel_factors: bool = True  # apply formats' decode_kernel_factor (off for ceilings)
@@ -63,6 +69,8 @@ class EngineProfile:
     eta_attn: float = 0.0  # 0: attention at eta_flops of the bf16 peak
     overlap: bool = True
     kv_row_scales: bool = False
+    prompt_prep_bytes_per_weight: float = 0.0
+    prompt_prep_rows: int = 32
     fitted_on: str = ""
     tp: TensorParallel = field(default_factory=TensorParallel)  # ranks and their link (perf/tensor_parallel)
 
@@ -117,25 +125,44 @@ PROFILES: dict[str, EngineProfile] = {
             max_num_seqs=256,
             runtime_gib=0.5,
             kv_row_scales=True,
+            prompt_prep_bytes_per_weight=4.0,  # bf16 prompts untiled per step (README: bf16 prompts)
             fitted_on="benchmarks/plan_vs_measured.py on a 2-core AVX-512 EPYC: Qwen3-0.6B-shaped bf16 decode "
             "and prefill at batch 1 and the demo model's decode (glassbox's C kernels around oneDNN-packed linears)",
         ),
         EngineProfile(
             "vllm",
-            eta_bw=0.70,
-            eta_flops=0.48,
-            moe_flops_factor=0.58,
+            eta_bw=0.680,
+            eta_flops=0.48,  # tied to SGLang's (the same GEMM libraries): no dense prefill row of its own
+            moe_flops_factor=0.350,
             step_overhead_s=0.001,
-            request_overhead_s=0.084,
+            request_overhead_s=0.0112,
+            max_batched_tokens=8192,
+            max_num_seqs=256,
+            runtime_gib=2.0,
+            native_fp4=True,  # FlashInfer-CUTLASS NVFP4 GEMMs for dense linears on sm_121
+            native_fp4_moe=False,  # MoE experts on Marlin (weight-only, widened to bf16) on sm_121
+            fitted_on="perf/spark_rows.py (fit rows): Nemotron 3 Super NVFP4 decode 23.2, TTFT 0.42 s (58 tok) "
+            "/ 3.85 s (7,234 tok) (BRIEF); Llama 3.1 8B FP8 (NIM vLLM) decode 22.1, TTFT 54 ms (29 tok); "
+            "held out: Llama 3.3 70B NVFP4 decode and 32K TTFT (benchmarks/results/planner-fit-*.md)",
+        ),
+        EngineProfile(
+            "trt-llm",
+            eta_bw=0.718,
+            eta_flops=0.48,  # tied to SGLang's: no prefill row of its own
+            moe_flops_factor=0.58,  # SGLang's former MoE factor: no MoE prefill row
+            step_overhead_s=0.0005,
+            request_overhead_s=0.0049,
             max_batched_tokens=8192,
             max_num_seqs=256,
             runtime_gib=2.0,
             native_fp4=True,
-            fitted_on="BRIEF: Nemotron 3 Super NVFP4 decode 22.7-23.7, TTFT 0.42 s (58 tok) / 3.85 s (7,234 tok)",
+            native_fp4_moe=True,  # TensorRT-LLM's FP4 grouped GEMMs for NVFP4 experts
+            fitted_on="perf/spark_rows.py (fit rows): Llama 3.1 8B NVFP4 decode 38.65 (NVIDIA's Spark post), "
+            "TTFT 30.8 ms (29 tok); held out: Qwen3 235B NVFP4 on two Sparks, 11.73 tok/s",
         ),
         EngineProfile(
             "sglang",
-            eta_bw=0.63,
+            eta_bw=0.636,
             eta_flops=0.48,
             moe_flops_factor=0.58,
             step_overhead_s=0.001,
@@ -167,7 +194,7 @@ PROFILES: dict[str, EngineProfile] = {
             "ollama",
             eta_bw=0.81,
             eta_flops=0.46,
-            moe_flops_factor=0.15,
+            moe_flops_factor=0.146,
             step_overhead_s=0.0005,
             request_overhead_s=0.050,
             max_batched_tokens=512,
@@ -187,6 +214,7 @@ PROFILES: dict[str, EngineProfile] = {
             max_num_seqs=1 << 20,
             runtime_gib=0.0,
             native_fp4=True,
+            native_fp4_moe=True,
             kernel_factors=False,
             fitted_on="the roofline: datasheet bandwidth and FLOP/s, no overheads",
         ),

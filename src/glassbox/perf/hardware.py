@@ -69,10 +69,12 @@ PRESETS: dict[str, HardwareSpec] = {
             273.0,
             {"fp4": 500.0, "fp8": 250.0, "int8": 250.0, "bf16": 125.0, "fp16": 125.0, "fp32": 31.0},
             True,
-            False,
+            True,
             "NVIDIA DGX Spark (GB10, sm_121): 128 GB LPDDR5X unified (CUDA sees 119.7 GiB), 273 GB/s; "
             "1 PFLOP FP4 is sparse -> 500 dense, halving per wider dtype; ~31 TFLOP/s FP32 (Hot Chips 2025). "
-            "No native FP4 GEMM path in most engines: 4-bit weights are widened to BF16.",
+            "FP4 GEMMs ship for sm_121 (vLLM picks FlashInfer-CUTLASS for NVFP4 linears, "
+            "github.com/NVIDIA/dgx-spark-playbooks/pull/91; TensorRT-LLM); MoE experts and GGUF engines "
+            "widen 4-bit weights (Marlin, ggml MMQ): per engine profile.",
         ),
         HardwareSpec(
             "h100-sxm",

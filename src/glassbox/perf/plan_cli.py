@@ -73,7 +73,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help=f"link between ranks: {', '.join(INTERCONNECT_CHOICES)}; adds a TP 1/2/4 comparison",
     )
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="also print the terms of each figure (bytes, FLOPs, rates, overheads, collectives)",
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (always with its terms)")
     p.set_defaults(func=run)
 
 
@@ -123,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
-        render(result)
+        render(result, explain=getattr(args, "explain", False))
     return 0
 
 
@@ -143,8 +148,8 @@ def _bits(quant: dict[str, Any]) -> str:
     return ", ".join(f"{g} {b:.2f}" for g, b in bits.items())
 
 
-def render(result: dict[str, Any]) -> None:
-    """Rich tables for people: memory, speed with its bound, concurrency and rate rows."""
+def render(result: dict[str, Any], explain: bool = False) -> None:
+    """Rich tables for people: memory, speed with its bound, concurrency and rate rows (and the terms)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -234,6 +239,10 @@ def render(result: dict[str, Any]) -> None:
         console.print(r)
     if result.get("tensor_parallel"):
         _render_tp(console, result)
+    if explain:
+        from glassbox.perf.explain import render_explain
+
+        render_explain(console, result)
     for warning in result["warnings"]:
         console.print(f"[yellow]warning: {warning}[/]")
     for note in m["notes"]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from glassbox.models.facts import ModelFacts
 from glassbox.perf.cost_model import decode_cost
+from glassbox.perf.explain import explain
 from glassbox.perf.load_rows import concurrency_rows, rate_rows
 from glassbox.perf.memory_plan import plan_memory
 from glassbox.perf.plan_request import PlanRequest, Setup, resolve
@@ -111,6 +112,7 @@ def plan(req: PlanRequest) -> dict[str, Any]:
         "concurrency": concurrency_rows(req, s, memory),
         "rate": rate_rows(req, s, memory),
         "tensor_parallel": tp_rows(req, s),  # [] without --interconnect
+        "explain": explain(s, req),  # the terms of prefill, decode and TTFT (perf/explain.py)
     }
 
 

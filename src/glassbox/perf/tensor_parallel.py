@@ -1,4 +1,4 @@
-"""Tensor parallelism in the planner: the links between ranks and what an all-reduce over them costs.
+"""Tensor parallelism in the planner: the links between ranks and what a collective over them costs.
 
 With TP over N ranks (Megatron's split, as glassbox's engine/tensor_parallel.py runs it) every rank holds
 1/N of each linear (q/k/v and gate/up by output rows, o and down by input columns), 1/N of the KV heads
@@ -9,10 +9,17 @@ activation width), one more after the vocab-parallel embedding, and an all-gathe
 logits after the vocab-parallel LM head. Communication is not overlapped with compute (a rank waits for
 its sum before the next layer): its time adds to the step.
 
-Ring all-reduce of S bytes over N ranks: each rank sends and receives 2 (N - 1) / N x S bytes in
-2 (N - 1) steps (reduce-scatter then all-gather), so t = 2 (N - 1) / N x S / B + 2 (N - 1) x alpha, with B
-the link bandwidth per direction and alpha the latency of one step (Patarasuk & Yuan 2009; NCCL's
-"bus bandwidth" convention, nccl-tests doc/PERFORMANCE.md). An all-gather is half of it.
+One all-reduce of S bytes over N ranks (NCCL's ring; Patarasuk & Yuan 2009, nccl-tests
+doc/PERFORMANCE.md's "bus bandwidth"):
+
+    t = call + 2 (N - 1) x hop + 2 (N - 1) / N x S / B
+
+``call`` is the fixed cost of one collective call (kernel launch, NCCL's proxy handing the work to the
+NIC, the completion the next kernel waits on), ``hop`` the latency of each of the ring's 2 (N - 1) steps,
+B the bus bandwidth per direction. An all-gather is half of the steps and bytes. A step of an engine
+whose ranks sit in different boxes also pays ``step_sync_s`` once: the driver sending the scheduled batch
+to the other boxes' workers and collecting their results (vLLM's multi-node executor), not hidden by
+CUDA graphs. The 200gbe-roce figures are fitted on published DGX Spark measurements (see INTERCONNECTS).
 """
 
 from __future__ import annotations
@@ -24,38 +31,59 @@ from glassbox.models.facts import ModelFacts
 
 @dataclass(frozen=True)
 class Interconnect:
-    """A link between ranks: bandwidth per direction (bytes/s) and the latency of one ring step (s)."""
+    """A link between ranks: bus bandwidth per direction (bytes/s), the latency of one ring step (s), the
+    fixed cost of one collective call (s) and of one engine step spread over boxes (s)."""
 
     name: str
     bandwidth_bytes_s: float
     latency_s: float
     source: str
+    call_s: float = 0.0
+    step_sync_s: float = 0.0
 
+
+# Two DGX Sparks over one QSFP cable, NCCL over RoCE (fit rows and sources: benchmarks/results/planner-fit-*.md):
+# - all_reduce_perf between two GB10s (nccl-tests 2.20, NCCL 2.31, MTU 9000), 8 KB: 27.8 us out of place, 16 KB
+#   31.9 us (github.com/NVIDIA/dgx-spark-playbooks/pull/103): call + 2 hop = 27.8 - 0.4 (bytes) = 27.4 us.
+# - the 48 KB all-reduce of a four-Spark TP decode step under NCCL: 54-64 us, 59 typical
+#   (github.com/local-inference-lab/b12x/pull/295): call + 6 hop = 59 - 3.3 (bytes) = 55.7 us.
+#   Two equations: hop = (55.7 - 27.4) / 4 = 7.1 us, call = 27.4 - 14.2 = 13.2 us.
+# - bus bandwidth: all_gather_perf busbw 18.9-21.0 GB/s at 16 GB (dgx-spark-playbooks issue #25), "busbw ~20-24
+#   GB/s" with both RoCE halves pinned (the nccl playbook, nvidia/nccl/README.md): 21 GB/s.
+# - step_sync_s: fitted on gpt-oss-120b MXFP4 on vLLM, 58.82 tok/s on one Spark and 75.96 on two (TP=2) (Spark
+#   Arena leaderboard, reported by sectorhq.co "Nvidia DGX Spark Boosts Open-Weight LLM Performance"): 5.1 ms.
+SPARK_ROCE_CALL_S = 13.2e-6
+SPARK_ROCE_HOP_S = 7.1e-6
+SPARK_ROCE_STEP_SYNC_S = 5.1e-3
 
 INTERCONNECTS: dict[str, Interconnect] = {
     i.name: i
     for i in (
         Interconnect(
             "200gbe-roce",
-            25e9,
-            8e-6,
-            "DGX Spark's ConnectX-7 port: 200 Gb/s = 25 GB/s per direction (NVIDIA DGX Spark datasheet); "
-            "8 us per ring step is an assumption (RDMA one-way latency is ~2-3 us, NCCL's per-step "
-            "protocol and kernel-launch costs over RoCE add several us)",
+            21e9,
+            SPARK_ROCE_HOP_S,
+            "DGX Spark pair, one QSFP cable, NCCL over RoCE: 21 GB/s bus bandwidth (nccl-tests all_gather on "
+            "two GB10s); 13.2 us per collective call + 7.1 us per ring step (nccl-tests all_reduce 8 KB: 27.8 "
+            "us; a TP4 decode step's 48 KB all-reduce: 59 us); 5.1 ms per step spread over the boxes (fitted "
+            "on gpt-oss-120b vLLM TP=1 vs TP=2 decode); sources in perf/tensor_parallel.py",
+            call_s=SPARK_ROCE_CALL_S,
+            step_sync_s=SPARK_ROCE_STEP_SYNC_S,
         ),
         Interconnect(
             "nvlink",
             450e9,
             3e-6,
             "H100 SXM NVLink 4: 900 GB/s total = 450 GB/s per direction (NVIDIA H100 datasheet); "
-            "3 us per ring step is an assumption (NCCL's low-latency protocol on NVLink)",
+            "3 us per ring step is an assumption (NCCL's low-latency protocol on NVLink); ranks in one box: "
+            "no per-step sync across boxes",
         ),
         Interconnect(
             "pcie",
             25e9,
             10e-6,
             "PCIe 4.0 x16: 31.5 GB/s raw per direction, ~25 GB/s achieved peer to peer (PCI-SIG spec; "
-            "the 25 is an assumption); 10 us per ring step is an assumption",
+            "the 25 is an assumption); 10 us per ring step is an assumption; ranks in one box",
         ),
     )
 }
@@ -110,9 +138,8 @@ def ring_allreduce_s(message_bytes: float, size: int, link: Interconnect | None)
     if size <= 1 or message_bytes <= 0:
         return 0.0
     assert link is not None
-    return (
-        2.0 * (size - 1) / size * message_bytes / link.bandwidth_bytes_s + 2.0 * (size - 1) * link.latency_s
-    )
+    steps = 2.0 * (size - 1)
+    return link.call_s + steps * link.latency_s + steps / size * message_bytes / link.bandwidth_bytes_s
 
 
 def ring_allgather_s(total_bytes: float, size: int, link: Interconnect | None) -> float:
@@ -120,7 +147,8 @@ def ring_allgather_s(total_bytes: float, size: int, link: Interconnect | None) -
     if size <= 1 or total_bytes <= 0:
         return 0.0
     assert link is not None
-    return (size - 1) / size * total_bytes / link.bandwidth_bytes_s + (size - 1) * link.latency_s
+    steps = float(size - 1)
+    return link.call_s + steps * link.latency_s + steps / size * total_bytes / link.bandwidth_bytes_s
 
 
 def layer_allreduce_s(facts: ModelFacts, tp: TensorParallel, tokens: int) -> float:
@@ -129,10 +157,11 @@ def layer_allreduce_s(facts: ModelFacts, tp: TensorParallel, tokens: int) -> flo
 
 
 def step_comm_s(facts: ModelFacts, tp: TensorParallel, tokens: int, logit_rows: int) -> float:
-    """A whole step's communication: every layer's two all-reduces, the embedding's all-reduce and the
-    all-gather of ``logit_rows`` rows of float32 logits."""
+    """A whole step's communication: every layer's two all-reduces, the embedding's all-reduce, the
+    all-gather of ``logit_rows`` rows of float32 logits and the link's per-step sync across boxes."""
     if tp.size == 1 or tokens == 0:
         return 0.0
+    assert tp.link is not None
     embed = ring_allreduce_s(tokens * facts.hidden_size * ACTIVATION_BYTES, tp.size, tp.link)
     logits = ring_allgather_s(logit_rows * facts.vocab_size * 4.0, tp.size, tp.link)
-    return facts.num_layers * layer_allreduce_s(facts, tp, tokens) + embed + logits
+    return facts.num_layers * layer_allreduce_s(facts, tp, tokens) + embed + logits + tp.link.step_sync_s
