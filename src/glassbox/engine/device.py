@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -11,8 +12,10 @@ from typing import Any
 
 import torch
 
+from glassbox.config import EngineConfig
 from glassbox.engine.kv_plan import GiB
-from glassbox.models.model_config import TORCH_DTYPES, ModelConfig
+from glassbox.layers.kv_quant import row_width
+from glassbox.models.model_config import KV_TORCH_DTYPES, TORCH_DTYPES, ModelConfig
 from glassbox.quant.formats import WeightFormat
 
 logger = logging.getLogger(__name__)
@@ -169,3 +172,44 @@ def available_ram_bytes() -> int:
     except OSError:
         pass
     return 8 * GiB
+
+
+@dataclass(frozen=True)
+class Backends:
+    """Where and how a model runs: its device, weight and KV dtypes, a KV cache row's width, whether the
+    Triton kernels run here, the attention backend ("triton", "torch", or "native": the CPU's C kernels)
+    and whether decode steps replay CUDA graphs."""
+
+    device: torch.device
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+    kv_width: int  # a cache row: head_dim, or head_dim + 4 for an 8-bit cache (layers/kv_quant.py)
+    on_triton: bool
+    attn_backend: str
+    use_graphs: bool
+
+
+def choose_backends(config: EngineConfig, model_config: ModelConfig) -> Backends:
+    """The backends for ``config`` on this machine; on the CPU also its threads (GLASSBOX_NUM_THREADS)
+    and the allocator's large-allocation rule."""
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, model_config, device)
+    kv_dtype = dtype if config.kv_cache_dtype == "auto" else KV_TORCH_DTYPES[config.kv_cache_dtype]
+    on_triton = triton_usable(device)
+    attn_backend = "triton" if on_triton else "torch"
+    if attn_backend == "triton" and kv_dtype.itemsize == 1 and model_config.head_dim % 4:
+        logger.warning("the triton kernels read an 8-bit KV cache for head dims divisible by 4: torch path")
+        attn_backend = "torch"
+    use_graphs = attn_backend == "triton" and not config.enforce_eager
+    if device.type == "cuda":
+        logger.info("%s", describe_cuda(device, attn_backend, use_graphs))
+    if device.type == "cpu":
+        from glassbox.kernels import native
+
+        if native.usable(dtype, kv_dtype):
+            attn_backend = "native"  # glassbox's C kernels around oneDNN's GEMMs
+        if "GLASSBOX_NUM_THREADS" in os.environ:
+            torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
+        keep_large_allocations_in_heap()
+    kv_width = row_width(model_config.head_dim, kv_dtype)
+    return Backends(device, dtype, kv_dtype, kv_width, on_triton, attn_backend, use_graphs)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -25,14 +24,10 @@ from glassbox.engine import tp_model
 from glassbox.engine.checkpoint import Checkpoint
 from glassbox.engine.device import (
     available_ram_bytes,
-    describe_cuda,
-    keep_large_allocations_in_heap,
+    choose_backends,
     keeps_blocks,
     kv_budget,
     read_device_memory,
-    resolve_device,
-    resolve_dtype,
-    triton_usable,
 )
 from glassbox.engine.executor import PendingStep, ReadyStep
 from glassbox.engine.kv_plan import GiB, KVCachePlan, plan_kv_cache
@@ -43,18 +38,18 @@ from glassbox.engine.step_inputs import decode_rows, flatten, metadata
 from glassbox.engine.step_sampling import DevicePendingStep, SamplePlan
 from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata
-from glassbox.layers.kv_quant import row_width
+from glassbox.models.causal_lm import CausalLM
 from glassbox.models.facts import ModelFacts
 from glassbox.models.loader import Forward, bind_cpu_kernels, build_model
-from glassbox.models.model_config import KV_TORCH_DTYPES, ModelConfig, dtype_name
+from glassbox.models.model_config import ModelConfig, dtype_name
 from glassbox.outputs import SampleResult
 from glassbox.quant.blocks.linear import (
     KERNEL_ROWS,
     block_kernel_rows,
-    block_weights,
     mark_lm_head,
     to_triton,
 )
+from glassbox.quant.kept import held_size
 
 if TYPE_CHECKING:
     from glassbox.engine.cuda_graph import DecodeGraphs
@@ -83,55 +78,59 @@ class TorchExecutor:
         self.config = config
         self.draft_kv_bytes_per_token = draft_kv_bytes_per_token
         self.facts = facts
-        self.model_config = model_config = ModelConfig.from_facts(facts, max_model_len)
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, model_config, self.device)
-        self.kv_dtype = (
-            self.dtype if config.kv_cache_dtype == "auto" else KV_TORCH_DTYPES[config.kv_cache_dtype]
+        self.model_config = ModelConfig.from_facts(facts, max_model_len)
+        self._choose_backends(checkpoint)
+        self.model = self._build_model(checkpoint)
+        self._lay_out_weights()
+        self._count_weights()
+        self.eos_ids: set[int] = set()
+        # the draws of every request without a seed of its own, in one batched call per step
+        self.sample_generator = torch.Generator(device=self.device)
+        self.sample_generator.manual_seed(config.seed)
+        self.graphs: DecodeGraphs | None = None
+        self.kv_bytes_per_token = self.facts.kv_bytes_per_token(
+            kv_element_bytes(dtype_name(self.kv_dtype), self.model_config.head_dim)
         )
-        self.kv_width = row_width(model_config.head_dim, self.kv_dtype)  # a cache row: D, or D + 4 for 8 bits
-        self.block_size = config.block_size
-        on_triton = triton_usable(self.device)
-        self.attn_backend = "triton" if on_triton else "torch"
-        if self.attn_backend == "triton" and self.kv_dtype.itemsize == 1 and model_config.head_dim % 4:
-            logger.warning(
-                "the triton kernels read an 8-bit KV cache for head dims divisible by 4: torch path"
-            )
-            self.attn_backend = "torch"
-        self.use_graphs = self.attn_backend == "triton" and not config.enforce_eager
-        if self.device.type == "cuda":
-            logger.info("%s", describe_cuda(self.device, self.attn_backend, self.use_graphs))
-        if self.device.type == "cpu":
-            from glassbox.kernels import native
+        if not defer_kv:
+            self.allocate_kv(self._plan_kv_cache(max_model_len, max_num_batched_tokens), max_model_len)
 
-            if native.usable(self.dtype, self.kv_dtype):
-                self.attn_backend = "native"  # glassbox's C kernels around oneDNN's GEMMs
-            if "GLASSBOX_NUM_THREADS" in os.environ:
-                torch.set_num_threads(int(os.environ["GLASSBOX_NUM_THREADS"]))
-            keep_large_allocations_in_heap()
+    def _choose_backends(self, checkpoint: Checkpoint | None) -> None:
+        """The device, dtypes and attention backend (engine/device.py), and this rank's tensor-parallel
+        state: a rank runs its shard on the PyTorch ops on the CPU, eagerly on CUDA."""
+        b = choose_backends(self.config, self.model_config)
+        self.device, self.dtype, self.kv_dtype, self.kv_width = b.device, b.dtype, b.kv_dtype, b.kv_width
+        self.on_triton, self.attn_backend, self.use_graphs = b.on_triton, b.attn_backend, b.use_graphs
+        self.block_size = self.config.block_size
         self.tp = tp_state()  # a tensor-parallel rank (engine/tp_model.py): its shard; CPU: PyTorch ops
         if self.tp is not None:
-            tp_model.check_run(self.tp.world, self.device, config, checkpoint, model_config)
+            tp_model.check_run(self.tp.world, self.device, self.config, checkpoint, self.model_config)
             self.attn_backend = "torch" if self.device.type == "cpu" else self.attn_backend
             if self.use_graphs:  # CUDA: eager steps (graphs that capture the collectives are not built)
                 logger.info("tensor parallelism on CUDA runs eager steps (no CUDA graphs)")
                 self.use_graphs = False
+
+    def _build_model(self, checkpoint: Checkpoint | None) -> CausalLM:
+        """The model built with the checkpoint's weights (those kept in their format swapped in: GGUF
+        blocks where kernels run them here, a quantized checkpoint's layers), then ``--quantization``'s
+        format applied (quant/formats.py)."""
+        config = self.config
         at_load = config.quantized_at_load
-        keep_blocks = keeps_blocks(config.quantization, at_load, self.device, self.attn_backend, self.dtype, on_triton)
+        keep_blocks = keeps_blocks(
+            config.quantization, at_load, self.device, self.attn_backend, self.dtype, self.on_triton
+        )
         weights, kept = (None, {}) if checkpoint is None else (
-            # a rank's shards; a GGUF's blocks stay packed on every rank (the PyTorch ops run them)
-            tp_model.weights(self.tp, checkpoint, model_config, config.quantization is None)
+            # a rank's shards; a GGUF's blocks stay in them on every rank (the PyTorch ops run them)
+            tp_model.weights(self.tp, checkpoint, self.model_config, config.quantization is None)
             if self.tp is not None
             else checkpoint.weights(keep_blocks, self.device, self.dtype, cpu=self.device.type == "cpu")
         )  # fmt: skip
-        where = "the checkpoint" if checkpoint is None else str(checkpoint.source.path)
-        self.model = build_model(
-            model_config,
+        model = build_model(
+            self.model_config,
             weights,
             self.dtype,
             self.device,
             seed=config.seed,
-            where=where,
+            where="the checkpoint" if checkpoint is None else str(checkpoint.source.path),
             kept=kept,
             shard=tp_model.shard_fn(self.tp),
         )
@@ -139,15 +138,21 @@ class TorchExecutor:
             from glassbox.quant.at_load import quantize_at_load
 
             quantize_at_load(
-                self.model,
+                model,
                 at_load,
                 # the routed experts too where kernels hold them: the CPU's, CUDA's fused block MoE
-                experts=self.device.type == "cpu" or (on_triton and at_load.family != "fp8"),
+                experts=self.device.type == "cpu" or (self.on_triton and at_load.family != "fp8"),
                 across=tp_model.max_across(self.tp),
             )
-        mark_lm_head(self.model)  # a packed LM head: its own rows choose the kernel (CPU)
+        return model
+
+    def _lay_out_weights(self) -> None:
+        """The weights in the layouts this device's kernels read: a kept LM head's own kernel rule (CPU),
+        the routed experts on the fused Triton MoE and kept weights on the Triton kernels (CUDA), bf16
+        linears packed for oneDNN or glassbox's tiles (CPU), the elementwise modules compiled (graphs)."""
+        mark_lm_head(self.model)  # a kept LM head: its own rows choose the kernel (CPU)
         self.triton_experts = 0  # MoE layers on the fused triton kernels (CUDA)
-        if on_triton:
+        if self.on_triton:
             from glassbox.models.moe_triton import use_triton_experts
 
             self.triton_experts = use_triton_experts(self.model)
@@ -155,20 +160,9 @@ class TorchExecutor:
                 logger.info("routed experts of %d MoE layers on the fused triton MoE", self.triton_experts)
             if moved := to_triton(self.model, self.device):  # block and FP8 weights
                 logger.info("%d linears in blocks or FP8 on the Triton kernels", moved)
-        in_blocks = block_weights(self.model)
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + sum(
-            b.nbytes for b in in_blocks
-        )
-        elements = sum(p.numel() for p in self.model.parameters()) + sum(
-            b.out_features * b.in_features for b in in_blocks
-        )
-        mc = model_config  # routed experts: a token runs k of each MoE layer's E
-        unchosen = sum(mc.layer_moe) * (mc.num_experts - mc.experts_per_token) * 3 * mc.hidden_size
-        self.flops_per_token = 2 * (elements - unchosen * mc.moe_intermediate_size)  # roughly: GEMMs only
-        self.block_formats = sorted({b.label for b in in_blocks})  # weights kept in blocks ("Q4_1", "int4")
         self.max_threads = torch.get_num_threads()
         self.light_threads = self.max_threads  # reserve_frontend_core() lowers it
-        self.packed = 0
+        self.packed = 0  # linears in the CPU's packed layouts
         if self.device.type == "cpu" and self.dtype != torch.float32:  # under TP too: each shard
             from glassbox.quant.dense.onednn import pack_linears, packing_available
 
@@ -185,16 +179,14 @@ class TorchExecutor:
                 self.compiled,
                 time.perf_counter() - t0,
             )
-        self.eos_ids: set[int] = set()
-        # the draws of every request without a seed of its own, in one batched call per step
-        self.sample_generator = torch.Generator(device=self.device)
-        self.sample_generator.manual_seed(config.seed)
-        self.graphs: DecodeGraphs | None = None
-        self.kv_bytes_per_token = self.facts.kv_bytes_per_token(
-            kv_element_bytes(dtype_name(self.kv_dtype), self.model_config.head_dim)
-        )
-        if not defer_kv:
-            self.allocate_kv(self._plan_kv_cache(max_model_len, max_num_batched_tokens), max_model_len)
+
+    def _count_weights(self) -> None:
+        """The weights' bytes as held, FLOPs per token (GEMMs only; a token runs k of each MoE layer's
+        experts) and the formats kept in blocks ("Q4_1", "int4"), for the anatomy and the KV budget."""
+        self.weight_bytes, elements, self.block_formats = held_size(self.model)
+        mc = self.model_config
+        unchosen = sum(mc.layer_moe) * (mc.num_experts - mc.experts_per_token) * 3 * mc.hidden_size
+        self.flops_per_token = 2 * (elements - unchosen * mc.moe_intermediate_size)
 
     def allocate_kv(self, plan: KVCachePlan, max_model_len: int) -> None:
         """Allocate the paged KV cache, bind the CPU kernels to it, capture the CUDA graphs."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from glassbox.quant.blocks.linear import AnyBlocks, BlockQuantEmbedding, BlockQuantLinear
+from glassbox.quant.blocks.linear import AnyBlocks, BlockQuantEmbedding, BlockQuantLinear, block_weights
 from glassbox.quant.fp4.linear import FP4Linear
 from glassbox.quant.fp4.weights import FP4Weights
 from glassbox.quant.fp8.linear import Fp8Linear
@@ -60,3 +60,13 @@ def swap_in_kept(model: nn.Module, kept: dict[str, Kept], dtype: torch.dtype) ->
         ) or (isinstance(old, nn.Linear) and old.in_features != blocks.in_features):
             raise ValueError(f"{name}: packed shape does not match the model")
         setattr(parent, child, in_place_of(old, new))
+
+
+def held_size(model: nn.Module) -> tuple[int, int, list[str]]:
+    """(bytes as held, weight elements, the formats kept in blocks, sorted) of a built model: its
+    parameters plus every distinct kept weight (a tied table once: quant/blocks/linear.py block_weights)."""
+    kept = block_weights(model)
+    params = list(model.parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in params) + sum(w.nbytes for w in kept)
+    elements = sum(p.numel() for p in params) + sum(w.out_features * w.in_features for w in kept)
+    return nbytes, elements, sorted({w.label for w in kept})
