@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from glassbox.engine.async_engine import AsyncEngine
-from glassbox.server import anthropic, ollama
+from glassbox.server import anthropic, ollama, responses
 from glassbox.server.chat import chat_flags, create_chat_completion, render_chat
 from glassbox.server.completions import create_completion
 from glassbox.server.dashboard import DATA_PATHS, dashboard_key, install_dashboard
@@ -218,6 +218,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetr
 
     anthropic.add_routes(app, state)  # /v1/messages
     ollama.add_routes(app, state)  # /api/chat, /api/generate, /api/tags, /api/show, ...
+    responses.add_routes(app, state)  # /v1/responses
     install_dashboard(app, state)  # /, /dashboard and its data endpoints
     return app
 
