@@ -10,9 +10,9 @@ OpenAI door runs (server/chat.py), so that both are checked, limited and generat
   ``auto``, ``any`` (OpenAI's "required"), ``tool`` (a named function) and ``none``;
   ``disable_parallel_tool_use`` is ``parallel_tool_calls: false``. Server tools (web search, code
   execution, ...) are refused: nothing here runs them.
-- ``thinking``: ``{"type": "disabled"}`` sets the template's ``enable_thinking`` to false; ``enabled`` and
-  ``adaptive`` leave the model's default. ``budget_tokens`` is accepted and not enforced (``max_tokens``
-  bounds reasoning and answer together).
+- ``thinking``: ``enabled`` and ``adaptive`` set the chat template's ``enable_thinking`` to true,
+  ``disabled`` to false (no ``thinking``: the template's default). ``budget_tokens`` is accepted and not
+  enforced: ``max_tokens`` bounds reasoning and answer together.
 - ``output_config.format`` (a JSON schema) is enforced by the grammar engine like ``response_format``;
   ``output_config.effort`` reaches the template as ``reasoning_effort``.
 - ``cache_control`` anywhere, ``metadata``, ``service_tier`` and other fields are accepted; the prefix
@@ -92,8 +92,7 @@ def chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletionReq
             raise bad_request(
                 f'thinking.type must be "enabled", "disabled" or "adaptive", got {kind!r}', "thinking"
             )
-        if kind == "disabled":
-            kwargs["enable_thinking"] = False
+        kwargs["enable_thinking"] = kind != "disabled"
     if req.output_config is not None:
         body |= _output_config(req.output_config, kwargs)
     if kwargs:

@@ -8,8 +8,8 @@ limited and generated alike.
   --max-model-len (the model is not reloaded per request); other runner options (num_gpu, num_thread,
   mirostat, ...) are accepted and ignored, as Ollama ignores the ones a runner lacks.
 - ``format``: ``"json"`` (any JSON object) or a JSON schema, enforced by the grammar engine.
-- ``think``: false turns the template's thinking off (``enable_thinking``); true needs --reasoning-parser
-  (Ollama's 400 otherwise); "low" / "medium" / "high" reach the template as ``reasoning_effort``.
+- ``think``: true or false sets the chat template's ``enable_thinking``; true needs --reasoning-parser
+  (Ollama's 400 otherwise); "low" / "medium" / "high" also reach the template as ``reasoning_effort``.
 - ``keep_alive`` is accepted: the one served model stays loaded.
 - Images are refused (the model reads text); ``template`` and ``suffix`` (fill-in-the-middle) are refused.
 """
@@ -109,6 +109,7 @@ def _sampling(req: _Generation, reasoning: bool) -> tuple[dict[str, Any], dict[s
             raise bad_request(
                 f"{req.model!r} does not support thinking (start glassbox with --reasoning-parser)"
             )
+        kwargs["enable_thinking"] = True
         if isinstance(req.think, str):
             if req.think not in ("low", "medium", "high"):
                 raise bad_request(f'think must be true, false, "low", "medium" or "high", got {req.think!r}')

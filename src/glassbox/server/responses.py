@@ -238,16 +238,19 @@ def _block_events(r: _Reply, sse: _Sse, kind: str, b: Block, text: str, status: 
         if b.kind == "reasoning":
             return [sse("response.reasoning_text.delta", **at, content_index=0, delta=text)]
         return [sse("response.output_text.delta", **at, content_index=0, delta=text, logprobs=[])]
-    done = [sse("response.output_item.done", output_index=b.index, item=r.item(b, status))]
+    # built in the order they are sent: each takes the next sequence number
     if b.kind == "call":
-        return [sse("response.function_call_arguments.done", **at, arguments=b.text, name=b.name), *done]
-    if b.kind == "reasoning":
-        part = {"type": "reasoning_text", "text": b.text}
-        text_done = sse("response.reasoning_text.done", **at, content_index=0, text=b.text)
+        events = [sse("response.function_call_arguments.done", **at, arguments=b.text, name=b.name)]
     else:
-        part = _text_part(b.text)
-        text_done = sse("response.output_text.done", **at, content_index=0, text=b.text, logprobs=[])
-    return [text_done, sse("response.content_part.done", **at, content_index=0, part=part), *done]
+        if b.kind == "reasoning":
+            part = {"type": "reasoning_text", "text": b.text}
+            events = [sse("response.reasoning_text.done", **at, content_index=0, text=b.text)]
+        else:
+            part = _text_part(b.text)
+            events = [sse("response.output_text.done", **at, content_index=0, text=b.text, logprobs=[])]
+        events.append(sse("response.content_part.done", **at, content_index=0, part=part))
+    events.append(sse("response.output_item.done", output_index=b.index, item=r.item(b, status)))
+    return events
 
 
 async def _events(r: _Reply, store: ResponseStore, request: Request) -> AsyncIterator[str]:

@@ -12,7 +12,8 @@ chat door runs (server/chat.py), so that both are checked, limited and generated
   here runs them, and a model sees only the tools it can call. ``tool_choice`` auto, none, required or a
   named function.
 - ``text.format``: text, json_object or json_schema (enforced by the grammar engine);
-  ``reasoning.effort`` reaches the chat template as ``reasoning_effort``.
+  ``reasoning.effort`` reaches the chat template as ``reasoning_effort``, with ``enable_thinking`` true
+  (false for "none").
 - ``max_output_tokens`` is cut to the room the prompt leaves; ``background`` and ``conversation`` are
   refused; ``include``, ``truncation``, ``service_tier``, ``prompt_cache_key`` and the like are accepted.
 """
@@ -114,7 +115,7 @@ def translate(req: ResponsesRequest, history: list[dict[str, Any]]) -> Translati
         body["response_format"] = _format(fmt)
     effort = (req.reasoning or {}).get("effort")
     if effort is not None:
-        body["chat_template_kwargs"] = {"reasoning_effort": effort}
+        body["chat_template_kwargs"] = {"reasoning_effort": effort, "enable_thinking": effort != "none"}
     try:
         chat = ChatCompletionRequest.model_validate(body)
     except ValidationError as e:
