@@ -82,13 +82,18 @@ def test_create_and_stream_give_the_same_reply(client: anthropic.Anthropic, http
     )
     prompt = whole.usage.input_tokens + (whole.usage.cache_read_input_tokens or 0)
     assert prompt == len(openai_prompt) == whole.model_extra["metrics"]["prompt_tokens"]  # type: ignore[index]
-    counted = client.messages.count_tokens(model=MODEL_NAME, system=SYSTEM, messages=ASK, thinking=NO_THINKING)
+    counted = client.messages.count_tokens(
+        model=MODEL_NAME, system=SYSTEM, messages=ASK, thinking=NO_THINKING
+    )
     assert counted.input_tokens == prompt
     with client.messages.stream(**kw, thinking=NO_THINKING, extra_body=GREEDY) as stream:
         streamed = stream.get_final_message()
     assert [b.type for b in streamed.content] == ["text"]
     assert streamed.content[0].text == whole.content[0].text  # type: ignore[union-attr]
-    assert streamed.stop_reason == whole.stop_reason and streamed.usage.output_tokens == whole.usage.output_tokens
+    assert (
+        streamed.stop_reason == whole.stop_reason
+        and streamed.usage.output_tokens == whole.usage.output_tokens
+    )
     assert (streamed.usage.cache_read_input_tokens or 0) > 0  # the same prompt again: a prefix-cache hit
 
 
@@ -114,14 +119,24 @@ def test_forced_tool_use_round_trip(client: anthropic.Anthropic, http: httpx.Cli
     them; the tool_result goes back through the chat template as the OpenAI door renders a tool turn."""
     named = {"type": "tool", "name": "get_weather"}
     first = client.messages.create(
-        model=MODEL_NAME, max_tokens=80, messages=ASK, tools=[TOOL], tool_choice=named, extra_body=GREEDY  # type: ignore[arg-type]
+        model=MODEL_NAME,
+        max_tokens=80,
+        messages=ASK,
+        tools=[TOOL],
+        tool_choice=named,
+        extra_body=GREEDY,  # type: ignore[arg-type]
     )
     (use,) = first.content
     assert use.type == "tool_use" and use.name == "get_weather" and use.id.startswith("toolu_")
     jsonschema.validate(use.input, WEATHER_TOOL["parameters"])
     assert first.stop_reason == "tool_use"
     with client.messages.stream(
-        model=MODEL_NAME, max_tokens=80, messages=ASK, tools=[TOOL], tool_choice=named, extra_body=GREEDY  # type: ignore[arg-type]
+        model=MODEL_NAME,
+        max_tokens=80,
+        messages=ASK,
+        tools=[TOOL],
+        tool_choice=named,
+        extra_body=GREEDY,  # type: ignore[arg-type]
     ) as stream:
         streamed = stream.get_final_message()
     assert [(b.type, b.input) for b in streamed.content] == [("tool_use", use.input)]  # type: ignore[union-attr]
@@ -137,9 +152,18 @@ def test_forced_tool_use_round_trip(client: anthropic.Anthropic, http: httpx.Cli
     jsonschema.validate(anyone.content[0].input, WEATHER_TOOL["parameters"])  # type: ignore[union-attr]
 
     result = {"type": "tool_result", "tool_use_id": use.id, "content": [{"type": "text", "text": "21 C"}]}
-    history: list[Any] = [*ASK, {"role": "assistant", "content": first.content}, {"role": "user", "content": [result]}]
+    history: list[Any] = [
+        *ASK,
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [result]},
+    ]
     answer = client.messages.create(
-        model=MODEL_NAME, max_tokens=4, messages=history, tools=[TOOL], tool_choice={"type": "none"}, thinking=NO_THINKING
+        model=MODEL_NAME,
+        max_tokens=4,
+        messages=history,
+        tools=[TOOL],
+        tool_choice={"type": "none"},
+        thinking=NO_THINKING,
     )
     assert answer.stop_reason in ("end_turn", "max_tokens") and all(b.type == "text" for b in answer.content)
     openai_history = [
@@ -147,25 +171,40 @@ def test_forced_tool_use_round_trip(client: anthropic.Anthropic, http: httpx.Cli
         {
             "role": "assistant",
             "content": "",
-            "tool_calls": [{"id": use.id, "type": "function", "function": {"name": use.name, "arguments": json.dumps(use.input)}}],
+            "tool_calls": [
+                {
+                    "id": use.id,
+                    "type": "function",
+                    "function": {"name": use.name, "arguments": json.dumps(use.input)},
+                }
+            ],
         },
         {"role": "tool", "tool_call_id": use.id, "content": "21 C"},
     ]
     tokens = _tokenize(
-        http, openai_history, tools=[{"type": "function", "function": WEATHER_TOOL}], chat_template_kwargs={"enable_thinking": False}
+        http,
+        openai_history,
+        tools=[{"type": "function", "function": WEATHER_TOOL}],
+        chat_template_kwargs={"enable_thinking": False},
     )
     text = http.post("/detokenize", json={"tokens": tokens}).json()["prompt"]
     assert "<|tool|>21 C<|eot|>" in text and '"name": "get_weather"' in text
-    counted = client.messages.count_tokens(model=MODEL_NAME, messages=history, tools=[TOOL], thinking=NO_THINKING)
+    counted = client.messages.count_tokens(
+        model=MODEL_NAME, messages=history, tools=[TOOL], thinking=NO_THINKING
+    )
     assert counted.input_tokens == len(tokens) == answer.model_extra["metrics"]["prompt_tokens"]  # type: ignore[index]
 
 
 def test_thinking_blocks_from_the_reasoning_parser(client: anthropic.Anthropic, http: httpx.Client) -> None:
     thinking: Any = {"type": "enabled", "budget_tokens": 1024}
-    m = client.messages.create(model=MODEL_NAME, max_tokens=8, messages=ASK, thinking=thinking, extra_body=GREEDY)
+    m = client.messages.create(
+        model=MODEL_NAME, max_tokens=8, messages=ASK, thinking=thinking, extra_body=GREEDY
+    )
     # the template opened <think> and the noise never closes it: all of it is reasoning
     assert [b.type for b in m.content] == ["thinking"] and m.content[0].thinking  # type: ignore[union-attr]
-    events = _events(http, {"model": MODEL_NAME, "max_tokens": 8, "messages": ASK, "thinking": thinking, **GREEDY})
+    events = _events(
+        http, {"model": MODEL_NAME, "max_tokens": 8, "messages": ASK, "thinking": thinking, **GREEDY}
+    )
     start = next(d for n, d in events if n == "content_block_start")
     assert start["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}
     deltas = [d["delta"] for n, d in events if n == "content_block_delta"]
@@ -177,7 +216,11 @@ def test_stop_sequences_and_prefill(client: anthropic.Anthropic, http: httpx.Cli
     kw: dict[str, Any] = dict(model=MODEL_NAME, messages=ASK, thinking=NO_THINKING, extra_body=GREEDY)
     text = client.messages.create(max_tokens=24, **kw).content[0].text  # type: ignore[union-attr]
     # a two-character ASCII stop string whose first occurrence is past the reply's start
-    stops = [text[i : i + 2] for i in range(2, len(text) - 2) if text[i : i + 2].isascii() and text[i : i + 2].strip()]
+    stops = [
+        text[i : i + 2]
+        for i in range(2, len(text) - 2)
+        if text[i : i + 2].isascii() and text[i : i + 2].strip()
+    ]
     stop = next(s for s in stops if text.index(s) >= 2)
     stopped = client.messages.create(max_tokens=24, stop_sequences=[stop], **kw)
     assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == stop
@@ -186,7 +229,9 @@ def test_stop_sequences_and_prefill(client: anthropic.Anthropic, http: httpx.Cli
     prefill = [*ASK, {"role": "assistant", "content": "The weather"}]
     cont = client.messages.create(model=MODEL_NAME, max_tokens=3, messages=prefill, thinking=NO_THINKING)
     assert [b.type for b in cont.content] == ["text"]
-    continued = _tokenize(http, prefill, continue_final_message=True, chat_template_kwargs={"enable_thinking": False})
+    continued = _tokenize(
+        http, prefill, continue_final_message=True, chat_template_kwargs={"enable_thinking": False}
+    )
     assert cont.model_extra["metrics"]["prompt_tokens"] == len(continued)  # type: ignore[index]
 
 
@@ -194,10 +239,15 @@ def test_a_claude_code_request(client: anthropic.Anthropic) -> None:
     """What Claude Code sends: ?beta=true (the SDK's beta resource), anthropic-beta, a system prompt in
     blocks with cache_control, ~20K tokens of tools, its own ctx/msg roles, metadata, a streamed reply."""
     tools = claude_code_tools()
-    system: Any = [{"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}}]
+    system: Any = [
+        {"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}}
+    ]
     messages: Any = [
         {"role": "ctx", "content": "<env>cwd: /repo</env>"},
-        {"role": "user", "content": [{"type": "text", "text": "List the files.", "cache_control": {"type": "ephemeral"}}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "List the files.", "cache_control": {"type": "ephemeral"}}],
+        },
     ]
     kw: dict[str, Any] = dict(model=MODEL_NAME, system=system, messages=messages, tools=tools)
     counted = client.beta.messages.count_tokens(**kw).input_tokens
@@ -220,9 +270,13 @@ def test_max_tokens_is_cut_to_the_room_left(shared_server: ServerProcess) -> Non
     prompt = client.messages.count_tokens(model=MODEL_NAME, messages=long).input_tokens
     room = SHARED_MAX_MODEL_LEN - prompt
     assert 0 < room < 400
-    cut = client.messages.create(model=MODEL_NAME, max_tokens=32000, messages=long, extra_body={"ignore_eos": True})
+    cut = client.messages.create(
+        model=MODEL_NAME, max_tokens=32000, messages=long, extra_body={"ignore_eos": True}
+    )
     assert cut.stop_reason == "model_context_window_exceeded" and cut.usage.output_tokens == room
-    exact = client.messages.create(model=MODEL_NAME, max_tokens=room, messages=long, extra_body={"ignore_eos": True})
+    exact = client.messages.create(
+        model=MODEL_NAME, max_tokens=room, messages=long, extra_body={"ignore_eos": True}
+    )
     assert exact.stop_reason == "max_tokens" and exact.usage.output_tokens == room
 
 
@@ -246,17 +300,47 @@ BAD: list[tuple[str, dict[str, Any], int, str]] = [  # what, body change, status
     ("unknown model", {"model": "claude-opus-4-1"}, 404, "not_found_error"),
     ("a system role", {"messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error"),
     ("no messages", {"messages": []}, 400, "invalid_request_error"),
-    ("an image", {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, "invalid_request_error"),
-    ("a server tool", {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "invalid_request_error"),
-    ("an unknown named tool", {"tools": [TOOL], "tool_choice": {"type": "tool", "name": "nope"}}, 400, "invalid_request_error"),
-    ("a bad tool schema", {"tools": [{**TOOL, "input_schema": {"type": "string"}}], "tool_choice": {"type": "any"}}, 400, "invalid_request_error"),
+    (
+        "an image",
+        {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+        400,
+        "invalid_request_error",
+    ),
+    (
+        "a server tool",
+        {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+        400,
+        "invalid_request_error",
+    ),
+    (
+        "an unknown named tool",
+        {"tools": [TOOL], "tool_choice": {"type": "tool", "name": "nope"}},
+        400,
+        "invalid_request_error",
+    ),
+    (
+        "a bad tool schema",
+        {"tools": [{**TOOL, "input_schema": {"type": "string"}}], "tool_choice": {"type": "any"}},
+        400,
+        "invalid_request_error",
+    ),
     ("a tool name with a space", {"tools": [{**TOOL, "name": "get weather"}]}, 400, "invalid_request_error"),
     ("a negative temperature", {"temperature": -1}, 400, "invalid_request_error"),
     ("a bad thinking type", {"thinking": {"type": "sometimes"}}, 400, "invalid_request_error"),
     ("a bad output format", {"output_config": {"format": {"type": "yaml"}}}, 400, "invalid_request_error"),
-    ("a tool_result without its id", {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, 400, "invalid_request_error"),
+    (
+        "a tool_result without its id",
+        {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
+        400,
+        "invalid_request_error",
+    ),
     ("a lone surrogate", {"messages": [{"role": "user", "content": "\ud800"}]}, 400, "invalid_request_error"),
-    ("a prompt beyond the context", {"messages": [{"role": "user", "content": _prompt_of(40000)}]}, 400, "invalid_request_error"),
+    (
+        "a prompt beyond the context",
+        {"messages": [{"role": "user", "content": _prompt_of(40000)}]},
+        400,
+        "invalid_request_error",
+    ),
 ]
 
 
@@ -287,4 +371,6 @@ def test_malformed_bodies_and_wrong_methods(http: httpx.Client, server: ServerPr
         assert r.json()["type"] == "error" and r.json()["error"]["message"]
     client = anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0)
     with pytest.raises(anthropic.BadRequestError):
-        client.messages.create(model=MODEL_NAME, max_tokens=4, messages=[{"role": "user", "content": _prompt_of(40000)}])
+        client.messages.create(
+            model=MODEL_NAME, max_tokens=4, messages=[{"role": "user", "content": _prompt_of(40000)}]
+        )

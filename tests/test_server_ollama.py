@@ -30,7 +30,10 @@ CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
 GREEDY = {"temperature": 0, "num_predict": 10}
 SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}, "celsius": {"type": "integer", "minimum": -60, "maximum": 60}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "celsius": {"type": "integer", "minimum": -60, "maximum": 60},
+    },
     "required": ["city", "celsius"],
     "additionalProperties": False,
 }
@@ -66,7 +69,11 @@ def test_version_tags_show_ps(client: ollama.Client, server: ServerProcess) -> N
     assert httpx.head(f"{server.url}/api/version").status_code == 200
     (model,) = client.list().models
     assert model.model == NAME and model.size and model.size > 0 and model.digest
-    assert model.details is not None and model.details.family == "llama" and model.details.format == "safetensors"
+    assert (
+        model.details is not None
+        and model.details.family == "llama"
+        and model.details.format == "safetensors"
+    )
     for name in (NAME, MODEL_NAME):
         show = client.show(name)
         assert show.capabilities == ["completion", "tools", "thinking"]
@@ -90,20 +97,32 @@ def test_chat_whole_and_streamed(client: ollama.Client, http: httpx.Client) -> N
     # the timings are the anatomy's, in nanoseconds; the prompt is the OpenAI door's rendering
     last = _lines(http, "/api/chat", {"model": NAME, "messages": CHAT, "options": GREEDY, "think": False})[-1]
     m = last["metrics"]
-    assert last["eval_duration"] == round(m["decode_s"] * 1e9) and last["prompt_eval_duration"] == round(m["prefill_s"] * 1e9)
-    assert last["total_duration"] == round((m["tokenize_s"] + m["e2e_s"]) * 1e9) and last["load_duration"] == 0
+    assert last["eval_duration"] == round(m["decode_s"] * 1e9) and last["prompt_eval_duration"] == round(
+        m["prefill_s"] * 1e9
+    )
+    assert (
+        last["total_duration"] == round((m["tokenize_s"] + m["e2e_s"]) * 1e9) and last["load_duration"] == 0
+    )
     assert last["prompt_eval_count"] == m["prompt_tokens"] - m["cached_prompt_tokens"] < m["prompt_tokens"]
-    ids = http.post("/tokenize", json={"messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}}).json()
+    ids = http.post(
+        "/tokenize", json={"messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}}
+    ).json()
     assert m["prompt_tokens"] == ids["count"]
 
 
 def test_generate_templated_and_raw(client: ollama.Client, http: httpx.Client) -> None:
     whole = client.generate(model=NAME, prompt="Hello", system="Be brief.", options=GREEDY, think=False)
     assert whole.response and whole.done and whole.context
-    streamed = list(client.generate(model=NAME, prompt="Hello", system="Be brief.", options=GREEDY, think=False, stream=True))
+    streamed = list(
+        client.generate(
+            model=NAME, prompt="Hello", system="Be brief.", options=GREEDY, think=False, stream=True
+        )
+    )
     assert "".join(p.response or "" for p in streamed) == whole.response
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
-    prompt = http.post("/tokenize", json={"messages": messages, "chat_template_kwargs": {"enable_thinking": False}}).json()
+    prompt = http.post(
+        "/tokenize", json={"messages": messages, "chat_template_kwargs": {"enable_thinking": False}}
+    ).json()
     assert list(whole.context)[: prompt["count"]] == prompt["tokens"]  # context: the prompt, then the reply
     assert len(whole.context) == prompt["count"] + 10
     raw = client.generate(model=NAME, prompt="def main():", raw=True, options=GREEDY)
@@ -114,13 +133,22 @@ def test_generate_templated_and_raw(client: ollama.Client, http: httpx.Client) -
 
 def test_format_schema_holds_at_temperature_1(client: ollama.Client) -> None:
     for seed in range(3):
-        r = client.chat(model=NAME, messages=CHAT, format=SCHEMA, options={"temperature": 1.0, "seed": seed, "num_predict": 200})
+        r = client.chat(
+            model=NAME,
+            messages=CHAT,
+            format=SCHEMA,
+            options={"temperature": 1.0, "seed": seed, "num_predict": 200},
+        )
         assert r.done_reason == "stop"
         jsonschema.validate(json.loads(r.message.content or ""), SCHEMA)
-    r = client.generate(model=NAME, prompt="Data:", format=SCHEMA, options={"temperature": 1.0, "seed": 1, "num_predict": 200})
+    r = client.generate(
+        model=NAME, prompt="Data:", format=SCHEMA, options={"temperature": 1.0, "seed": 1, "num_predict": 200}
+    )
     jsonschema.validate(json.loads(r.response or ""), SCHEMA)
     # "json": any object (its strings unbounded: a noise model may not close it within num_predict)
-    r = client.generate(model=NAME, prompt="Data:", format="json", options={"temperature": 1.0, "seed": 1, "num_predict": 8})
+    r = client.generate(
+        model=NAME, prompt="Data:", format="json", options={"temperature": 1.0, "seed": 1, "num_predict": 8}
+    )
     assert (r.response or "").startswith("{")
 
 
@@ -135,20 +163,53 @@ def test_thinking(client: ollama.Client) -> None:
 def test_tools_and_tool_history_reach_the_template(client: ollama.Client, http: httpx.Client) -> None:
     tool = {"type": "function", "function": WEATHER_TOOL}
     call = {"function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}}
-    history: list[Any] = [*CHAT, {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "21 C", "tool_name": "get_weather"}]
+    history: list[Any] = [
+        *CHAT,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "21 C", "tool_name": "get_weather"},
+    ]
     r = client.chat(model=NAME, messages=history, tools=[tool], options=GREEDY, think=False)
     assert r.done
-    body = {"model": NAME, "messages": history, "tools": [tool], "options": GREEDY, "think": False, "stream": False}
+    body = {
+        "model": NAME,
+        "messages": history,
+        "tools": [tool],
+        "options": GREEDY,
+        "think": False,
+        "stream": False,
+    }
     prompt = http.post("/api/chat", json=body).json()["metrics"]["prompt_tokens"]
     openai_history = [
         *CHAT,
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(call["function"]["arguments"])}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": json.dumps(call["function"]["arguments"]),
+                    },
+                }
+            ],
+        },
         {"role": "tool", "content": "21 C", "name": "get_weather"},
     ]
-    tokens = http.post("/tokenize", json={"messages": openai_history, "tools": [tool], "chat_template_kwargs": {"enable_thinking": False}}).json()
+    tokens = http.post(
+        "/tokenize",
+        json={
+            "messages": openai_history,
+            "tools": [tool],
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    ).json()
     assert prompt == tokens["count"]
     text = http.post("/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"]
-    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}</tool_call>' in text
+    assert (
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}</tool_call>' in text
+    )
     assert "<|tool|>21 C<|eot|>" in text
 
 
@@ -183,19 +244,36 @@ BAD: list[tuple[str, str, dict[str, Any], int]] = [  # what, path, body, status
     ("num_predict 0", "/api/chat", {"model": NAME, "messages": CHAT, "options": {"num_predict": 0}}, 400),
     ("a bad format", "/api/chat", {"model": NAME, "messages": CHAT, "format": "yaml"}, 400),
     ("a bad schema", "/api/chat", {"model": NAME, "messages": CHAT, "format": {"type": "objec"}}, 400),
-    ("a bad tool", "/api/chat", {"model": NAME, "messages": CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}, 400),
+    (
+        "a bad tool",
+        "/api/chat",
+        {"model": NAME, "messages": CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]},
+        400,
+    ),
     ("a bad think", "/api/chat", {"model": NAME, "messages": CHAT, "think": "max"}, 400),
-    ("a prompt beyond the context", "/api/chat", {"model": NAME, "messages": [{"role": "user", "content": "word " * 40000}]}, 400),
+    (
+        "a prompt beyond the context",
+        "/api/chat",
+        {"model": NAME, "messages": [{"role": "user", "content": "word " * 40000}]},
+        400,
+    ),
     ("a suffix", "/api/generate", {"model": NAME, "prompt": "x", "suffix": "y"}, 400),
     ("a template", "/api/generate", {"model": NAME, "prompt": "x", "template": "{{ .Prompt }}"}, 400),
-    ("context outside the vocabulary", "/api/generate", {"model": NAME, "prompt": "x", "context": [10**6]}, 400),
+    (
+        "context outside the vocabulary",
+        "/api/generate",
+        {"model": NAME, "prompt": "x", "context": [10**6]},
+        400,
+    ),
     ("show an unknown model", "/api/show", {"model": "nope"}, 404),
     ("pull", "/api/pull", {"model": NAME}, 404),
 ]
 
 
 @pytest.mark.parametrize(("what", "path", "body", "status"), BAD, ids=[b[0] for b in BAD])
-def test_bad_input_is_a_4xx_in_ollama_shape(http: httpx.Client, what: str, path: str, body: dict[str, Any], status: int) -> None:
+def test_bad_input_is_a_4xx_in_ollama_shape(
+    http: httpx.Client, what: str, path: str, body: dict[str, Any], status: int
+) -> None:
     for stream in (False, True):
         r = http.post(path, content=json.dumps({**body, "stream": stream}).encode())
         assert r.status_code == status, r.text
@@ -210,5 +288,8 @@ def test_errors_through_the_client_and_the_key(client: ollama.Client, server: Se
     with pytest.raises(ollama.ResponseError) as e:
         keyless.list()
     assert e.value.status_code == 401 and "API key" in e.value.error
-    for r in (httpx.post(f"{server.url}/api/chat", content=b"{oops", headers=AUTH), httpx.get(f"{server.url}/api/chat", headers=AUTH)):
+    for r in (
+        httpx.post(f"{server.url}/api/chat", content=b"{oops", headers=AUTH),
+        httpx.get(f"{server.url}/api/chat", headers=AUTH),
+    ):
         assert r.status_code in (400, 405) and set(r.json()) == {"error"}

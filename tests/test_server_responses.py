@@ -26,7 +26,10 @@ FUNCTION = {"type": "function", **WEATHER_TOOL}
 OFF = {"enable_thinking": False}  # the chat door's rendering of a request without reasoning
 SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}, "celsius": {"type": "integer", "minimum": -60, "maximum": 60}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "celsius": {"type": "integer", "minimum": -60, "maximum": 60},
+    },
     "required": ["city", "celsius"],
     "additionalProperties": False,
 }
@@ -72,7 +75,11 @@ def test_create_retrieve_and_continue(client: openai.OpenAI, http: httpx.Client)
         model=MODEL_NAME, previous_response_id=first.id, input="And then?", max_output_tokens=4, temperature=0
     )
     assert second.previous_response_id == first.id
-    turn2 = [turn1[1], {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "And then?"}]
+    turn2 = [
+        turn1[1],
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And then?"},
+    ]
     assert second.usage is not None and second.usage.input_tokens == _count(http, turn2)
 
 
@@ -112,14 +119,23 @@ def test_function_calls_and_their_outputs(client: openai.OpenAI, http: httpx.Cli
     tools: Any = [FUNCTION, {"type": "web_search"}]
     kw: dict[str, Any] = dict(model=MODEL_NAME, input="Weather in Paris?", tools=tools, temperature=1.0)
     for choice in ("required", {"type": "function", "name": "get_weather"}):
-        r = client.responses.create(**kw, tool_choice=choice, parallel_tool_calls=False, max_output_tokens=200)
+        r = client.responses.create(
+            **kw, tool_choice=choice, parallel_tool_calls=False, max_output_tokens=200
+        )
         (call,) = r.output
-        assert call.type == "function_call" and call.name == "get_weather" and call.id and call.id.startswith("fc_")
+        assert (
+            call.type == "function_call"
+            and call.name == "get_weather"
+            and call.id
+            and call.id.startswith("fc_")
+        )
         jsonschema.validate(json.loads(call.arguments), WEATHER_TOOL["parameters"])
     with client.responses.stream(**kw, tool_choice="required", max_output_tokens=200) as stream:
         types = [event.type for event in stream]
         streamed = stream.get_final_response()
-    assert "response.function_call_arguments.delta" in types and "response.function_call_arguments.done" in types
+    assert (
+        "response.function_call_arguments.delta" in types and "response.function_call_arguments.done" in types
+    )
     assert all(o.type == "function_call" for o in streamed.output)
     answer = client.responses.create(
         model=MODEL_NAME,
@@ -131,25 +147,58 @@ def test_function_calls_and_their_outputs(client: openai.OpenAI, http: httpx.Cli
     )
     history = [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": call.call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": call.call_id, "content": "21 C"},
     ]
     tools_openai = [{"type": "function", "function": WEATHER_TOOL}]
     assert answer.usage is not None and answer.usage.input_tokens == _count(http, history, tools=tools_openai)
-    namespace: Any = {"type": "namespace", "name": "weather", "description": "weather tools", "tools": [FUNCTION]}
+    namespace: Any = {
+        "type": "namespace",
+        "name": "weather",
+        "description": "weather tools",
+        "tools": [FUNCTION],
+    }
     r = client.responses.create(
-        model=MODEL_NAME, input="Weather?", tools=[namespace], tool_choice="required", max_output_tokens=200, temperature=1.0
+        model=MODEL_NAME,
+        input="Weather?",
+        tools=[namespace],
+        tool_choice="required",
+        max_output_tokens=200,
+        temperature=1.0,
     )
     assert r.output[0].type == "function_call" and r.output[0].namespace == "weather"
 
 
 def test_reasoning_items(client: openai.OpenAI, http: httpx.Client) -> None:
-    r = client.responses.create(model=MODEL_NAME, input="Think.", reasoning={"effort": "low"}, max_output_tokens=8, temperature=0)
+    r = client.responses.create(
+        model=MODEL_NAME, input="Think.", reasoning={"effort": "low"}, max_output_tokens=8, temperature=0
+    )
     # the template opened <think> and the noise never closes it: all of it is reasoning
     (item,) = r.output
     assert item.type == "reasoning" and item.id.startswith("rs_") and item.content and item.content[0].text
     assert r.usage is not None and r.usage.output_tokens_details.reasoning_tokens > 0
-    with http.stream("POST", "/v1/responses", json={"model": MODEL_NAME, "input": "Think.", "reasoning": {"effort": "low"}, "max_output_tokens": 8, "temperature": 0, "stream": True}) as s:
+    with http.stream(
+        "POST",
+        "/v1/responses",
+        json={
+            "model": MODEL_NAME,
+            "input": "Think.",
+            "reasoning": {"effort": "low"},
+            "max_output_tokens": 8,
+            "temperature": 0,
+            "stream": True,
+        },
+    ) as s:
         data = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
     deltas = [d["delta"] for d in data if d["type"] == "response.reasoning_text.delta"]
     assert "".join(deltas) == item.content[0].text
@@ -171,7 +220,12 @@ def test_store_false_delete_and_the_bounded_store(client: openai.OpenAI) -> None
         client.responses.delete(kept.id)
     store = ResponseStore(max_entries=3, max_chars=10**6)
     for i in range(5):
-        store.put(f"r{i}", StoredResponse({"id": f"r{i}"}, [{"role": "user", "content": str(i)}], f"r{i - 1}" if i else None))
+        store.put(
+            f"r{i}",
+            StoredResponse(
+                {"id": f"r{i}"}, [{"role": "user", "content": str(i)}], f"r{i - 1}" if i else None
+            ),
+        )
     assert list(store.entries) == ["r2", "r3", "r4"]
     with pytest.raises(KeyError, match="r1"):
         store.conversation("r4")  # its chain reaches a dropped response
@@ -183,14 +237,26 @@ def test_store_false_delete_and_the_bounded_store(client: openai.OpenAI) -> None
 
 BAD: list[tuple[str, dict[str, Any], int]] = [
     ("unknown model", {"model": "gpt-5"}, 404),
-    ("an image part", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400),
+    (
+        "an image part",
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        400,
+    ),
     ("an unknown item", {"input": [{"type": "item_reference", "id": "x"}]}, 400),
     ("a bad role", {"input": [{"role": "tool", "content": "x"}]}, 400),
     ("a call output without its id", {"input": [{"type": "function_call_output", "output": "x"}]}, 400),
     ("background", {"background": True}, 400),
-    ("allowed_tools", {"tools": [FUNCTION], "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}, 400),
+    (
+        "allowed_tools",
+        {"tools": [FUNCTION], "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}},
+        400,
+    ),
     ("a bad format", {"text": {"format": {"type": "yaml"}}}, 400),
-    ("a bad schema", {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "objec"}}}}, 400),
+    (
+        "a bad schema",
+        {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "objec"}}}},
+        400,
+    ),
     ("max_output_tokens 0", {"max_output_tokens": 0}, 400),
     ("an unknown tool type", {"tools": [{"type": "teleport"}]}, 400),
     ("auto without tools", {"tool_choice": "required"}, 400),
@@ -201,7 +267,9 @@ BAD: list[tuple[str, dict[str, Any], int]] = [
 
 
 @pytest.mark.parametrize(("what", "change", "status"), BAD, ids=[b[0] for b in BAD])
-def test_bad_input_is_a_4xx_in_openai_shape(http: httpx.Client, what: str, change: dict[str, Any], status: int) -> None:
+def test_bad_input_is_a_4xx_in_openai_shape(
+    http: httpx.Client, what: str, change: dict[str, Any], status: int
+) -> None:
     for stream in (False, True):
         r = http.post("/v1/responses", json={"model": MODEL_NAME, "input": "Hi", **change, "stream": stream})
         assert r.status_code == status, r.text
