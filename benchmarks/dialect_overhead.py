@@ -8,7 +8,7 @@ streamed, in a rotated order. Per request: the server's anatomy from the stream'
 ttft_s, decode_s, e2e_s) and the client's time to the first text and to the end of the stream; the client
 minus the server (tokenize + ttft, tokenize + e2e) is what lies outside the engine: HTTP, the
 translation, the output's formatting. Reports medians per door and ratios to the OpenAI door, with the
-load average; writes results/dialect_overhead.json.
+load average; writes results/dialect-overhead-DATE.json.
 
     .venv/bin/python benchmarks/dialect_overhead.py [--rounds 8] [--url http://127.0.0.1:8000]
 """
@@ -274,7 +274,9 @@ def main() -> None:
         "translation_us": cost,
         "rows": rows,
     }
-    (RESULTS / "dialect_overhead.json").write_text(json.dumps(out, indent=1) + "\n")
+    (RESULTS / f"dialect-overhead-{time.strftime('%Y-%m-%d')}.json").write_text(
+        json.dumps(out, indent=1) + "\n"
+    )
 
 
 if __name__ == "__main__":

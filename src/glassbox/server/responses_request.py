@@ -211,11 +211,14 @@ def _tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], di
         if kind == "function":
             out.append(_function(tool))
         elif kind == "namespace":
-            for inner in tool.get("tools") or []:
+            inner_tools = tool.get("tools")
+            if not isinstance(inner_tools, list):
+                raise bad_request(f"tools[{i}].tools must be a list of tools", f"tools[{i}].tools")
+            for inner in inner_tools:
                 if isinstance(inner, dict) and inner.get("type") == "function":
                     out.append(_function(inner))
                     namespaces[str(inner.get("name"))] = str(tool.get("name"))
-        elif kind not in SKIPPED_TOOLS:
+        elif not isinstance(kind, str) or kind not in SKIPPED_TOOLS:
             raise unsupported(f"tools[{i}]: tools of type {kind!r} are not supported", f"tools[{i}].type")
     return out, namespaces
 
