@@ -5,6 +5,7 @@ render the same prompt (token count) and produce the same reply, whole and strea
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anthropic
@@ -107,3 +108,55 @@ def test_every_door_renders_the_same_prompt_and_gives_the_same_reply(server: Ser
     assert {door: tokens for door, (_, tokens) in whole.items()} == dict.fromkeys(whole, prompt)
     streamed = _replies(server.url, stream=True)
     assert {door: reply for door, (reply, _) in streamed.items()} == dict.fromkeys(streamed, text)
+
+
+DOORS: dict[str, tuple[str, dict[str, Any]]] = {  # a long reply through each door (tests/dialect_server.py)
+    "anthropic": ("/v1/messages", {"max_tokens": 5000, "messages": [{"role": "user", "content": "Go on."}]}),
+    "ollama": (
+        "/api/chat",
+        {"messages": [{"role": "user", "content": "Go on."}], "options": {"num_predict": 5000}},
+    ),
+    "responses": ("/v1/responses", {"input": "Go on.", "max_output_tokens": 5000}),
+}
+
+
+def _wait_idle(server: ServerProcess, free: float, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        h = server.health()
+        if (
+            h["num_requests_running"] == 0
+            and h["num_requests_waiting"] == 0
+            and h["kv_cache_free_blocks"] == free
+        ):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the request was not aborted: {server.health()}")
+
+
+@pytest.mark.parametrize("door", sorted(DOORS))
+def test_a_client_that_leaves_aborts_its_request(dialect_server: ServerProcess, door: str) -> None:
+    """Streamed or not, a client that goes away aborts its request through every door (its KV blocks free
+    at once), as on the OpenAI door."""
+    from dialect_server import API_KEY
+
+    path, body = DOORS[door]
+    headers = {"x-api-key": API_KEY}
+    free = dialect_server.health()["kv_cache_free_blocks"]
+    with httpx.Client(base_url=dialect_server.url, headers=headers, timeout=60) as c:
+        with c.stream(
+            "POST", path, json={"model": MODEL_NAME, **body, "stream": True, "ignore_eos": True}
+        ) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()  # kept: dropping the iterator would close the stream at once
+            next(lines)
+            assert dialect_server.health()["num_requests_running"] == 1
+    _wait_idle(dialect_server, free)
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(
+            dialect_server.url + path,
+            json={"model": MODEL_NAME, **body, "stream": False, "ignore_eos": True},
+            headers=headers,
+            timeout=0.5,
+        )
+    _wait_idle(dialect_server, free)

@@ -57,6 +57,7 @@ class MessagesRequest(_Body):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = Field(None, description="budget_tokens is accepted, not enforced")
     output_config: dict[str, Any] | None = Field(None, description="format (a JSON schema), effort")
+    ignore_eos: bool = Field(False, description="glassbox's extra (vLLM's): generate until max_tokens")
 
 
 class CountTokensRequest(_Body):
@@ -105,6 +106,7 @@ def chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletionReq
             "top_p": req.top_p,
             "top_k": req.top_k,
             "stream": req.stream,
+            "ignore_eos": req.ignore_eos,
         }
         user = (req.metadata or {}).get("user_id")
         if isinstance(user, str):

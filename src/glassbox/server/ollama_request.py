@@ -54,6 +54,7 @@ class _Generation(_Body):
     options: dict[str, Any] | None = None
     keep_alive: str | float | None = Field(None, description="accepted: the served model stays loaded")
     think: bool | str | None = None
+    ignore_eos: bool = Field(False, description="glassbox's extra (vLLM's): generate until num_predict")
 
 
 class ChatRequest(_Generation):
@@ -77,7 +78,7 @@ class GenerateRequest(_Generation):
 
 def _sampling(req: _Generation, reasoning: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """(sampling fields, chat template variables) from ``options``, ``format`` and ``think``."""
-    body: dict[str, Any] = {"model": req.model, "stream": req.stream}
+    body: dict[str, Any] = {"model": req.model, "stream": req.stream, "ignore_eos": req.ignore_eos}
     options = req.options or {}
     for name, field in _OPTIONS.items():
         if options.get(name) is not None:

@@ -71,6 +71,7 @@ class ResponsesRequest(_Body):
     reasoning: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
+    ignore_eos: bool = Field(False, description="glassbox's extra (vLLM's): generate until max_output_tokens")
 
 
 @dataclass
@@ -102,6 +103,7 @@ def translate(req: ResponsesRequest, history: list[dict[str, Any]]) -> Translati
         "top_p": req.top_p,
         "stream": req.stream,
         "user": req.user,
+        "ignore_eos": req.ignore_eos,
     }
     tools, namespaces = _tools(req.tools)
     if tools:
