@@ -103,7 +103,10 @@ def test_chat_whole_and_streamed(client: ollama.Client, http: httpx.Client) -> N
     assert (
         last["total_duration"] == round((m["tokenize_s"] + m["e2e_s"]) * 1e9) and last["load_duration"] == 0
     )
-    assert last["prompt_eval_count"] == m["prompt_tokens"] - m["cached_prompt_tokens"] < m["prompt_tokens"]
+    assert (
+        last["prompt_eval_count"] == m["prompt_tokens"]
+        and last["prompt_eval_cached_count"] == m["cached_prompt_tokens"] > 0
+    )
     ids = http.post(
         "/tokenize", json={"messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}}
     ).json()

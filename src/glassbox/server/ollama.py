@@ -8,8 +8,9 @@ requests are; model facts come from server/ollama_models.py.
   object; streamed whole, in one line before the last); the last object has ``done: true``,
   ``done_reason`` ("stop", "length"; "load" for an empty request) and Ollama's timings in nanoseconds from
   the request's anatomy: ``total_duration`` (tokenize + end to end), ``load_duration`` 0 (the model stays
-  loaded), ``prompt_eval_count`` (the prompt tokens computed: those the prefix cache held are not, as in
-  Ollama) and ``prompt_eval_duration`` (prefill), ``eval_count`` and ``eval_duration`` (decode); plus
+  loaded), ``prompt_eval_count`` (the whole prompt, as Ollama counts it since 0.30),
+  ``prompt_eval_cached_count`` (the part the prefix cache held) and ``prompt_eval_duration`` (prefill),
+  ``eval_count`` and ``eval_duration`` (decode); plus
   ``metrics``, the anatomy itself. Generate's last object carries ``context`` (prompt and reply ids).
 - A ``num_predict`` beyond the room the prompt leaves is cut to that room; no ``num_predict``: until a
   stop or the context is full.
@@ -208,7 +209,8 @@ def _last(run: ChatRun, final: RequestOutput, blocks: Blocks, generate: bool) ->
         out |= {
             "total_duration": _ns(m.tokenize_s + m.e2e_s),
             "load_duration": 0,
-            "prompt_eval_count": c.prompt - c.cached,
+            "prompt_eval_count": c.prompt,
+            "prompt_eval_cached_count": c.cached,
             "prompt_eval_duration": _ns(m.prefill_s),
             "eval_count": c.output,
             "eval_duration": _ns(m.decode_s),
