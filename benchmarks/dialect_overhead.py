@@ -4,7 +4,7 @@ Responses), in turns: what does a dialect's translation cost?
 Starts `glassbox serve` on the default model (SmolLM2-135M-Instruct) with prefix caching off (every
 request prefills its whole prompt), then each round sends the same conversation (a system prompt and a
 question; greedy, at most 64 tokens: the same reply through every door) through each door in turn,
-streamed, in a rotated order. Per request: the server's anatomy from the stream's last event (tokenize_s,
+streamed, in a shuffled order. Per request: the server's anatomy from the stream's last event (tokenize_s,
 ttft_s, decode_s, e2e_s) and the client's time to the first text and to the end of the stream; the client
 minus the server (tokenize + ttft, tokenize + e2e) is what lies outside the engine: HTTP, the
 translation, the output's formatting. Reports medians per door and ratios to the OpenAI door, with the
@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import signal
 import statistics
 import subprocess
@@ -211,10 +212,10 @@ def main() -> None:
                 measure(client, door, *bodies[door])
             rows: dict[str, list[dict[str, Any]]] = {d: [] for d in doors}
             load: list[float] = []
-            for k in range(args.rounds):
-                for door in (
-                    doors[k % len(doors) :] + doors[: k % len(doors)]
-                ):  # rotated: no door always first
+            rng = random.Random(0)
+            for _ in range(args.rounds):
+                # shuffled: no door always first, nor always after the same one
+                for door in rng.sample(doors, len(doors)):
                     rows[door].append(measure(client, door, *bodies[door]))
                 load.append(os.getloadavg()[0])
     finally:
