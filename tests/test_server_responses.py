@@ -259,7 +259,7 @@ BAD: list[tuple[str, dict[str, Any], int]] = [
     ),
     ("max_output_tokens 0", {"max_output_tokens": 0}, 400),
     ("an unknown tool type", {"tools": [{"type": "teleport"}]}, 400),
-    ("a tool type that is an object", {"tools": [{"type": {"name": "f"}}]}, 400),  # found by fuzzing: was a 500
+    ("a tool type that is an object", {"tools": [{"type": {"name": "f"}}]}, 400),  # fuzzing found a 500
     ("a namespace without a list", {"tools": [{"type": "namespace", "name": "n", "tools": 3}]}, 400),
     ("auto without tools", {"tool_choice": "required"}, 400),
     ("an empty input", {"input": []}, 400),
