@@ -8,8 +8,10 @@ conversation."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from typing import Any
 
 import anthropic
@@ -19,6 +21,8 @@ import pytest
 from dialect_server import API_KEY, MODEL_NAME, WEATHER_TOOL, claude_code_tools
 from test_server_harness import MAX_MODEL_LEN as SHARED_MAX_MODEL_LEN
 from test_server_harness import ServerProcess
+
+from glassbox.server.reply import with_heartbeat
 
 GREEDY = {"temperature": 0}  # the current SDK has no temperature argument; Claude Code still sends one
 NO_THINKING: Any = {"type": "disabled"}
@@ -374,3 +378,33 @@ def test_malformed_bodies_and_wrong_methods(http: httpx.Client, server: ServerPr
         client.messages.create(
             model=MODEL_NAME, max_tokens=4, messages=[{"role": "user", "content": _prompt_of(40000)}]
         )
+
+
+def test_pings_while_the_reply_is_waited_for() -> None:
+    """The stream's keep-alive: a None (a ping) each interval without output, the items in order, and the
+    reply's own generator closed (its request aborted) when the stream is."""
+    closed: list[bool] = []
+
+    async def slow(delays: list[float]) -> AsyncIterator[int]:
+        try:
+            for i, d in enumerate(delays):
+                await asyncio.sleep(d)
+                yield i
+        finally:
+            closed.append(True)
+
+    async def collect() -> list[int | None]:
+        return [x async for x in with_heartbeat(slow([0.25, 0.0, 0.25]), 0.04)]
+
+    out = asyncio.run(collect())
+    assert [x for x in out if x is not None] == [0, 1, 2] and out.count(None) >= 2 and closed == [True]
+
+    async def leave_early() -> None:
+        async with aclosing(with_heartbeat(slow([5.0]), 0.02)) as beats:
+            async for beat in beats:
+                assert beat is None
+                break
+
+    closed.clear()
+    asyncio.run(leave_early())
+    assert closed == [True]
