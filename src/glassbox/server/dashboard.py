@@ -22,7 +22,14 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from fastapi.staticfiles import StaticFiles
 from starlette.types import Scope
 
@@ -45,10 +52,12 @@ _MAX_HISTORY = 1000  # finished requests a new client may ask to replay (the rec
 
 _INDEX = """<!doctype html><html><head><meta charset="utf-8"><title>glassbox</title></head>
 <body style="font-family: sans-serif; margin: 2em">
-<h1>glassbox</h1><p>An OpenAI-compatible LLM server whose every request is a glass box.</p>
+<h1>glassbox</h1><p>An LLM server whose every request is a glass box.</p>
 <ul>
 <li><a href="/dashboard">/dashboard</a>: the live dashboard (requests, steps, latencies, playground)</li>
-<li><a href="/docs">/docs</a>: the API (OpenAI-compatible: /v1/completions, /v1/chat/completions, /v1/models)</li>
+<li><a href="/docs">/docs</a>: the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models);
+the same port also speaks Anthropic's Messages API (/v1/messages), OpenAI's Responses API (/v1/responses)
+and Ollama's API (/api/chat, /api/generate, /api/tags, /api/show, ...)</li>
 <li><a href="/metrics">/metrics</a>: Prometheus metrics</li>
 <li><a href="/health">/health</a>: health and load</li>
 </ul></body></html>"""
@@ -143,9 +152,12 @@ def install_dashboard(app: FastAPI, state: ServerState) -> DashboardRecorder:
 
     app.mount("/dashboard/static", StaticFiles(directory=STATIC), name="dashboard-static")
 
-    @app.get("/", include_in_schema=False)
-    async def index() -> HTMLResponse:
-        return HTMLResponse(_INDEX)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    async def index(request: Request) -> Response:
+        # a browser (Accept: text/html) gets the index; Ollama's clients probe / for this line
+        if "text/html" in request.headers.get("accept", ""):
+            return HTMLResponse(_INDEX)
+        return PlainTextResponse("Ollama is running")
 
     @app.get("/dashboard", include_in_schema=False)
     async def dashboard_page() -> FileResponse:

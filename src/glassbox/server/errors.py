@@ -10,6 +10,7 @@ says which (``invalid_value``, ``integer_above_max_value``, ``context_length_exc
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -78,6 +79,32 @@ def error_response(
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
+# another API's error body from (status, message, param, code): server/anthropic.py's, server/ollama.py's
+ErrorBody = Callable[[int, str, str | None, str | None], dict[str, Any]]
+
+
+def register_error_body(app: FastAPI, prefix: str, body: ErrorBody) -> None:
+    """Answer errors on paths under ``prefix`` with ``body`` (an API dialect's own error shape)."""
+    app.state.error_bodies = [*getattr(app.state, "error_bodies", []), (prefix, body)]
+
+
+def error_response_for(
+    app: Any,
+    path: str,
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """An error in the shape of the API that ``path`` belongs to (OpenAI's unless a dialect registered
+    its prefix on ``app``)."""
+    for prefix, body in getattr(getattr(app, "state", None), "error_bodies", ()):
+        if path.startswith(prefix):
+            return JSONResponse(body(status, message, param, code), status_code=status, headers=headers)
+    return error_response(status, message, param, code, headers)
+
+
 def param_of_value_error(message: str, known: set[str]) -> str | None:
     """The parameter a ValueError message names first ("top_p must be ..." -> "top_p"), if known."""
     word = message.split(" ", 1)[0].strip(":,")
@@ -143,23 +170,26 @@ def _is_type_tag(part: str) -> bool:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Answer every error (ours, FastAPI's validation, Starlette's 404/405, bugs) in OpenAI's shape."""
+    """Answer every error (ours, FastAPI's validation, Starlette's 404/405, bugs) in OpenAI's shape, or
+    in the shape of the API dialect the path belongs to (``register_error_body``)."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+        path = request.url.path
+        return error_response_for(app, path, exc.status, exc.message, exc.param, exc.code, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param, code = _validation_message(exc)
-        return error_response(400, message, param, code)
+        return error_response_for(app, request.url.path, 400, message, param, code)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail if isinstance(exc.detail, str) else "request failed"
-        return error_response(exc.status_code, detail, headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        return error_response_for(app, request.url.path, exc.status_code, detail, headers=headers)
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, f"internal server error: {type(exc).__name__}")
+        return error_response_for(app, request.url.path, 500, f"internal server error: {type(exc).__name__}")
