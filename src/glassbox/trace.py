@@ -15,6 +15,7 @@ from glassbox.engine.llm_engine import LLMEngine
 from glassbox.models.model_config import dtype_name
 from glassbox.models.moe import MoEExperts
 from glassbox.models.moe_triton import experts_read
+from glassbox.outputs import RequestOutput
 from glassbox.perf.cost_model import expected_distinct_experts
 from glassbox.perf.hardware import HardwareSpec
 from glassbox.perf.quant import resolve_scheme
@@ -45,16 +46,64 @@ def run_trace(
     else:
         ids = engine.tokenizer.encode(prompt)
     engine.add_request(rid, ids, params, tokenize_s=time.perf_counter() - t0)
+    proposer = engine.scheduler.proposer
+    draft = proposer if isinstance(proposer, DraftModelProposer) else None  # what the draft model did
+    draft_before = replace(draft.stats) if draft is not None else None
+    run = _run_alone(engine, rid)
+    m = run.final.metrics
+    assert m is not None
+    result: dict[str, Any] = {
+        "model": engine.model_name,
+        "device": str(engine.executor.device),
+        "dtype": dtype_name(engine.executor.dtype),
+        "weight_blocks": engine.executor.block_formats,  # formats kept in blocks ("Q4_1", "GPTQ int4 g128")
+        "prompt": prompt,
+        "chat_template": chat,
+        "text": run.final.text,
+        "output_tokens": m.output_tokens,
+        "finish_reason": run.final.finish_reason,
+        "phases": _phases(m),
+        "kv_cache": _kv_cache(engine, run.growth, m),
+        "e2e_ms": m.e2e_s * 1e3,
+    }
+    if engine.executor.tp is not None:
+        result["tensor_parallel"] = {
+            "ranks": engine.executor.tp.world,
+            "rank_weight_bytes": engine.executor.rank_weight_bytes,
+            **{ph: t.to_dict() for ph, t in run.tp.items()},
+        }
+    if run.experts:
+        prefill_tokens = m.prompt_tokens - m.cached_prompt_tokens
+        decode_tokens = max(0, m.output_tokens - 1)
+        result["moe"] = _moe_reads(engine, run.experts, run.reads, prefill_tokens, decode_tokens)
+    spec = engine.config.speculative
+    if spec is not None:  # speculative decoding: what the drafts bought this request
+        result["speculative"] = _speculative(spec.to_dict(), m, draft, draft_before)
+    if roofline is not None:
+        _add_roofline(result, engine, roofline, m)
+    return result
+
+
+@dataclass
+class TraceRun:
+    """What stepping one request alone recorded: its final output, the KV cache's growth (step, tokens,
+    blocks, bytes), the expert weights each phase read, rank 0's collectives per phase."""
+
+    final: RequestOutput
+    growth: list[dict[str, int]]
+    experts: list[MoEExperts]
+    reads: dict[str, int]
+    tp: dict[str, TPPhase]
+
+
+def _run_alone(engine: LLMEngine, rid: str) -> TraceRun:
+    """Step the engine until request ``rid`` finishes, recording per step what the anatomy reports."""
     seq = engine.get_sequences(rid)[0]
-    bs = engine.block_manager.block_size
     per_block = engine.executor.kv_plan.bytes_per_block
     growth: list[dict[str, int]] = []
     final = None
     step = 0
     experts = [m for m in engine.executor.model.modules() if isinstance(m, MoEExperts)]
-    proposer = engine.scheduler.proposer
-    draft = proposer if isinstance(proposer, DraftModelProposer) else None  # what the draft model did
-    draft_before = replace(draft.stats) if draft is not None else None
     # expert weight reads (over all MoE layers) by the steps of each phase: experts run, bytes read
     reads = {"prefill": 0, "decode": 0, "prefill_bytes": 0, "decode_bytes": 0}
     tp = {ph: TPPhase() for ph in ("prefill", "decode")}  # tensor parallelism: rank 0's collectives
@@ -78,86 +127,72 @@ def run_trace(
                     "bytes": len(seq.block_table) * per_block,
                 }
             )
-        for o in outs:
-            if o.request_id == rid and o.finished:
-                final = o
-    m = final.metrics
-    assert m is not None
+        final = next((o for o in outs if o.request_id == rid and o.finished), None)
+    return TraceRun(final, growth, experts, reads, tp)
+
+
+def _phases(m: RequestMetrics) -> dict[str, Any]:
+    """The anatomy's phases: tokenize, queue, prefill, first token, decode (with its ITLs), detokenize."""
+    itl = [b - a for a, b in zip(m.token_times, m.token_times[1:], strict=False)]
+    return {
+        "tokenize": {"tokens": m.prompt_tokens, "ms": m.tokenize_s * 1e3},
+        "queue": {"ms": m.queue_s * 1e3},
+        "prefill": {
+            "tokens": m.prompt_tokens - m.cached_prompt_tokens,
+            "cached_tokens": m.cached_prompt_tokens,
+            "ms": m.prefill_s * 1e3,
+            "tok_s": m.prefill_tok_s,
+        },
+        "first_token": {"ttft_ms": m.ttft_s * 1e3},
+        "decode": {
+            "tokens": max(0, m.output_tokens - 1),
+            "ms": m.decode_s * 1e3,
+            "tok_s": m.decode_tok_s,
+            "itl_ms_p50": (percentile(itl, 0.5) if itl else 0.0) * 1e3,
+            "itl_ms_p99": (percentile(itl, 0.99) if itl else 0.0) * 1e3,
+            # engine steps the decode took: fewer than its tokens when greedy bursts (engine/bursts.py)
+            # or accepted drafts gave several tokens a step (their ITLs are 0)
+            "steps": sum(1 for gap in itl if gap > 0),
+        },
+        "detokenize": {"ms": m.detokenize_s * 1e3},
+    }
+
+
+def _kv_cache(engine: LLMEngine, growth: list[dict[str, int]], m: RequestMetrics) -> dict[str, Any]:
+    """The request's KV cache: its blocks and bytes at the end and how it grew."""
+    bs, per_block = engine.block_manager.block_size, engine.executor.kv_plan.bytes_per_block
     if not growth:  # ended in its first step (an immediate EOS), whose blocks were freed with it
         cached = m.prompt_tokens + m.output_tokens - 1  # the last token's K/V is never written
         blocks = -(-cached // bs)
         growth.append({"step": 1, "tokens": cached, "blocks": blocks, "bytes": blocks * per_block})
-    times = m.token_times
-    itl = [b - a for a, b in zip(times, times[1:], strict=False)]
-    decode_tokens = max(0, m.output_tokens - 1)
-    prefill_tokens = m.prompt_tokens - m.cached_prompt_tokens
-    result: dict[str, Any] = {
-        "model": engine.model_name,
-        "device": str(engine.executor.device),
-        "dtype": dtype_name(engine.executor.dtype),
-        "weight_blocks": engine.executor.block_formats,  # formats kept in blocks ("Q4_1", "GPTQ int4 g128")
-        "prompt": prompt,
-        "chat_template": chat,
-        "text": final.text,
-        "output_tokens": m.output_tokens,
-        "finish_reason": final.finish_reason,
-        "phases": {
-            "tokenize": {"tokens": m.prompt_tokens, "ms": m.tokenize_s * 1e3},
-            "queue": {"ms": m.queue_s * 1e3},
-            "prefill": {
-                "tokens": prefill_tokens,
-                "cached_tokens": m.cached_prompt_tokens,
-                "ms": m.prefill_s * 1e3,
-                "tok_s": m.prefill_tok_s,
-            },
-            "first_token": {"ttft_ms": m.ttft_s * 1e3},
-            "decode": {
-                "tokens": decode_tokens,
-                "ms": m.decode_s * 1e3,
-                "tok_s": m.decode_tok_s,
-                "itl_ms_p50": (percentile(itl, 0.5) if itl else 0.0) * 1e3,
-                "itl_ms_p99": (percentile(itl, 0.99) if itl else 0.0) * 1e3,
-                # engine steps the decode took: fewer than its tokens when greedy bursts (engine/bursts.py)
-                # or accepted drafts gave several tokens a step (their ITLs are 0)
-                "steps": sum(1 for gap in itl if gap > 0),
-            },
-            "detokenize": {"ms": m.detokenize_s * 1e3},
-        },
-        "kv_cache": {
-            "dtype": dtype_name(engine.executor.kv_dtype),
-            "block_size": bs,
-            "blocks": growth[-1]["blocks"] if growth else 0,
-            "bytes": growth[-1]["bytes"] if growth else 0,
-            "growth": growth,
-        },
-        "e2e_ms": m.e2e_s * 1e3,
+    return {
+        "dtype": dtype_name(engine.executor.kv_dtype),
+        "block_size": bs,
+        "blocks": growth[-1]["blocks"],
+        "bytes": growth[-1]["bytes"],
+        "growth": growth,
     }
-    if engine.executor.tp is not None:
-        result["tensor_parallel"] = {
-            "ranks": engine.executor.tp.world,
-            "rank_weight_bytes": engine.executor.rank_weight_bytes,
-            **{ph: t.to_dict() for ph, t in tp.items()},
-        }
-    if experts:
-        result["moe"] = _moe_reads(engine, experts, reads, prefill_tokens, decode_tokens)
-    spec = engine.config.speculative
-    if spec is not None:  # speculative decoding: what the drafts bought this request
-        result["speculative"] = {
-            **spec.to_dict(),
-            "verify_steps": m.spec_drafts,
-            "draft_tokens": m.spec_draft_tokens,
-            "accepted_tokens": m.spec_accepted_tokens,
-            "acceptance_rate": m.spec_acceptance_rate,
-            "mean_acceptance_length": m.spec_mean_acceptance_length,
-        }
-        if draft is not None and draft_before is not None:
-            ds = draft.stats
-            result["speculative"]["draft_passes"] = ds.passes - draft_before.passes
-            result["speculative"]["draft_rows"] = ds.rows - draft_before.rows
-            result["speculative"]["draft_ms"] = (ds.seconds - draft_before.seconds) * 1e3
-    if roofline is not None:
-        _add_roofline(result, engine, roofline, m)
-    return result
+
+
+def _speculative(
+    config: dict[str, Any], m: RequestMetrics, draft: DraftModelProposer | None, before: Any
+) -> dict[str, Any]:
+    """What speculative decoding bought the request: its verify steps, drafts and acceptance, and the
+    draft model's own passes while it ran."""
+    out = {
+        **config,
+        "verify_steps": m.spec_drafts,
+        "draft_tokens": m.spec_draft_tokens,
+        "accepted_tokens": m.spec_accepted_tokens,
+        "acceptance_rate": m.spec_acceptance_rate,
+        "mean_acceptance_length": m.spec_mean_acceptance_length,
+    }
+    if draft is not None and before is not None:
+        ds = draft.stats
+        out["draft_passes"] = ds.passes - before.passes
+        out["draft_rows"] = ds.rows - before.rows
+        out["draft_ms"] = (ds.seconds - before.seconds) * 1e3
+    return out
 
 
 @dataclass

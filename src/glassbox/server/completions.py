@@ -14,6 +14,7 @@ from starlette.responses import Response
 from glassbox.outputs import CompletionOutput, RequestOutput
 from glassbox.server.errors import bad_request, unsupported
 from glassbox.server.generation import (
+    Job,
     anatomy,
     collect,
     finish_chunk,
@@ -62,7 +63,37 @@ def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[
     return items
 
 
+@dataclass
+class _Run:
+    """One completions request under way: its job, each prompt's echo, and the logprobs it asked for."""
+
+    state: ServerState
+    req: CompletionRequest
+    job: Job
+    echo: list[str]  # each prompt's text, leading its choices (echo), else ""
+    k: int | None  # logprobs per generated token
+    echo_k: int | None  # the prompt tokens' logprobs lead each choice (echo with logprobs)
+    echo_only: bool  # OpenAI's scoring call (max_tokens 0): the prompt and its logprobs, nothing generated
+    head: dict[str, Any]
+
+    def prompt_part(self, out: RequestOutput) -> dict[str, list[Any]] | None:
+        if self.echo_k is None or out.prompt_logprobs is None:
+            return None
+        return self.state.logprobs.completion(out.prompt_token_ids, out.prompt_logprobs, self.echo_k)
+
+    def reason(self, o: CompletionOutput) -> str | None:
+        return "length" if self.echo_only and o.finish_reason is not None else o.finish_reason
+
+
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
+    run = _start(state, req)
+    if req.stream:
+        return _stream(run, request)
+    return await _whole(run, request)
+
+
+def _start(state: ServerState, req: CompletionRequest) -> _Run:
+    """Check the request, tokenize its prompts and submit them."""
     state.check_model(req.model)
     if req.suffix:
         raise unsupported("suffix is not supported", "suffix")
@@ -70,10 +101,9 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         raise bad_request(f"best_of ({req.best_of}) must equal n ({req.n}) or be omitted", "best_of")
     if req.max_tokens == 0 and not req.echo:
         raise bad_request("max_tokens must be at least 1 (0 only with echo: the prompt alone)", "max_tokens")
-    echo_only = req.max_tokens == 0  # OpenAI's scoring call: the prompt and its logprobs, nothing generated
+    echo_only = req.max_tokens == 0
     max_tokens = 1 if echo_only else req.max_tokens
     k = req.logprobs
-    # echo with logprobs: the prompt tokens' logprobs lead each choice's (OpenAI's legacy completions)
     echo_k = k if req.echo else None
     prompt_k = req.prompt_logprobs if echo_k is None else max(echo_k, req.prompt_logprobs or 0)
     params = sampling_params(req, max_tokens, None if echo_only else k, prompt_k)
@@ -102,75 +132,77 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         "model": job.model,
         "system_fingerprint": state.fingerprint,
     }
+    return _Run(state, req, job, echo, k, echo_k, echo_only, head)
 
-    def prompt_part(out: RequestOutput) -> dict[str, list[Any]] | None:
-        if echo_k is None or out.prompt_logprobs is None:
-            return None
-        return state.logprobs.completion(out.prompt_token_ids, out.prompt_logprobs, echo_k)
 
-    def reason(o: CompletionOutput) -> str | None:
-        return "length" if echo_only and o.finish_reason is not None else o.finish_reason
+def _stream(run: _Run, request: Request) -> Response:
+    """The choices as server-sent events, each choice's prompt echo in its first chunk."""
+    state, req, job, k = run.state, run.req, run.job, run.k
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    cursors = [_Cursor() for _ in range(len(run.echo) * job.n)]
 
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        cursors = [_Cursor() for _ in range(len(prompts) * job.n)]
+    def chunks_for(i: int, out: RequestOutput) -> list[dict[str, Any]]:
+        chunks = []
+        for o in out.outputs:
+            index = i * job.n + o.index
+            c = cursors[index]
+            if c.done:
+                continue
+            text, logprobs = "", None
+            if not c.echoed:  # the prompt leads the choice's first chunk
+                c.echoed = True
+                text, logprobs = run.echo[i], run.prompt_part(out)
+                if logprobs is not None:
+                    c.text_offset = sum(len(t) for t in logprobs["tokens"])
+            if not run.echo_only:
+                text += o.text[c.text_len :]
+                if k is not None and o.logprobs is not None:
+                    new = state.logprobs.completion(
+                        o.token_ids[c.tokens :], o.logprobs[c.tokens :], k, c.text_offset
+                    )
+                    c.text_offset += sum(len(t) for t in new["tokens"])
+                    logprobs = new if logprobs is None else _joined(logprobs, new)
+            if text or (logprobs and logprobs["tokens"]):
+                choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
+                chunks.append({**run.head, "choices": [choice]})
+            c.text_len, c.tokens, c.done = len(o.text), o.num_tokens, o.finish_reason is not None
+            if c.done and o.finish_reason != "abort":
+                chunk = finish_chunk(run.head, index, {"text": ""}, o)
+                chunk["choices"][0]["finish_reason"] = run.reason(o)
+                chunks.append(chunk)
+        return chunks
 
-        def chunks_for(i: int, out: RequestOutput) -> list[dict[str, Any]]:
-            chunks = []
-            for o in out.outputs:
-                index = i * job.n + o.index
-                c = cursors[index]
-                if c.done:
-                    continue
-                text, logprobs = "", None
-                if not c.echoed:  # the prompt leads the choice's first chunk
-                    c.echoed = True
-                    text, logprobs = echo[i], prompt_part(out)
-                    if logprobs is not None:
-                        c.text_offset = sum(len(t) for t in logprobs["tokens"])
-                if not echo_only:
-                    text += o.text[c.text_len :]
-                    if k is not None and o.logprobs is not None:
-                        new = state.logprobs.completion(
-                            o.token_ids[c.tokens :], o.logprobs[c.tokens :], k, c.text_offset
-                        )
-                        c.text_offset += sum(len(t) for t in new["tokens"])
-                        logprobs = new if logprobs is None else _joined(logprobs, new)
-                if text or (logprobs and logprobs["tokens"]):
-                    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
-                    chunks.append({**head, "choices": [choice]})
-                c.text_len, c.tokens, c.done = len(o.text), o.num_tokens, o.finish_reason is not None
-                if c.done and o.finish_reason != "abort":
-                    chunk = finish_chunk(head, index, {"text": ""}, o)
-                    chunk["choices"][0]["finish_reason"] = reason(o)
-                    chunks.append(chunk)
-            return chunks
+    events = stream_events(job, request, [], chunks_for, run.head, include_usage)
+    # the background task also runs when the client left before the stream began
+    return StreamingResponse(
+        events, media_type="text/event-stream", background=BackgroundTask(job.abort_unfinished)
+    )
 
-        events = stream_events(job, request, [], chunks_for, head, include_usage)
-        # the background task also runs when the client left before the stream began
-        return StreamingResponse(
-            events, media_type="text/event-stream", background=BackgroundTask(job.abort_unfinished)
-        )
 
+async def _whole(run: _Run, request: Request) -> Response:
+    """Every choice at once, with usage and the anatomy."""
+    state, req, job, k = run.state, run.req, run.job, run.k
     finals = await collect(job, request)
     choices: list[dict[str, Any]] = []
     for i, final in enumerate(finals):
-        lead = prompt_part(final)
+        lead = run.prompt_part(final)
         offset = 0 if lead is None else sum(len(t) for t in lead["tokens"])
         for o in final.outputs:
             logprobs = lead
-            if not echo_only and k is not None and o.logprobs is not None:
+            if not run.echo_only and k is not None and o.logprobs is not None:
                 new = state.logprobs.completion(o.token_ids, o.logprobs, k, offset)
                 logprobs = new if lead is None else _joined(lead, new)
             choice = {
                 "index": i * job.n + o.index,
-                "text": echo[i] + ("" if echo_only else o.text),
+                "text": run.echo[i] + ("" if run.echo_only else o.text),
                 "logprobs": logprobs,
-                "finish_reason": reason(o),
-                "stop_reason": None if echo_only else o.stop_reason,
+                "finish_reason": run.reason(o),
+                "stop_reason": None if run.echo_only else o.stop_reason,
             }
             if req.prompt_logprobs is not None:  # vLLM's field
                 choice["prompt_logprobs"] = state.logprobs.prompt_vllm(final, req.prompt_logprobs)
             choices.append(choice)
     choices.sort(key=lambda c: c["index"])
-    return JSONResponse({**head, "choices": choices, "usage": usage(job, finals), "metrics": anatomy(finals)})
+    return JSONResponse(
+        {**run.head, "choices": choices, "usage": usage(job, finals), "metrics": anatomy(finals)}
+    )
