@@ -161,10 +161,10 @@ def test_the_api_schema_lists_every_reported_metric() -> None:
 
 def test_no_stream_synchronizing_host_copies_in_the_step_code() -> None:
     """``torch.tensor(values, device=...)`` copies from pageable memory, which makes the host wait for the
-    CUDA stream; the code a step runs (engine/, layers/, models/, kernels/) sends host values through
+    CUDA stream; the code a step runs (engine/, layers/, models/, quant/, kernels/) sends host values through
     layers/host.py's pinned, non-blocking copies instead."""
     offenders = []
-    for sub in ("engine", "layers", "models", "kernels"):
+    for sub in ("engine", "layers", "models", "quant", "kernels"):
         for path in sorted((PACKAGE / sub).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 if (

@@ -37,7 +37,7 @@ from torch import nn
 
 from glassbox.distributed import all_gather_last, all_reduce
 from glassbox.models.causal_lm import CausalLM
-from glassbox.models.families import FAMILIES, engine_family
+from glassbox.models.families import FAMILIES
 from glassbox.models.fused_parts import fused_config, fused_rows
 from glassbox.models.gemma3 import Gemma3Attention, Gemma3ForCausalLM, Gemma3MLP, ScaledEmbedding, rounded
 from glassbox.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
@@ -165,7 +165,8 @@ def check_tp(cfg: ModelConfig, world: int) -> None:
     """ValueError naming what tensor parallelism over ``world`` ranks cannot run for this model."""
     if world == 1:
         return
-    if not engine_family(cfg.architecture).tensor_parallel:
+    family = FAMILIES.get(cfg.architecture)
+    if family is None or not family.tensor_parallel:
         built = sorted(a for a, f in FAMILIES.items() if f.tensor_parallel)
         raise ValueError(
             f"--tensor-parallel-size {world}: {cfg.architecture} has no tensor-parallel split yet "

@@ -125,7 +125,7 @@ PROFILES: dict[str, EngineProfile] = {
             max_num_seqs=256,
             runtime_gib=0.5,
             kv_row_scales=True,
-            prompt_prep_bytes_per_weight=4.0,  # bf16 prompts untiled per step (README: bf16 prompts)
+            prompt_prep_bytes_per_weight=4.0,  # bf16 prompts untiled per step (docs/models.md: bf16 prompts)
             fitted_on="benchmarks/plan_vs_measured.py on a 2-core AVX-512 EPYC: Qwen3-0.6B-shaped bf16 decode "
             "and prefill at batch 1 and the demo model's decode (glassbox's C kernels around oneDNN-packed linears)",
         ),

@@ -1,50 +1,42 @@
-"""A Hugging Face checkpoint's quantized layers read in their own formats, as its ``quantization_config``
-says (quant/config.py reads it): NVFP4 / MXFP4 (quant/fp4/checkpoint.py), GPTQ and AWQ and
-compressed-tensors integer codes repacked into blocks (quant/blocks/), FP8 kept 8-bit (quant/fp8/)."""
+"""A Hugging Face checkpoint's quantized layers read in their own formats: the rows of quant/formats.py
+whose ``quant_methods`` hold the checkpoint's method (quant/config.py reads it) name their readers
+(``reader``), tried in the table's order until one takes the checkpoint."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from glassbox.quant.blocks.ct_int import read_ct_int
-from glassbox.quant.blocks.ct_int_config import ct_int_spec
-from glassbox.quant.blocks.gptq_awq import check_runs, read_group_quant
-from glassbox.quant.config import group_quant
-from glassbox.quant.fp4.checkpoint import read_fp4
-from glassbox.quant.fp8.checkpoint import read_fp8
-from glassbox.quant.fp8.config import fp8_spec
-from glassbox.quant.kept import Kept
+from glassbox.quant.config import quant_method
+from glassbox.quant.formats import FORMATS
+from glassbox.quant.kept import Kept, Tensors
 
-Tensors = Iterator[tuple[str, torch.Tensor]]  # (HF name, tensor), one at a time
+Reader = Callable[
+    [Path, dict[str, Any], torch.device, torch.dtype, bool], tuple[Tensors, dict[str, Kept]] | None
+]
 
 
 def read_kept(
     path: Path, qc: dict[str, Any], device: torch.device, dtype: torch.dtype, cpu: bool
 ) -> tuple[Tensors, dict[str, Kept]] | None:
     """(the float tensors, the layers kept in their format by HF name) of a quantized checkpoint, or None
-    for an unquantized one. GPTQ/AWQ, compressed-tensors integer, NVFP4 and MXFP4 layers always stay in
-    their format (ValueError where no kernels run them on ``device`` in ``dtype``: gptq_awq.check_runs,
-    fp4/checkpoint.py; or for settings the loader cannot run); FP8's stay 8-bit on any device and dtype.
-    ``cpu``: laid out for the CPU's kernels (else for CUDA's)."""
-    fp4 = read_fp4(path, qc, device, dtype)
-    if fp4 is not None:
-        return fp4[1], dict(fp4[0])
-    spec = group_quant(qc)
-    if spec is not None:
-        check_runs(spec.method.upper(), device, dtype)
-        layers, rest = read_group_quant(path, spec, cpu)
-        return rest, dict(layers)
-    ct = ct_int_spec(qc)
-    if ct is not None:
-        check_runs("compressed-tensors integer", device, dtype)
-        layers, rest = read_ct_int(path, ct, cpu)
-        return rest, dict(layers)
-    fp8 = fp8_spec(qc)
-    if fp8 is not None:
-        fp8_layers, rest = read_fp8(path, fp8, cpu)
-        return rest, dict(fp8_layers)
+    for an unquantized one (or a method no row reads: its tensors then load as floats where they can).
+    GPTQ/AWQ, compressed-tensors integer, NVFP4 and MXFP4 layers always stay in their format (ValueError
+    where no kernels run them on ``device`` in ``dtype``, or for settings the loader cannot run); FP8's stay
+    8-bit on any device and dtype. ``cpu``: laid out for the CPU's kernels (else for CUDA's)."""
+    method = quant_method(qc)
+    if not method:
+        return None
+    readers = dict.fromkeys(f.reader for f in FORMATS.values() if f.reader and method in f.quant_methods)
+    for ref in readers:
+        assert ref is not None
+        module, _, function = ref.partition(":")
+        read: Reader = getattr(importlib.import_module(module), function)
+        result = read(path, qc, device, dtype, cpu)
+        if result is not None:
+            return result
     return None

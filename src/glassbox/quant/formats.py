@@ -31,6 +31,9 @@ class WeightFormat:
     ggml_types: tuple[str, ...] = ()  # a GGUF file's tensors of these types stay in this format's blocks
     quant_methods: tuple[str, ...] = ()  # checkpoints whose quantization_config says this (quant/config.py)
     at_load: str | None = None  # "module:function" quantizing a built model into it (quant/at_load.py)
+    # "module:function" reading a checkpoint of these quant_methods (quant/checkpoint.py; None for the
+    # method, tried in the table's order), or None
+    reader: str | None = None
     bits: int = 0  # integer blocks: the code bits (4, 8)
     asymmetric: bool = False  # integer blocks with a min per block (Q4_1's layout)
     gguf: bool = False  # a llama.cpp tensor type (the planner's GGUF engines store every tensor in it)
@@ -48,6 +51,9 @@ class WeightFormat:
 
 
 _BLOCKS_AT_LOAD = "glassbox.quant.blocks.at_load:quantize_blocks"
+_INT_READER = "glassbox.quant.blocks.checkpoint:read_checkpoint"  # GPTQ, AWQ, compressed-tensors integer
+_FP4_READER = "glassbox.quant.fp4.checkpoint:read_checkpoint"  # ModelOpt NVFP4, gpt-oss MXFP4
+_FP8_READER = "glassbox.quant.fp8.checkpoint:read_checkpoint"  # HF fp8, compressed-tensors float8
 
 FORMATS: dict[str, WeightFormat] = {
     f.name: f
@@ -55,11 +61,6 @@ FORMATS: dict[str, WeightFormat] = {
         WeightFormat("fp32", "dense", 32.0, "fp32", "IEEE float32", aliases=("float32", "f32")),
         WeightFormat("bf16", "dense", 16.0, "bf16", "bfloat16", aliases=("bfloat16",)),
         WeightFormat("fp16", "dense", 16.0, "fp16", "float16", aliases=("float16", "half", "f16")),
-        WeightFormat(
-            "fp8", "fp8", 8.0, "fp8", "E4M3 with per-channel or 128x128-block float32 scales (<0.01 bit/weight)",
-            quant_methods=("fp8", "fbgemm_fp8", "modelopt", "compressed-tensors"),
-            at_load="glassbox.quant.fp8.quantize:quantize_model_fp8",
-        ),
         WeightFormat(
             "q8_0", "blocks", 8.5, "int8", "GGUF Q8_0: 32 int8 + one fp16 scale = 34 bytes / 32 weights",
             aliases=("int8",), ggml_types=("Q8_0",), at_load=_BLOCKS_AT_LOAD, bits=8, gguf=True,
@@ -94,26 +95,31 @@ FORMATS: dict[str, WeightFormat] = {
         WeightFormat(
             "w4a16", "blocks", 4.0 + (16 + 4) / 128, "int4",
             "GPTQ / AWQ / compressed-tensors 4-bit: fp16 scale + 4-bit zero per 128 input channels",
-            aliases=("awq", "gptq", "int4-g128"), quant_methods=("gptq", "awq", "compressed-tensors"),
+            aliases=("awq", "gptq", "int4-g128"), quant_methods=("gptq", "awq", "compressed-tensors"), reader=_INT_READER,
         ),
         WeightFormat(
             "w8a16", "blocks", 8.0 + (16 + 8) / 128, "int8",
             "GPTQ / compressed-tensors 8-bit: fp16 scale + 8-bit zero per 128 input channels",
-            quant_methods=("gptq", "compressed-tensors"),
+            quant_methods=("gptq", "compressed-tensors"), reader=_INT_READER,
         ),
         WeightFormat(
             "w8a8", "blocks", 8.0, "int8", "W8A8 int8 (compressed-tensors int-quantized): per-channel scales",
-            quant_methods=("compressed-tensors",),
+            quant_methods=("compressed-tensors",), reader=_INT_READER,
         ),
         WeightFormat(
             "nvfp4", "fp4", 4.0 + 8 / 16, "fp4", "E2M1 + FP8 scale per 16 values (+ a float32 tensor scale)",
-            quant_methods=("modelopt", "compressed-tensors"),
+            quant_methods=("modelopt", "compressed-tensors"), reader=_FP4_READER,
             at_load="glassbox.quant.fp4.linear:quantize_model_fp4",
         ),
         WeightFormat(
             "mxfp4", "fp4", 4.0 + 8 / 32, "fp4", "OCP MX: E2M1 + E8M0 scale per 32 values",
-            ggml_types=("MXFP4",), quant_methods=("mxfp4",),
+            ggml_types=("MXFP4",), quant_methods=("mxfp4",), reader=_FP4_READER,
             at_load="glassbox.quant.fp4.linear:quantize_model_fp4",
+        ),
+        WeightFormat(
+            "fp8", "fp8", 8.0, "fp8", "E4M3 with per-channel or 128x128-block float32 scales (<0.01 bit/weight)",
+            quant_methods=("fp8", "fbgemm_fp8", "modelopt", "compressed-tensors"),
+            at_load="glassbox.quant.fp8.quantize:quantize_model_fp8", reader=_FP8_READER,
         ),
     )
 }  # fmt: skip

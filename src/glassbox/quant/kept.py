@@ -4,6 +4,8 @@ layers their names address: which layer runs which kept weights is decided here,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -15,6 +17,7 @@ from glassbox.quant.fp8.weights import Fp8Weights
 from glassbox.quant.held_experts import HeldExperts
 from glassbox.quant.walk import in_place_of
 
+Tensors = Iterator[tuple[str, torch.Tensor]]  # (HF name, tensor), one at a time
 # Weights kept in a format of their own, by HF weight name (a MoE layer's experts: by module name)
 Kept = AnyBlocks | Fp8Weights | FP4Weights | HeldExperts
 

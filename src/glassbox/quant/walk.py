@@ -1,9 +1,9 @@
 """The one walk that applies a weight format to a built model: each linear (and token table) the format
 replaces, in place, and each module that holds its matrices otherwise (MoE experts) asked to convert its own.
 
-Load-time quantization (quant/at_load.py: blocks, FP8, FP4), the CPU layouts (quant/dense/onednn.py) and a
-checkpoint's kept weights (models/loader.py) all go through :func:`swap_layers`; a tensor-parallel layer
-keeps its collective around the new one (:func:`in_place_of`)."""
+Load-time quantization (quant/at_load.py: blocks, FP8, FP4) and the CPU layouts (quant/dense/onednn.py) go
+through :func:`swap_layers`; a checkpoint's kept weights are swapped in by name (quant/kept.py). Either way a
+tensor-parallel layer keeps its collective around the new one (:func:`in_place_of`)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def onednn_prompts() -> bool:
     """Whether prompt-sized products (``GEMM_ROWS`` rows and more) take oneDNN's GEMM on the untiled matrix:
     ``GLASSBOX_BF16_PROMPTS`` "onednn" or "tiles", else (auto) where the CPU has AMX, whose tile multiply
     runs oneDNN's bf16 GEMMs several times faster than the tiles' AVX-512 dot products (~400 vs ~65 GFLOP/s
-    a thread on this Xeon); on AVX-512 BF16 alone the tiles kept up with oneDNN (an EPYC, the README's CPU
+    a thread on this Xeon); on AVX-512 BF16 alone the tiles kept up with oneDNN (an EPYC, docs/performance.md's CPU
     table), so they stay."""
     choice = os.environ.get("GLASSBOX_BF16_PROMPTS", "auto")
     if choice not in ("auto", "onednn", "tiles"):

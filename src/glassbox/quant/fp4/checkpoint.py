@@ -200,3 +200,11 @@ def read_fp4(
         model_dir
     )  # CUDA: stacked for the fused block MoE (quant/blocks/moe_stack.py)
     return dict(experts), rest
+
+
+def read_checkpoint(
+    path: Path, qc: dict[str, Any], device: torch.device, dtype: torch.dtype, cpu: bool
+) -> tuple[Tensors, dict[str, FP4Weights | HeldExperts]] | None:
+    """``read_fp4`` in the readers' shape (quant/formats.py ``reader``): (the float tensors, the kept)."""
+    fp4 = read_fp4(path, qc, device, dtype)
+    return None if fp4 is None else (fp4[1], fp4[0])

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 
 from glassbox.models.safetensors_files import safetensors_tensors, weight_files
 from glassbox.quant.expert_parts import sort_experts, widened_first
-from glassbox.quant.fp8.config import ACTIVATION_PARTS, Fp8Layout, Fp8Spec
+from glassbox.quant.fp8.config import ACTIVATION_PARTS, Fp8Layout, Fp8Spec, fp8_spec
 from glassbox.quant.fp8.weights import Fp8Weights
 from glassbox.quant.held_experts import HeldExperts
 
@@ -114,3 +115,15 @@ def read_fp8(
 
     rest = safetensors_tensors(model_dir, skip)
     return kept, widened_first(widened, lambda w: w.dequantize_reference(torch.float32), rest, "FP8")
+
+
+def read_checkpoint(
+    path: Path, qc: dict[str, Any], device: torch.device, dtype: torch.dtype, cpu: bool
+) -> tuple[Tensors, dict[str, Fp8Weights | HeldExperts]] | None:
+    """An FP8 checkpoint (quant/fp8/config.py ``fp8_spec``) kept 8-bit on any device and dtype, in the
+    readers' shape (quant/formats.py ``reader``); None for other checkpoints."""
+    spec = fp8_spec(qc)
+    if spec is None:
+        return None
+    layers, rest = read_fp8(path, spec, cpu)
+    return rest, dict(layers)
