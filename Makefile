@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck pytest clean
+.PHONY: serve test lint typecheck pytest test-no-amx clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,14 @@ pytest: $(STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck pytest
+
+# The suite as a CPU without AMX runs it. On a CPU with AMX, oneDNN and MKL take their AMX
+# kernels and bf16 prompt steps past 32 rows leave glassbox's tiles for oneDNN's GEMM
+# (quant/dense/bf16_tiles.onednn_prompts), so the paths most CPUs take go untested there: this holds oneDNN,
+# MKL and PyTorch's own kernels to AVX2 and keeps bf16 prompts on the tiles. glassbox's C kernels are built
+# for this CPU (-march=native) and keep what it has.
+test-no-amx: $(STAMP)
+	ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 GLASSBOX_BF16_PROMPTS=tiles $(BIN)/pytest
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
