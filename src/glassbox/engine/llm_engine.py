@@ -24,6 +24,7 @@ from glassbox.engine.draft_model import DraftModelProposer, make_proposer, open_
 from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence, merge_metrics
+from glassbox.engine.state_inputs import prefix_caching
 from glassbox.engine.structured import GrammarCompiler
 from glassbox.models.facts import ModelFacts
 from glassbox.models.sources import resolve_model
@@ -105,6 +106,7 @@ class LLMEngine:
         checkpoint = open_checkpoint(self.source)
         logger.info("serving %s", self.source.describe())
         self.facts: ModelFacts = checkpoint.facts
+        caching = prefix_caching(config, self.facts)  # off for hybrid models (engine/state_inputs.py)
         self.model_name = config.served_model_name or self.source.name
         self.tokenizer = checkpoint.tokenizer
         self.grammars = GrammarCompiler(self.tokenizer, self.facts.vocab_size)  # structured outputs
@@ -134,7 +136,8 @@ class LLMEngine:
             "KV cache: %d blocks x %d tokens = %d tokens, %.3f GiB (%s, %s)",
             *(plan.num_blocks, plan.block_size, plan.num_tokens, plan.gib, ex.device, ex.kv_dtype),
         )
-        self.block_manager = BlockManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
+        slots = plan.num_state_slots  # hybrid models: a recurrent-state slot per running sequence
+        self.block_manager = BlockManager(plan.num_blocks, config.block_size, caching, num_state_slots=slots)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, batch)
         self.scheduler.proposer = make_proposer(config, self.executor, draft, self.max_model_len, batch)
         self.core = EngineCore(

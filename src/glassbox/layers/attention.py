@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from glassbox.layers import kv_quant
 from glassbox.layers.host import parts_to_device
+from glassbox.layers.state_cache import StateBatch
 
 
 @dataclass
@@ -90,6 +91,7 @@ class AttentionMetadata:
     prefills: list[PrefillSeq] = field(default_factory=list)
     backend: str = "torch"  # "torch" (reference SDPA) | "native" (CPU kernels) | "triton" (CUDA kernels)
     paged_prefill: PagedPrefill | None = None  # triton backend: the prefill rows' layout
+    state: StateBatch | None = None  # hybrid models: the rows' recurrent-state slots (layers/state_cache.py)
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:

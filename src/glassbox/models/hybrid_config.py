@@ -187,7 +187,9 @@ def nemotron_h_facts(cfg: dict[str, Any], base: dict[str, Any]) -> ModelFacts:
     latent = int(cfg.get("moe_latent_size") or 0)
     exp_in = latent or hidden
     per_expert = 2 * exp_in * exp_inter  # relu^2 experts: up + down, no gate
-    shared_inter = int(cfg.get("moe_shared_expert_intermediate_size", 0)) * int(cfg.get("n_shared_experts", 1))
+    shared_inter = int(cfg.get("moe_shared_expert_intermediate_size", 0)) * int(
+        cfg.get("n_shared_experts", 1)
+    )
     shared_per_layer = hidden * n_exp + 2 * hidden * shared_inter + (2 * hidden * latent if latent else 0)
     n_m, n_e, n_a, n_d = (kinds.count(k) for k in ("linear_attention", "moe", "full_attention", "mlp"))
     mixers = tuple(

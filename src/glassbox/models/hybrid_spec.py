@@ -53,7 +53,10 @@ class GatedDeltaNetShape:
     def flops_per_token(self) -> float:
         """Recurrent FLOPs per token beyond the projections: decay, read (S^T k), write (k d^T) and
         readout (S^T q) of each head's (dk, dv) matrix, and the conv."""
-        return 8.0 * self.num_v_heads * self.head_k_dim * self.head_v_dim + 2.0 * self.conv_dim * self.conv_kernel
+        return (
+            8.0 * self.num_v_heads * self.head_k_dim * self.head_v_dim
+            + 2.0 * self.conv_dim * self.conv_kernel
+        )
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from glassbox.models.gpt_oss import GptOssForCausalLM
 from glassbox.models.llama import LlamaForCausalLM
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.moe import MoEExperts
+from glassbox.models.nemotron_h import NemotronHForCausalLM
+from glassbox.models.qwen3_next import Qwen3NextForCausalLM
 from glassbox.quant.blocks.linear import BlockQuantEmbedding, BlockQuantLinear, PackedWeights
 from glassbox.quant.fp4.linear import FP4Linear
 from glassbox.quant.fp4.weights import FP4Weights
@@ -49,6 +51,11 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,  # Llama layers with sinks and its own experts (models/gpt_oss.py)
     "Phi3ForCausalLM": LlamaForCausalLM,  # its fused qkv/gate_up tensors cut as read (models/fused_parts.py)
+    # hybrid: Gated DeltaNet + gated attention (models/qwen3_next.py), a recurrent state beside the KV
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "Qwen3_5ForCausalLM": Qwen3NextForCausalLM,
+    "Qwen3_5MoeForCausalLM": Qwen3NextForCausalLM,
+    "NemotronHForCausalLM": NemotronHForCausalLM,  # Mamba-2 + attention + MLP/MoE (models/nemotron_h.py)
 }
 # The families with a forward on glassbox's CPU kernels: (model, KV caches, dtype) -> that forward.
 # A family absent here (Gemma 3) runs on the PyTorch ops on the CPU.

@@ -13,6 +13,7 @@ import torch
 
 from glassbox.models.facts import ModelFacts
 from glassbox.models.fused_parts import FUSED_MODEL_TYPES
+from glassbox.models.hybrid_spec import HybridSpec
 from glassbox.quant.blocks.ct_int_config import ct_int_spec
 from glassbox.quant.config import group_quant
 from glassbox.quant.fp8.config import fp8_spec
@@ -28,6 +29,11 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3MoeForCausalLM",
     "GptOssForCausalLM",
     "Phi3ForCausalLM",
+    # hybrid models (a recurrent-state cache beside the paged KV cache): models/qwen3_next.py, nemotron_h.py
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "NemotronHForCausalLM",
 )
 
 # canonical dtype names (glassbox.dtypes) <-> torch
@@ -81,6 +87,7 @@ class ModelConfig:
     moe_bias: bool = False
     swiglu_limit: float | None = None  # gpt-oss's clamped SwiGLU experts (ModelFacts.swiglu_limit)
     swiglu_alpha: float = 1.702
+    hybrid: HybridSpec | None = None  # recurrent mixers (ModelFacts.hybrid); None: attention only
 
     @classmethod
     def from_facts(cls, facts: ModelFacts, max_model_len: int | None = None) -> ModelConfig:
@@ -142,6 +149,7 @@ class ModelConfig:
             moe_bias=facts.moe_bias,
             swiglu_limit=facts.swiglu_limit,
             swiglu_alpha=facts.swiglu_alpha,
+            hybrid=facts.hybrid,
         )
 
 
