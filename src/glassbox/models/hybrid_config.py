@@ -29,6 +29,11 @@ _NEMOTRON_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp",
 _NEMOTRON_LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
 
 
+def _architecture(base: dict[str, Any]) -> str:
+    """The config's architecture, or for one that names none its text model's."""
+    return str(base["architecture"] or TEXT_ARCHITECTURES[base["model_type"]])
+
+
 def _qwen_layer_types(cfg: dict[str, Any], n_layers: int) -> list[str]:
     types = cfg.get("layer_types")
     if types is None:  # every full_attention_interval-th layer is full attention (default 4)
@@ -107,7 +112,7 @@ def qwen_hybrid_facts(cfg: dict[str, Any], base: dict[str, Any]) -> ModelFacts:
     )
     ffn = max(top_k * exp_inter + shared_inter, inter if moe_layers < n_layers else 0)
     return ModelFacts(
-        **{**base, "qk_norm": True, "qkv_bias": bias, "o_bias": bias},
+        **{**base, "qk_norm": True, "qkv_bias": bias, "o_bias": bias, "architecture": _architecture(base)},
         layer_mixers=tuple(mixers),
         sliding_window=None,
         params=params,
@@ -218,7 +223,12 @@ def nemotron_h_facts(cfg: dict[str, Any], base: dict[str, Any]) -> ModelFacts:
         ssm_bytes=ssm_bytes,
     )
     return ModelFacts(
-        **{**base, "num_layers": n_layers, "rms_norm_eps": spec.norm_eps},
+        **{
+            **base,
+            "num_layers": n_layers,
+            "rms_norm_eps": spec.norm_eps,
+            "architecture": _architecture(base),
+        },
         layer_mixers=mixers,
         sliding_window=None,
         params=params,
