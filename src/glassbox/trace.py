@@ -132,6 +132,13 @@ def run_trace(
         },
         "e2e_ms": m.e2e_s * 1e3,
     }
+    plan, hybrid = engine.executor.kv_plan, engine.facts.hybrid
+    if hybrid is not None:  # a hybrid model's recurrent layers: a fixed state beside the growing KV
+        result["recurrent_state"] = {
+            "bytes": plan.bytes_per_state,
+            "layers": hybrid.state_layers(),
+            "dtype": "fp32",
+        }
     if engine.executor.tp is not None:
         result["tensor_parallel"] = {
             "ranks": engine.executor.tp.world,
