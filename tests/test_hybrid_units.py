@@ -197,3 +197,10 @@ def test_missing_state_tensor_is_named(tmp_path: Path) -> None:
     save_file(weights, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"weights missing from .*model\.layers\.2\.mixer\.A_log"):
         LLMEngine(EngineConfig(model=str(d), dtype="float32"))
+
+
+def test_quantized_hybrid_checkpoints_are_refused() -> None:
+    cfg = hybrid_config("qwen3_5", 512, 1).to_dict()
+    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    with pytest.raises(ValueError, match="fp8-quantized hybrid .* not read yet"):
+        ModelConfig.from_facts(facts_from_config(cfg))
