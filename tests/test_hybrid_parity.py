@@ -11,7 +11,6 @@ magnitude < 10: well under 1e-5 in practice (observed <= 1.3e-5), 1e-4 leaves ma
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,16 +47,27 @@ def hybrid_refs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Ref
     return get
 
 
-def run_checked(d: Path, prompts: list[list[int]], ref: list, **kw: object) -> LLMEngine:
-    """Run ``prompts`` to the end on an engine built with ``kw`` (prompt i for MAX_NEW - i % 3 tokens),
-    checking its integrity after every step; assert each continuation equals transformers' and its
-    logprobs are within LP_TOL."""
-    engine = LLMEngine(EngineConfig(model=str(d), dtype="float32", **kw))  # type: ignore[arg-type]
-    lengths = [MAX_NEW - i % 3 for i in range(len(prompts))]  # staggered ends: later prompts join decodes
+def engine_for(d: Path, **kw: object) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(d), dtype="float32", **kw))  # type: ignore[arg-type]
+
+
+def run_checked(
+    engine: LLMEngine | Path,
+    prompts: list[list[int]],
+    ref: list,
+    lengths: list[int] | None = None,
+    **kw: object,
+) -> LLMEngine:
+    """Run ``prompts`` to the end on ``engine`` (or one built with ``kw``), prompt i for ``lengths[i]``
+    tokens (default MAX_NEW - i % 3: staggered ends, so later prompts join running decodes), checking its
+    integrity after every step; assert each continuation equals transformers' (a prefix of ``ref[i]``)
+    and its logprobs are within LP_TOL. The outputs are kept in ``engine.test_outputs``."""
+    if isinstance(engine, Path):
+        engine = engine_for(engine, **kw)
+    lengths = lengths or [MAX_NEW - i % 3 for i in range(len(prompts))]
     for i, p in enumerate(prompts):
-        engine.add_request(
-            str(i), p, SamplingParams(temperature=0, max_tokens=lengths[i], ignore_eos=True, logprobs=1)
-        )
+        params = SamplingParams(temperature=0, max_tokens=lengths[i], ignore_eos=True, logprobs=1)
+        engine.add_request(f"r{i}", p, params)
     outs: dict[str, RequestOutput] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -65,13 +75,17 @@ def run_checked(d: Path, prompts: list[list[int]], ref: list, **kw: object) -> L
                 outs[out.request_id] = out
         engine.check_integrity()
     for i, (toks, lps) in enumerate(ref):
-        got, toks = outs[str(i)].outputs[0], toks[: lengths[i]]
-        assert got.token_ids == toks, f"prompt {i} ({len(prompts[i])} tokens): {got.token_ids} != {toks}"
+        got = outs[f"r{i}"].outputs[0]
+        n = min(lengths[i], len(toks))
+        assert got.token_ids[:n] == toks[:n], (
+            f"prompt {i} ({len(prompts[i])} tokens): {got.token_ids} != {toks}"
+        )
         assert got.logprobs is not None
-        for j, t in enumerate(toks):
+        for j, t in enumerate(toks[:n]):
             assert abs(got.logprobs[j][t] - lps[j]) < LP_TOL, (i, j, got.logprobs[j][t], lps[j])
     bm = engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks and bm.num_free_slots == bm.num_state_slots, "held when idle"
+    engine.test_outputs = [outs[f"r{i}"] for i in range(len(prompts))]  # type: ignore[attr-defined]
     return engine
 
 
@@ -95,23 +109,49 @@ def test_chunked_prefill_carries_the_state(hybrid_refs: Callable[[str], Ref], ar
     assert prefill_steps >= max(len(p) for p in prompts) // 37 > 1
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5_moe", "nemotron_h"])
-def test_preemption_recomputes(hybrid_refs: Callable[[str], Ref], arch: str) -> None:
-    """14 blocks of 16 tokens, 40-token chunks: the 210-token request fits alone, not beside the others (admitted
-    a chunk at a time, it grows into them); preempted
-    sequences give their slot back and recompute from zeros when readmitted."""
+@pytest.mark.parametrize(("arch", "caching"), [("qwen3_5_moe", False), ("nemotron_h", True)])
+def test_preemption_recomputes(hybrid_refs: Callable[[str], Ref], arch: str, caching: bool) -> None:
+    """14 blocks of 16 tokens, 40-token chunks, all five admitted: the 210-token request fits alone, not
+    beside the others, and grows into them; a preempted sequence gives its slot back and is recomputed
+    from zeros, or with prefix caching from its own latest state checkpoint."""
     d, prompts, ref = hybrid_refs(arch)
-    engine = run_checked(d, prompts, ref, max_num_seqs=4, num_kv_blocks=14, max_num_batched_tokens=40)
+    kw = dict(max_num_seqs=5, num_kv_blocks=14, max_num_batched_tokens=40, enable_prefix_caching=caching)
+    engine = run_checked(d, prompts, ref, **kw)
     assert engine.scheduler.num_preemptions > 0
+    assert (engine.block_manager.stats.hits > 0) == caching
 
 
-def test_prefix_caching_is_off_and_said(
-    hybrid_refs: Callable[[str], Ref], caplog: pytest.LogCaptureFixture
-) -> None:
-    """Until state checkpoints exist, a hybrid model computes every prompt: a shared prefix gets no hit,
-    and the log says why."""
-    d, prompts, ref = hybrid_refs("qwen3_next")
-    with caplog.at_level(logging.WARNING, logger="glassbox.engine.state_inputs"):
-        engine = run_checked(d, prompts, ref, max_num_seqs=4, enable_prefix_caching=True)
-    assert any("prefix caching is off for this hybrid model" in r.getMessage() for r in caplog.records)
-    assert engine.block_manager.stats.hits == 0 and not engine.block_manager.enable_prefix_caching
+@pytest.mark.parametrize("arch", ["qwen3_next", "nemotron_h"])
+def test_prefix_cache_hits_restore_the_state(hybrid_refs: Callable[[str], Ref], arch: str) -> None:
+    """The same prompts twice: the second time each reaches its prompt checkpoint (the last block
+    boundary before its last token), restored into the sequence's slot, and computes only the rest."""
+    d, prompts, ref = hybrid_refs(arch)
+    engine = run_checked(d, prompts, ref, max_num_seqs=4)  # the 200-token one hits the 70-token one's
+    checkpoints = engine.block_manager.checkpoints
+    assert checkpoints is not None
+    before = checkpoints.hits
+    run_checked(engine, prompts, ref)
+    cached = [o.metrics.cached_prompt_tokens for o in engine.test_outputs]  # type: ignore[attr-defined]
+    assert cached == [(len(p) - 1) // 16 * 16 for p in prompts] and max(cached) > 0
+    assert checkpoints.hits - before == sum(c > 0 for c in cached)  # each restored from a checkpoint
+
+
+def test_agent_conversation_hits_the_end_of_the_last_turn(hybrid_refs: Callable[[str], Ref]) -> None:
+    """Turn 2 is turn 1's prompt, its answer and a new message: it reaches the tail checkpoint at the last
+    block boundary turn 1 computed (past its prompt's), so only the new part and a partial block run."""
+    d, prompts, ref = hybrid_refs("qwen3_5")
+    # 27 tokens: turn 1's last step computes up to 70 + 27 - 1 = 96, a block boundary, so its tail checkpoint
+    # is saved by the same step that restores it for turn 2 (the save must run first)
+    engine = run_checked(d, prompts[3:4], ref[3:4], lengths=[27], max_num_seqs=2)
+    first = engine.test_outputs[0]  # type: ignore[attr-defined]
+    turn2 = prompts[3] + first.outputs[0].token_ids + prompts[4][100:115]
+    run_checked(engine, [turn2], reference(d, [turn2], 4), lengths=[4])
+    computed = len(prompts[3]) + 27 - 1  # turn 1's last token was sampled, never computed
+    assert engine.test_outputs[0].metrics.cached_prompt_tokens == computed // 16 * 16 > len(prompts[3])  # type: ignore[attr-defined]
+
+
+def test_prefix_caching_off_computes_everything(hybrid_refs: Callable[[str], Ref]) -> None:
+    d, prompts, ref = hybrid_refs("nemotron_h")
+    engine = run_checked(d, prompts, ref, max_num_seqs=4, enable_prefix_caching=False)
+    run_checked(engine, prompts, ref)
+    assert engine.block_manager.stats.hits == 0 and engine.block_manager.checkpoints is None

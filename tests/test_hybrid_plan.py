@@ -74,5 +74,7 @@ def test_trace_shows_the_state_beside_the_kv(tmp_path: Path) -> None:
     r = run_trace(engine, "def f(x):", 4, None)
     spec = engine.facts.hybrid
     assert spec is not None
-    assert r["recurrent_state"] == {"bytes": spec.state_bytes(4, 4), "layers": 3, "dtype": "fp32"}
+    checkpoints = 2 * 2  # two per slot (engine/state_inputs.CHECKPOINTS_PER_SLOT), prefix caching on
+    want = {"bytes": spec.state_bytes(4, 4), "layers": 3, "dtype": "fp32", "checkpoints": checkpoints}
+    assert r["recurrent_state"] == want
     render(r)  # prints the state row beside the KV row

@@ -204,3 +204,30 @@ def test_quantized_hybrid_checkpoints_are_refused() -> None:
     cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
     with pytest.raises(ValueError, match="fp8-quantized hybrid .* not read yet"):
         ModelConfig.from_facts(facts_from_config(cfg))
+
+
+def test_state_checkpoints_follow_their_blocks() -> None:
+    """A prompt chunk stops at the prompt's checkpoint boundary; the state there is saved, a later
+    identical prompt restores it, and reusing the block drops it (the integrity check catches one kept)."""
+    bm = BlockManager(num_blocks=6, block_size=4, num_state_slots=1, num_checkpoints=2)
+    a = _seq(0, n=10)  # boundary (10 - 1) // 4 * 4 = 8
+    assert bm.can_allocate(a, 10) and bm.allocate(a) == 0
+    assert bm.chunk_end(a, 0, 10) == 8 and bm.chunk_end(a, 8, 2) == 2
+    bm.grow(a, 8)
+    a.num_computed_tokens = 8
+    bm.commit(a)
+    assert bm.take_state_copies() == ([(0, 1)], [])  # slot 0 -> checkpoint row 1 (rows follow the slots)
+    bm.check_integrity([a])
+    bm.free_seq(a)
+    b = _seq(1, n=10)
+    assert bm.can_allocate(b, 2) and bm.allocate(b) == 8
+    assert bm.take_state_copies() == ([], [(1, 0)])  # row 1 -> b's slot 0
+    bm.free_seq(b)
+    c = Sequence(2, "2", list(range(100, 124)), SamplingParams(max_tokens=4))
+    bm.allocate(c)
+    bm.grow(c, 24)  # all six blocks: the cached ones are reused, and their checkpoint goes with them
+    assert bm.checkpoints is not None and not bm.checkpoints.rows
+    bm.check_integrity([c])
+    bm.checkpoints.rows[12345] = bm.checkpoints.free_rows.pop()
+    with pytest.raises(AssertionError, match="outlived its block"):
+        bm.check_integrity([c])

@@ -114,7 +114,7 @@ def render(r: dict[str, Any]) -> None:
         t.add_row(
             "  state",
             f"{st['bytes'] / 1024:,.1f} KiB in {st['layers']} recurrent layers ({st['dtype']})",
-            "fixed per sequence: read and rewritten each step",
+            f"fixed per sequence, rewritten each step; {st['checkpoints']} checkpoint rows for prefix caching",
         )
     if "moe" in r:
         moe = r["moe"]

@@ -12,8 +12,9 @@ import logging
 import torch
 
 from glassbox.config import EngineConfig
+from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.kv_plan import KVCachePlan
-from glassbox.engine.scheduler import ScheduledSeq
+from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
 from glassbox.layers.host import to_device
 from glassbox.layers.state_cache import StateBatch, StatePrefill
 from glassbox.models.facts import ModelFacts
@@ -21,14 +22,19 @@ from glassbox.models.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
+Rows = list[ScheduledSeq]  # a step's sequences, in row order
+
 STATE_DTYPE = torch.float32
 STATE_BYTES = 4  # the engine keeps conv windows and recurrent matrices in float32 (HybridSpec.state_bytes)
+# with prefix caching, state checkpoints kept per running slot: a running sequence holds up to two (its
+# prompt's and its latest tail), and finished ones stay cached until evicted
+CHECKPOINTS_PER_SLOT = 2
 
 
 def prefix_caching(config: EngineConfig, facts: ModelFacts) -> bool:
     """Whether the engine caches prefixes for this model; ValueError for a setting a hybrid model cannot
-    run. A hybrid model's recurrent state after a prefix cannot be rebuilt from cached KV blocks, and no
-    state checkpoints are kept yet: its prefix caching is off, and the log says so."""
+    run. A hybrid model's prefix hits reach as deep as its state checkpoints (engine/state_checkpoints.py),
+    and the log says what is kept."""
     if facts.hybrid is None:
         return config.enable_prefix_caching
     if config.speculative is not None:
@@ -37,16 +43,35 @@ def prefix_caching(config: EngineConfig, facts: ModelFacts) -> bool:
             "a recurrent state per sequence) is not supported yet"
         )
     if config.enable_prefix_caching:
-        logger.warning(
-            "prefix caching is off for this hybrid model: its recurrent state after a shared prefix cannot "
-            "be rebuilt from cached KV blocks (state checkpoints are not kept yet); every prompt is computed"
+        logger.info(
+            "prefix caching of a hybrid model: %d state checkpoints per slot, kept at the last block boundary "
+            "before each prompt's end and at each sequence's latest one; a hit reaches the deepest of them",
+            CHECKPOINTS_PER_SLOT,
         )
-    return False
+    return config.enable_prefix_caching
 
 
-def state_bytes(mc: ModelConfig) -> int:
-    """One sequence's state in the engine's cache (float32 throughout); 0 for a model without states."""
-    return mc.hybrid.state_bytes(STATE_BYTES, STATE_BYTES) if mc.hybrid is not None else 0
+def state_bytes(mc: ModelConfig, config: EngineConfig) -> int:
+    """One slot's share of the state cache (float32 throughout): its state, and with prefix caching its
+    CHECKPOINTS_PER_SLOT checkpoints; 0 for a model without states."""
+    if mc.hybrid is None:
+        return 0
+    rows = 1 + (CHECKPOINTS_PER_SLOT if config.enable_prefix_caching else 0)
+    return rows * mc.hybrid.state_bytes(STATE_BYTES, STATE_BYTES)
+
+
+def _rows_per_slot(plan: KVCachePlan, mc: ModelConfig) -> int:
+    assert mc.hybrid is not None
+    return plan.bytes_per_state // mc.hybrid.state_bytes(STATE_BYTES, STATE_BYTES)
+
+
+def block_manager(plan: KVCachePlan, caching: bool, mc: ModelConfig) -> BlockManager:
+    """The engine's block manager for ``plan``: its blocks, and a hybrid model's state slots and (with
+    prefix caching) the state checkpoint rows beside them."""
+    rows = plan.num_state_slots * (_rows_per_slot(plan, mc) - 1) if mc.hybrid is not None else 0
+    return BlockManager(
+        plan.num_blocks, plan.block_size, caching, num_state_slots=plan.num_state_slots, num_checkpoints=rows
+    )
 
 
 def layer_caches(
@@ -55,25 +80,31 @@ def layer_caches(
     """One cache per layer: KV (``kv_shape``) for attention layers; for a hybrid model also state rows."""
     if mc.hybrid is None:
         return [torch.zeros(kv_shape, dtype=kv_dtype, device=device) for _ in range(mc.num_layers)]
+    rows = plan.num_state_slots * _rows_per_slot(plan, mc)
     logger.info(
-        "recurrent states: %d slots x %.2f MiB = %.3f GiB (float32, %d layers)",
-        *(plan.num_state_slots, plan.bytes_per_state / 2**20, plan.state_gib, mc.hybrid.state_layers()),
-    )
+        "recurrent states: %d slots + %d checkpoints x %.2f MiB = %.3f GiB (float32, %d layers)",
+        *(plan.num_state_slots, rows - plan.num_state_slots, mc.hybrid.state_bytes(STATE_BYTES, STATE_BYTES)
+          / 2**20, plan.state_gib, mc.hybrid.state_layers()),
+    )  # fmt: skip
     caches = []
     for kind, (conv, ssm) in zip(mc.hybrid.layer_mixers, mc.hybrid.layer_state_elements(), strict=True):
         if kind in ("full", "sliding"):
             caches.append(torch.zeros(kv_shape, dtype=kv_dtype, device=device))
         elif conv + ssm:
-            caches.append(torch.zeros(plan.num_state_slots, conv + ssm, dtype=STATE_DTYPE, device=device))
+            caches.append(torch.zeros(rows, conv + ssm, dtype=STATE_DTYPE, device=device))
         else:
             caches.append(torch.empty(0, device=device))
     return caches
 
 
 def state_batch(
-    decodes: list[ScheduledSeq], prefills: list[ScheduledSeq], device: torch.device
+    decodes: list[ScheduledSeq],
+    prefills: list[ScheduledSeq],
+    device: torch.device,
+    step: SchedulerOutput | None = None,
 ) -> StateBatch:
-    """The state layout of a step whose rows are ``decodes`` (one token each) then ``prefills``."""
+    """The state layout of a step whose rows are ``decodes`` (one token each) then ``prefills``, with
+    ``step``'s checkpoint copies (saves, then restores)."""
     slots: list[int] = []
     for s in decodes:
         assert s.num_new_tokens == 1 and s.seq.state_slot is not None, (
@@ -86,4 +117,8 @@ def state_batch(
         assert s.seq.state_slot is not None, "a scheduled sequence of a hybrid model holds a state slot"
         batch.prefills.append(StatePrefill(row, s.num_new_tokens, s.seq.state_slot, s.start == 0))
         row += s.num_new_tokens
+    for copies in (step.state_saves, step.state_restores) if step is not None else ():
+        if copies:
+            src, dst = (to_device([c[i] for c in copies], torch.long, device) for i in (0, 1))
+            batch.copies.append((src, dst))
     return batch

@@ -39,7 +39,7 @@ from glassbox.engine.kv_plan import GiB, KVCachePlan, fixed_plan, plan_cache
 from glassbox.engine.profile_run import profile_prefill
 from glassbox.engine.sampler import to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
-from glassbox.engine.state_inputs import layer_caches, state_batch, state_bytes
+from glassbox.engine.state_inputs import Rows, layer_caches, state_batch, state_bytes
 from glassbox.engine.step_inputs import decode_rows, flatten, metadata
 from glassbox.engine.step_sampling import DevicePendingStep, SamplePlan
 from glassbox.kernels.attention_tiles import prefill_block_m
@@ -251,7 +251,7 @@ class TorchExecutor:
         cfg = self.config
         per_token = self.kv_bytes_per_token
         per_block = round(per_token * self.block_size)
-        state = state_bytes(self.model_config)  # a hybrid model's states take their share first (plan_cache)
+        state = state_bytes(self.model_config, cfg)  # a hybrid model's states take their share first
         if cfg.num_kv_blocks is not None:
             return fixed_plan(cfg.num_kv_blocks, self.block_size, per_block, state, cfg.max_num_seqs)
         budget: float
@@ -333,7 +333,7 @@ class TorchExecutor:
             return self._burst(decodes)
         ordered = decodes + prefills
         ids, pos, slots = self._flatten(ordered)
-        meta = self._metadata(decodes, prefills, slots)
+        meta = self._metadata(decodes, prefills, slots, batch)
         plan = SamplePlan.build(ordered, self.device)  # the rows to sample, on the device before the forward
         kernel = not prefills and rows <= KERNEL_ROWS
         if self.tp is not None:  # the workers run the same forward (engine/tp_model.run_step)
@@ -391,10 +391,10 @@ class TorchExecutor:
         return flatten(ordered, self.block_size, self.device)
 
     def _metadata(
-        self, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq], slots: torch.Tensor
+        self, decodes: Rows, prefills: Rows, slots: torch.Tensor, step: SchedulerOutput | None = None
     ) -> AttentionMetadata:
         head_dim = self.model_config.head_dim
         meta = metadata(decodes, prefills, slots, self.block_size, self.device, self.attn_backend,
                         lambda: prefill_block_m(head_dim, self.kv_dtype, self.dtype, self.device))  # fmt: skip
-        meta.state = state_batch(decodes, prefills, self.device) if self.model_config.hybrid else None
+        meta.state = state_batch(decodes, prefills, self.device, step) if self.model_config.hybrid else None
         return meta

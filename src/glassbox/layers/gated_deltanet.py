@@ -17,7 +17,7 @@ from torch import nn
 
 from glassbox.layers.causal_conv import conv_decode, conv_prompt
 from glassbox.layers.gated_delta_rule import delta_chunked, delta_step, l2_normalize
-from glassbox.layers.state_cache import StateBatch, conv_rows, ssm_rows
+from glassbox.layers.state_cache import StateBatch, apply_copies, conv_rows, ssm_rows
 from glassbox.models.hybrid_spec import GatedDeltaNetShape
 
 
@@ -79,6 +79,7 @@ class GatedDeltaNet(nn.Module):
     ) -> torch.Tensor:  # (T, hidden)
         s, t = self.shape, x.shape[0]
         mixed, z, b, a = self._project(x)
+        apply_copies(cache, state)  # checkpoint saves and restores due before this step
         weight = self.conv1d.weight.squeeze(1)  # (conv_dim, K)
         windows = conv_rows(cache, s.conv_kernel, s.conv_dim)  # (slots, K-1, conv_dim)
         matrices = ssm_rows(cache, s.conv_elements, s.ssm_shape)  # (slots, nv, dk, dv)

@@ -16,7 +16,7 @@ from torch import nn
 
 from glassbox.layers.causal_conv import conv_decode, conv_prompt
 from glassbox.layers.ssd_scan import ssd_chunked, ssd_step
-from glassbox.layers.state_cache import StateBatch, conv_rows, ssm_rows
+from glassbox.layers.state_cache import StateBatch, apply_copies, conv_rows, ssm_rows
 from glassbox.models.hybrid_spec import Mamba2Shape
 
 
@@ -56,6 +56,7 @@ class Mamba2Mixer(nn.Module):
     ) -> torch.Tensor:  # (T, hidden)
         s, t = self.shape, x.shape[0]
         z, xbc, dt_raw = self.in_proj(x).split([s.d_inner, s.conv_dim, s.num_heads], dim=-1)
+        apply_copies(cache, state)  # checkpoint saves and restores due before this step
         weight = self.conv1d.weight.squeeze(1)  # (conv_dim, K)
         bias = self.conv1d.bias
         windows = conv_rows(cache, s.conv_kernel, s.conv_dim)  # (slots, K-1, conv_dim)

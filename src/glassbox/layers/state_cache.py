@@ -8,7 +8,9 @@ recurrent matrices as transformers does; the conv window holds inputs of the mod
 A step's sequences arrive in the executor's row order: decode rows first (one token each, the one-step
 recurrence), then prompt chunks (the chunked scan), each starting from its slot's state or, when its
 first token is position 0, from zeros (``fresh``). The slot's row is overwritten with the state after the
-sequence's last row in the step.
+sequence's last row in the step. Before that, the step's checkpoint copies run on every state cache
+(engine/state_checkpoints.py): saves (a running slot's row to a checkpoint row), then restores (a
+checkpoint row to the slot of a sequence admitted on a prefix hit).
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ class StateBatch:
     decode_slots: torch.Tensor  # (num_decode,) int64 on the device: the slot of decode row i
     num_decode: int  # rows [0, num_decode) are decode rows, one per sequence
     prefills: list[StatePrefill] = field(default_factory=list)
+    # (src rows, dst rows) int64 on the device, each run as one gather and one scatter: saves, then restores
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+
+def apply_copies(cache: torch.Tensor, state: StateBatch) -> None:
+    """Run the step's checkpoint copies on one layer's state rows (num_rows, width), in order."""
+    for src, dst in state.copies:
+        cache.index_copy_(0, dst, cache.index_select(0, src))
 
 
 def conv_rows(cache: torch.Tensor, kernel: int, conv_dim: int) -> torch.Tensor:
