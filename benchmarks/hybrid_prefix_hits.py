@@ -25,6 +25,14 @@ from glassbox.engine.state_checkpoints import StateCheckpoints
 from glassbox.tokenizer import training
 
 
+class PromptOnly(StateCheckpoints):
+    """Checkpoints at prompt boundaries only (no tail), as vLLM's "align" mode keeps them."""
+
+    def save(self, seq_id: int, slot: int, block_hash: int, tail: bool) -> None:
+        if not tail:
+            super().save(seq_id, slot, block_hash, tail)
+
+
 def build_model(root: Path) -> Path:
     """A tiny Qwen3.5 (4 layers, 3 Gated DeltaNet + 1 attention) with a trained byte-level tokenizer."""
     import transformers as tf
@@ -71,12 +79,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = build_model(Path(tmp))
         for mode in ("prompt+tail", "prompt only"):
-            if mode == "prompt only":  # the tail replaced by nothing: every save but the prompt's skipped
-                original = StateCheckpoints.save
-                StateCheckpoints.save = lambda self, seq_id, slot, h, tail: None if tail else original(  # type: ignore[method-assign]
-                    self, seq_id, slot, h, tail
-                )
             engine = LLMEngine(EngineConfig(model=str(d), dtype="float32", max_num_seqs=4))
+            bm = engine.block_manager
+            if mode == "prompt only":
+                bm.checkpoints = PromptOnly(bm.num_state_slots, bm.num_checkpoints)
             rows = conversation(engine, args)
             prompt = sum(r["prompt"] for r in rows[1:])
             cached = sum(r["cached"] for r in rows[1:])
