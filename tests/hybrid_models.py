@@ -101,6 +101,30 @@ def build_hybrid_model(arch: str, root: Path, seed: int = 0, **overrides: Any) -
     return out
 
 
+def build_multimodal_qwen35(root: Path) -> Path:
+    """A random Qwen3.5-MoE image-text checkpoint (Qwen3_5MoeForConditionalGeneration: the text model of
+    ``hybrid_config("qwen3_5_moe")`` and a one-block vision tower) with the test tokenizer."""
+    import transformers as tf
+
+    out = root / "qwen3_5_moe-multimodal"
+    if (out / "config.json").is_file():
+        return out
+    tok_dir = build_tokenizer_dir(root / "tokenizer")
+    eos = json.loads((tok_dir / "generation_config.json").read_text())["eos_token_id"]
+    text = hybrid_config("qwen3_5_moe", 512, eos).to_dict()
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    torch.manual_seed(0)
+    model = tf.Qwen3_5MoeForConditionalGeneration(tf.Qwen3_5MoeConfig(text_config=text, vision_config=vision))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.uniform_(0.8, 1.2) if "norm" in name else p.normal_(0.0, 0.08)
+    model.save_pretrained(out, safe_serialization=True)
+    for f in tok_dir.iterdir():
+        if f.name != "generation_config.json" or not (out / f.name).exists():
+            shutil.copy(f, out / f.name)
+    return out
+
+
 def reference(model_dir: Path, prompts: list[list[int]], max_new: int) -> list[tuple[list[int], list[float]]]:
     """transformers' greedy continuations (float32, its torch paths) and their logprobs."""
     return hf_greedy(model_dir, prompts, max_new)

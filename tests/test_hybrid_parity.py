@@ -11,11 +11,12 @@ magnitude < 10: well under 1e-5 in practice (observed <= 1.3e-5), 1e-4 leaves ma
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hybrid_models import HYBRID_ARCHS, build_hybrid_model, reference
+from hybrid_models import HYBRID_ARCHS, build_hybrid_model, build_multimodal_qwen35, reference
 
 from glassbox import SamplingParams
 from glassbox.config import EngineConfig
@@ -28,6 +29,12 @@ LP_TOL = 1e-4  # see the module docstring
 Ref = tuple[Path, list[list[int]], list[tuple[list[int], list[float]]]]
 
 
+def prompts_of(d: Path) -> list[list[int]]:
+    text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
+    ids = Tokenizer.from_dir(d).encode(text * 12)
+    return [ids[:1], ids[:15], ids[:17], ids[:70], ids[:200]]
+
+
 @pytest.fixture(scope="session")
 def hybrid_refs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Ref]:
     """Per architecture, built on first use: the tiny model, its prompts (1 to ~200 tokens, crossing
@@ -38,9 +45,7 @@ def hybrid_refs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Ref
     def get(arch: str) -> Ref:
         if arch not in cache:
             d = build_hybrid_model(arch, root)
-            text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
-            ids = Tokenizer.from_dir(d).encode(text * 12)
-            prompts = [ids[:1], ids[:15], ids[:17], ids[:70], ids[:200]]
+            prompts = prompts_of(d)
             cache[arch] = (d, prompts, reference(d, prompts, MAX_NEW))
         return cache[arch]
 
@@ -155,3 +160,15 @@ def test_prefix_caching_off_computes_everything(hybrid_refs: Callable[[str], Ref
     engine = run_checked(d, prompts, ref, max_num_seqs=4, enable_prefix_caching=False)
     run_checked(engine, prompts, ref)
     assert engine.block_manager.stats.hits == 0 and engine.block_manager.checkpoints is None
+
+
+def test_multimodal_qwen35_runs_its_text_model(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An image-text Qwen3.5-MoE checkpoint (``model.language_model.*``, ``model.visual.*``): its text
+    model runs token-exact with transformers' Qwen3_5MoeForConditionalGeneration on text, and the log
+    says once that the vision tower is ignored."""
+    d = build_multimodal_qwen35(tmp_path)
+    prompts = prompts_of(d)[1:4]
+    with caplog.at_level(logging.INFO, logger="glassbox.models.qwen3_next"):
+        engine = run_checked(d, prompts, reference(d, prompts, MAX_NEW), max_num_seqs=3)
+    said = [r for r in caplog.records if "vision tower ignored" in r.getMessage()]
+    assert len(said) == 1 and engine.facts.architecture == "Qwen3_5MoeForCausalLM"

@@ -231,3 +231,15 @@ def test_state_checkpoints_follow_their_blocks() -> None:
     bm.checkpoints.rows[12345] = bm.checkpoints.free_rows.pop()
     with pytest.raises(AssertionError, match="outlived its block"):
         bm.check_integrity([c])
+
+
+def test_the_activation_profile_runs_a_hybrid_model(tmp_path: Path) -> None:
+    """CUDA sizes its cache after one long prefill (engine/profile_run.py); a hybrid model's state layers
+    get a slot of their own there (run here on the CPU, where the same forward runs)."""
+    from glassbox.engine.profile_run import profile_prefill
+    from glassbox.models.loader import build_model
+
+    d = build_hybrid_model("nemotron_h", tmp_path)
+    mc = ModelConfig.from_facts(facts_from_dir(d))
+    model = build_model(mc, None, torch.float32, torch.device("cpu"))
+    profile_prefill(model, mc, 40, 16, torch.float32, mc.head_dim, "torch", torch.float32, torch.device("cpu"))
