@@ -21,9 +21,14 @@ from hybrid_models import HYBRID_ARCHS, build_hybrid_model, build_multimodal_qwe
 from glassbox import SamplingParams
 from glassbox.config import EngineConfig
 from glassbox.engine.llm_engine import LLMEngine
+from glassbox.kernels import native
+from glassbox.layers.gated_deltanet import GatedDeltaNet
+from glassbox.layers.mamba2 import Mamba2Mixer
 from glassbox.outputs import RequestOutput
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
+# "native" needs a C compiler; where there is none the mixers run on the PyTorch ops
+CPU_KERNELS = ["native", "torch"] if native.compiler() else ["torch"]
 MAX_NEW = 10
 LP_TOL = 1e-4  # see the module docstring
 Ref = tuple[Path, list[list[int]], list[tuple[list[int], list[float]]]]
@@ -94,12 +99,19 @@ def run_checked(
     return engine
 
 
+@pytest.mark.parametrize("kernels", CPU_KERNELS)
 @pytest.mark.parametrize("arch", HYBRID_ARCHS)
-def test_mixed_lengths_batched(hybrid_refs: Callable[[str], Ref], arch: str) -> None:
+def test_mixed_lengths_batched(
+    hybrid_refs: Callable[[str], Ref], arch: str, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Prompts of 1 to 200 tokens prefilled together, then decoded together (decode rows beside prompt
-    rows while the longer prompts still run)."""
+    rows while the longer prompts still run), on both CPU paths: the decode recurrences in C
+    (models/hybrid_native.py) and on the PyTorch ops."""
+    monkeypatch.setenv("GLASSBOX_CPU_KERNELS", kernels)
     d, prompts, ref = hybrid_refs(arch)
     engine = run_checked(d, prompts, ref, max_num_seqs=4)
+    mixers = [m for m in engine.executor.model.modules() if isinstance(m, (GatedDeltaNet, Mamba2Mixer))]
+    assert mixers and all(m.native == (kernels == "native") for m in mixers)
     assert engine.block_manager.num_state_slots == 4  # a slot per sequence the scheduler may run
     assert any(r.phase == "mixed" for r in engine.step_records), "no step mixed prompt and decode rows"
 

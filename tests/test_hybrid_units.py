@@ -21,6 +21,7 @@ from glassbox.engine.kv_plan import plan_hybrid_cache
 from glassbox.engine.llm_engine import LLMEngine
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence
+from glassbox.kernels import native
 from glassbox.layers.gated_delta_rule import delta_chunked, delta_step, l2_normalize
 from glassbox.layers.ssd_scan import ssd_chunked, ssd_step
 from glassbox.models.config_reader import facts_from_config, facts_from_dir
@@ -242,4 +243,44 @@ def test_the_activation_profile_runs_a_hybrid_model(tmp_path: Path) -> None:
     d = build_hybrid_model("nemotron_h", tmp_path)
     mc = ModelConfig.from_facts(facts_from_dir(d))
     model = build_model(mc, None, torch.float32, torch.device("cpu"))
-    profile_prefill(model, mc, 40, 16, torch.float32, mc.head_dim, "torch", torch.float32, torch.device("cpu"))
+    profile_prefill(
+        model, mc, 40, 16, torch.float32, mc.head_dim, "torch", torch.float32, torch.device("cpu")
+    )
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler: the PyTorch ops run")
+@pytest.mark.parametrize("rows", [1, 3])
+def test_c_decode_recurrences_equal_the_pytorch_ops(rows: int) -> None:
+    """kernels/cpu_recurrent.c in place on the state rows of the given slots (others untouched) against
+    the PyTorch steps on gathered copies; float32 sums of <= 128 terms in another order, so within
+    SCAN_TOL."""
+    from glassbox.kernels import cpu_recurrent
+
+    gen = torch.Generator().manual_seed(rows)
+    cache = torch.randn(5, 7 + 4 * 16 * 8, generator=gen) * 0.1  # 5 slots, a 7-element conv part
+    mats = cache[:, 7:].view(5, 4, 16, 8)
+    slots = torch.tensor([3, 0, 4][:rows])
+    q, k = (
+        l2_normalize(torch.randn(rows, 4, 16, generator=gen)) / 4,
+        l2_normalize(torch.randn(rows, 4, 16, generator=gen)),
+    )
+    v, g, beta = (
+        torch.randn(rows, 4, 8, generator=gen),
+        -torch.rand(rows, 4, generator=gen),
+        torch.rand(rows, 4, generator=gen),
+    )
+    ref_o, ref_s = delta_step(q, k, v, g, beta, mats[slots].clone())
+    before = cache.clone()
+    o = cpu_recurrent.delta_step(q, k, v, g, beta, mats, slots)
+    torch.testing.assert_close(o, ref_o, **SCAN_TOL)
+    torch.testing.assert_close(mats[slots], ref_s, **SCAN_TOL)
+    others = [i for i in range(5) if i not in slots.tolist()]
+    assert torch.equal(cache[others], before[others]) and torch.equal(cache[:, :7], before[:, :7])
+
+    x, dt = torch.randn(rows, 4, 16, generator=gen), torch.rand(rows, 4, generator=gen)
+    a, d = -torch.rand(4, generator=gen), torch.randn(4, generator=gen)
+    b, c = torch.randn(rows, 4, 8, generator=gen), torch.randn(rows, 4, 8, generator=gen)
+    ref_y, ref_s = ssd_step(x, dt, a, b, c, d, mats[slots].clone())
+    y = cpu_recurrent.ssd_step(x, dt, a, b, c, d, mats, slots)
+    torch.testing.assert_close(y, ref_y, **SCAN_TOL)
+    torch.testing.assert_close(mats[slots], ref_s, **SCAN_TOL)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glassbox.kernels import cpu_recurrent
 from glassbox.layers.causal_conv import conv_decode, conv_prompt
 from glassbox.layers.gated_delta_rule import delta_chunked, delta_step, l2_normalize
 from glassbox.layers.state_cache import StateBatch, apply_copies, conv_rows, ssm_rows
@@ -55,6 +56,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(nv))
         self.norm = GatedRMSNorm(s.head_v_dim, eps)
         self.out_proj = nn.Linear(s.value_dim, hidden, bias=False)
+        self.native = False  # decode rows on the C recurrence (models/hybrid_native.py), else PyTorch ops
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(mixed [q | k | v] (T, conv_dim), z (T, nv, dv), b (T, nv), a (T, nv))."""
@@ -103,7 +105,11 @@ class GatedDeltaNet(nn.Module):
         beta = b.float().sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # (T, nv)
         out = torch.empty_like(v)
-        if nd:
+        if nd and self.native:  # in place on the slots' rows
+            out[:nd] = cpu_recurrent.delta_step(
+                q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], matrices, state.decode_slots
+            )
+        elif nd:
             out[:nd], new_s = delta_step(
                 q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], matrices[state.decode_slots]
             )

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glassbox.kernels import cpu_recurrent
 from glassbox.layers.causal_conv import conv_decode, conv_prompt
 from glassbox.layers.ssd_scan import ssd_chunked, ssd_step
 from glassbox.layers.state_cache import StateBatch, apply_copies, conv_rows, ssm_rows
@@ -47,6 +48,7 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(s.num_heads))
         self.norm = GroupGatedRMSNorm(s.d_inner, s.n_groups, eps)
         self.out_proj = nn.Linear(s.d_inner, hidden, bias=s.proj_bias)
+        self.native = False  # decode rows on the C recurrence (models/hybrid_native.py), else PyTorch ops
 
     def forward(
         self,
@@ -81,7 +83,11 @@ class Mamba2Mixer(nn.Module):
         a = -self.A_log.float().exp()
         d = self.D.float()
         y = torch.empty_like(xs)
-        if nd:
+        if nd and self.native:  # in place on the slots' rows
+            y[:nd] = cpu_recurrent.ssd_step(
+                xs[:nd], dt[:nd], a, b[:nd], c[:nd], d, matrices, state.decode_slots
+            )
+        elif nd:
             y[:nd], new_s = ssd_step(xs[:nd], dt[:nd], a, b[:nd], c[:nd], d, matrices[state.decode_slots])
             matrices.index_copy_(0, state.decode_slots, new_s)
         for p in state.prefills:

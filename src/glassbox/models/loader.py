@@ -15,7 +15,7 @@ from torch import nn
 from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
-from glassbox.models import llama_native
+from glassbox.models import hybrid_native, llama_native
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.gemma3 import Gemma3ForCausalLM
 from glassbox.models.gpt_oss import GptOssForCausalLM
@@ -62,6 +62,8 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
 CPU_KERNEL_FORWARDS: dict[type[nn.Module], Callable[..., Forward]] = {
     LlamaForCausalLM: llama_native.bind,
     GptOssForCausalLM: llama_native.bind,
+    Qwen3NextForCausalLM: hybrid_native.bind,  # the decode recurrences in C (models/hybrid_native.py)
+    NemotronHForCausalLM: hybrid_native.bind,
 }
 
 
