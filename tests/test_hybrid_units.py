@@ -284,3 +284,23 @@ def test_c_decode_recurrences_equal_the_pytorch_ops(rows: int) -> None:
     y = cpu_recurrent.ssd_step(x, dt, a, b, c, d, mats, slots)
     torch.testing.assert_close(y, ref_y, **SCAN_TOL)
     torch.testing.assert_close(mats[slots], ref_s, **SCAN_TOL)
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe", "nemotron_h"])
+def test_hybrid_gguf_files_are_refused_by_name(arch: str, tmp_path: Path) -> None:
+    """GGUF files of the hybrid architectures (llama.cpp's names) are not read yet: one clear message."""
+    import gguf
+    import numpy as np
+
+    from glassbox.perf.model_presets import load_model_facts
+
+    path = tmp_path / f"{arch}.gguf"
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_block_count(4)
+    writer.add_tensor("token_embd.weight", np.zeros((16, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=f"GGUF architecture '{arch}' is not supported"):
+        load_model_facts(str(path))
