@@ -12,6 +12,7 @@ from glassbox.distributed import CollectiveTime, collective_time
 from glassbox.dtypes import kv_element_bytes
 from glassbox.engine.draft_model import DraftModelProposer
 from glassbox.engine.llm_engine import LLMEngine
+from glassbox.engine.state_inputs import STATE_BYTES
 from glassbox.models.model_config import dtype_name
 from glassbox.models.moe import MoEExperts
 from glassbox.models.moe_triton import experts_read
@@ -66,6 +67,14 @@ def run_trace(
         "kv_cache": _kv_cache(engine, run.growth, m),
         "e2e_ms": m.e2e_s * 1e3,
     }
+    hybrid, bm = engine.facts.hybrid, engine.block_manager
+    if hybrid is not None:  # a hybrid model's recurrent layers: a fixed state beside the growing KV
+        result["recurrent_state"] = {
+            "bytes": hybrid.state_bytes(STATE_BYTES, STATE_BYTES),
+            "layers": hybrid.state_layers(),
+            "dtype": "fp32",
+            "checkpoints": bm.num_checkpoints if bm.checkpoints is not None else 0,
+        }
     if engine.executor.tp is not None:
         result["tensor_parallel"] = {
             "ranks": engine.executor.tp.world,

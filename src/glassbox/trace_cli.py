@@ -109,6 +109,13 @@ def render(r: dict[str, Any]) -> None:
         f"{kv['blocks']} blocks x {kv['block_size']} tokens = {kv['bytes'] / 1024:,.1f} KiB ({kv['dtype']})",
         f"grew {grew} blocks",
     )
+    if "recurrent_state" in r:  # hybrid models: Mamba-2 / Gated DeltaNet layers hold a fixed state instead
+        st = r["recurrent_state"]
+        t.add_row(
+            "  state",
+            f"{st['bytes'] / 1024:,.1f} KiB in {st['layers']} recurrent layers ({st['dtype']})",
+            f"fixed per sequence, rewritten each step; {st['checkpoints']} checkpoint rows for prefix caching",
+        )
     if "moe" in r:
         moe = r["moe"]
         pm, dm = moe["prefill"], moe["decode"]

@@ -1,4 +1,5 @@
-"""Paged KV blocks: allocate, free, ref-count and hash (prefix caching). Bookkeeping only, no policy."""
+"""Paged KV blocks and, for hybrid models, recurrent-state slots: allocate, free, ref-count and hash (prefix
+caching). Bookkeeping only, no policy."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from glassbox.engine.sequence import Sequence
+from glassbox.engine.state_checkpoints import StateCheckpoints
 
 
 def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
@@ -33,6 +35,13 @@ class BlockManager:
     Invariants (``check_integrity``): a block is either referenced (ref_count > 0, in no free list) or
     free (ref_count == 0, in ``free``); a free block with a hash is still findable in ``cached`` until
     it is reused (LRU: ``free`` is ordered oldest-freed first).
+
+    Hybrid models (``num_state_slots`` > 0): every sequence that holds blocks also holds one recurrent-state
+    slot (the row of each Mamba / Gated DeltaNet layer's state cache it reads and writes), taken with its
+    first blocks (``allocate``) and given back with them (``free_seq``); ``can_allocate`` also needs a
+    free slot. A slot is either free or held by exactly one sequence. With prefix caching they also keep
+    ``num_checkpoints`` state checkpoints at block boundaries (engine/state_checkpoints.py): a prefix hit
+    reaches only as deep as a checkpoint, whose state the sequence's slot starts from.
     """
 
     num_blocks: int
@@ -42,11 +51,18 @@ class BlockManager:
     free: OrderedDict[int, None] = field(init=False)
     cached: dict[int, int] = field(init=False)  # hash -> block_id
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    num_state_slots: int = 0  # hybrid models: recurrent-state slots; 0: the model keeps no state
+    free_slots: list[int] = field(init=False)  # a stack: the lowest slot is handed out first
+    num_checkpoints: int = 0  # hybrid models with prefix caching: state checkpoint rows after the slots
+    checkpoints: StateCheckpoints | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
         self.free = OrderedDict((i, None) for i in range(self.num_blocks))
         self.cached = {}
+        self.free_slots = list(range(self.num_state_slots - 1, -1, -1))
+        if self.num_state_slots and self.num_checkpoints and self.enable_prefix_caching:
+            self.checkpoints = StateCheckpoints(self.num_state_slots, self.num_checkpoints)
 
     # -- queries -----------------------------------------------------------
     @property
@@ -57,6 +73,10 @@ class BlockManager:
     def usage(self) -> float:
         """Share of blocks held by live sequences (cached-free blocks count as free)."""
         return 1.0 - len(self.free) / self.num_blocks
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self.free_slots)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return (num_tokens + self.block_size - 1) // self.block_size
@@ -82,6 +102,9 @@ class BlockManager:
             ids.append(bid)
             hashes.append(h)
             parent = h
+        if self.num_state_slots:  # a hybrid model: as deep as a state checkpoint reaches
+            keep = self.checkpoints.deepest(hashes) if self.checkpoints is not None else 0
+            return ids[:keep], hashes[:keep]
         return ids, hashes
 
     def prefix_hit_tokens(self, seq: Sequence) -> int:
@@ -95,7 +118,8 @@ class BlockManager:
         # Hits on free cached blocks take them out of the free pool too.
         free_hits = sum(1 for b in hit_ids if self.blocks[b].ref_count == 0)
         need = self.blocks_needed(cached_tokens + num_tokens) - len(hit_ids)
-        return need + free_hits <= len(self.free)
+        slot_ok = self.num_state_slots == 0 or bool(self.free_slots)
+        return slot_ok and need + free_hits <= len(self.free)
 
     def allocate(self, seq: Sequence) -> int:
         """Give a blockless ``seq`` its prefix-cache hits; returns the number of cached tokens."""
@@ -108,6 +132,11 @@ class BlockManager:
         seq.num_hashed_blocks = len(hit_ids)
         cached = len(hit_ids) * self.block_size
         seq.num_computed_tokens = cached
+        if self.num_state_slots:
+            assert seq.state_slot is None and self.free_slots, "allocate() without can_allocate()"
+            seq.state_slot = self.free_slots.pop()
+            if hit_ids and self.checkpoints is not None:  # the slot starts from the hit's checkpoint
+                self.checkpoints.restore(hashes[-1], seq.state_slot)
         self.stats.queries += len(seq)
         self.stats.hits += cached
         return cached
@@ -139,6 +168,11 @@ class BlockManager:
         seq.block_table = []
         seq.block_hashes = []
         seq.num_hashed_blocks = 0
+        if seq.state_slot is not None:
+            self.free_slots.append(seq.state_slot)
+            seq.state_slot = None
+        if self.checkpoints is not None:
+            self.checkpoints.forget(seq.seq_id)
 
     def commit(self, seq: Sequence) -> None:
         """Register the blocks that ``seq`` has completely computed in the prefix cache."""
@@ -157,12 +191,41 @@ class BlockManager:
                 self.cached[h] = bid
             seq.block_hashes.append(h)
             seq.num_hashed_blocks += 1
+        if self.checkpoints is not None:
+            self._checkpoint(seq)
+
+    def chunk_end(self, seq: Sequence, start: int, n: int) -> int:
+        """Tokens of ``seq`` to compute from ``start``, at most ``n``: a hybrid model's prompt chunk stops at
+        the prompt's checkpoint boundary, so that the state there exists (a state checkpoint)."""
+        if self.checkpoints is None:
+            return n
+        boundary = self._prompt_boundary(seq)
+        return boundary - start if start < boundary < start + n else n
+
+    def take_state_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """(saves, restores) of state rows the next step runs first (engine/state_checkpoints.py)."""
+        return self.checkpoints.take_copies() if self.checkpoints is not None else ([], [])
+
+    def _prompt_boundary(self, seq: Sequence) -> int:
+        """The last block boundary before the prompt's last token (0: the prompt fits in one block)."""
+        return (len(seq.prompt_token_ids) - 1) // self.block_size * self.block_size
+
+    def _checkpoint(self, seq: Sequence) -> None:
+        """Keep the state of a sequence whose computed tokens end on a block boundary at or past its
+        prompt's: the prompt checkpoint, then each new tail replacing the last."""
+        assert self.checkpoints is not None and seq.state_slot is not None
+        n, boundary, bs = seq.num_computed_tokens, self._prompt_boundary(seq), self.block_size
+        if boundary == 0 or n < boundary or n % bs or len(seq.block_hashes) < n // bs:
+            return
+        self.checkpoints.save(seq.seq_id, seq.state_slot, seq.block_hashes[n // bs - 1], tail=n > boundary)
 
     def reset_prefix_cache(self) -> None:
         for h, bid in list(self.cached.items()):
             if self.blocks[bid].ref_count == 0:
                 self.blocks[bid].hash = None
                 del self.cached[h]
+                if self.checkpoints is not None:
+                    self.checkpoints.drop(h)
 
     # -- internals -----------------------------------------------------------
     def _take_free(self) -> int:
@@ -170,6 +233,8 @@ class BlockManager:
         block = self.blocks[bid]
         if block.hash is not None:
             del self.cached[block.hash]
+            if self.checkpoints is not None:  # a state after this block is of no use without it
+                self.checkpoints.drop(block.hash)
             block.hash = None
         block.ref_count = 1
         return bid
@@ -188,7 +253,8 @@ class BlockManager:
             self.free[bid] = None
 
     def check_integrity(self, live: list[Sequence] | None = None) -> None:
-        """Assert the pool's invariants; with ``live`` also that ref counts equal the block tables' uses."""
+        """Assert the pool's invariants; with ``live`` also that ref counts equal the block tables' uses and
+        that every state slot is free or held by one live sequence (one holding blocks)."""
         assert len(self.blocks) == self.num_blocks
         for b in self.blocks:
             assert b.ref_count >= 0
@@ -197,7 +263,17 @@ class BlockManager:
                 assert self.cached.get(b.hash) == b.block_id, f"block {b.block_id} hash not indexed"
         for h, bid in self.cached.items():
             assert self.blocks[bid].hash == h
+        if self.checkpoints is not None:
+            self.checkpoints.check_integrity(self.cached)
+        assert len(set(self.free_slots)) == len(self.free_slots), "a state slot free twice"
+        assert all(0 <= s < self.num_state_slots for s in self.free_slots), "a free slot out of range"
         if live is not None:
+            held = [seq.state_slot for seq in live if seq.state_slot is not None]
+            assert len(set(held)) == len(held), "a state slot held by two sequences"
+            assert not set(held) & set(self.free_slots), "a held state slot is also free"
+            assert len(held) + len(self.free_slots) == self.num_state_slots, "a state slot lost"
+            for seq in live:  # hybrid: a sequence holds a slot exactly while it holds blocks
+                assert (seq.state_slot is not None) == (self.num_state_slots > 0 and bool(seq.block_table))
             counts = [0] * self.num_blocks
             for seq in live:
                 assert len(set(seq.block_table)) == len(seq.block_table), "a block twice in one table"

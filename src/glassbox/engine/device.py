@@ -200,7 +200,8 @@ def choose_backends(config: EngineConfig, model_config: ModelConfig) -> Backends
     if attn_backend == "triton" and kv_dtype.itemsize == 1 and model_config.head_dim % 4:
         logger.warning("the triton kernels read an 8-bit KV cache for head dims divisible by 4: torch path")
         attn_backend = "torch"
-    use_graphs = attn_backend == "triton" and not config.enforce_eager
+    # hybrid models (recurrent states) run eager: no decode graphs for them yet
+    use_graphs = attn_backend == "triton" and not (config.enforce_eager or model_config.hybrid)
     if device.type == "cuda":
         logger.info("%s", describe_cuda(device, attn_backend, use_graphs))
     if device.type == "cpu":

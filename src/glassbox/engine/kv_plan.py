@@ -1,7 +1,8 @@
 """KV cache sizing, shared by the engine at start and the planner (torch-free).
 
 Bytes per token come from the model description (``ModelFacts.kv_bytes_per_token``: every layer's K and
-V); this turns a byte budget into whole blocks of ``block_size`` token slots.
+V); this turns a byte budget into whole blocks of ``block_size`` token slots. A hybrid model's recurrent
+states (``HybridSpec.state_bytes``, one slot per running sequence) come out of the same budget first.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ class KVCachePlan:
     num_blocks: int
     block_size: int
     bytes_per_block: int
+    num_state_slots: int = 0  # hybrid models: recurrent-state slots (at most one per running sequence)
+    bytes_per_state: int = 0  # one slot's state in every state-holding layer
 
     @property
     def num_tokens(self) -> int:
@@ -24,6 +27,10 @@ class KVCachePlan:
     @property
     def gib(self) -> float:
         return self.num_blocks * self.bytes_per_block / GiB
+
+    @property
+    def state_gib(self) -> float:
+        return self.num_state_slots * self.bytes_per_state / GiB
 
 
 def blocks_that_fit(budget_bytes: float, bytes_per_token: float, block_size: int) -> int:
@@ -37,3 +44,32 @@ def plan_kv_cache(budget_bytes: float, bytes_per_token: float, block_size: int) 
     """The engine's cache: as many blocks as fit in ``budget_bytes``, at least one."""
     blocks = max(1, blocks_that_fit(budget_bytes, bytes_per_token, block_size))
     return KVCachePlan(blocks, block_size, round(bytes_per_token * block_size))
+
+
+def plan_hybrid_cache(
+    budget_bytes: float, bytes_per_token: float, block_size: int, bytes_per_state: int, max_num_seqs: int
+) -> KVCachePlan:
+    """A hybrid model's cache: a state slot for each of ``max_num_seqs`` sequences (fewer where the budget
+    cannot give each slot a KV block too, at least one), then as many KV blocks as the rest holds."""
+    per_block = bytes_per_token * block_size
+    slots = max(1, min(max_num_seqs, int(budget_bytes // (bytes_per_state + per_block))))
+    blocks = max(1, blocks_that_fit(budget_bytes - slots * bytes_per_state, bytes_per_token, block_size))
+    return KVCachePlan(blocks, block_size, round(per_block), slots, bytes_per_state)
+
+
+def plan_cache(
+    budget_bytes: float, bytes_per_token: float, block_size: int, bytes_per_state: int, max_num_seqs: int
+) -> KVCachePlan:
+    """:func:`plan_kv_cache`, or for a hybrid model (``bytes_per_state`` > 0) :func:`plan_hybrid_cache`."""
+    if bytes_per_state:
+        return plan_hybrid_cache(budget_bytes, bytes_per_token, block_size, bytes_per_state, max_num_seqs)
+    return plan_kv_cache(budget_bytes, bytes_per_token, block_size)
+
+
+def fixed_plan(
+    num_blocks: int, block_size: int, bytes_per_block: int, bytes_per_state: int, max_num_seqs: int
+) -> KVCachePlan:
+    """``num_blocks`` blocks as configured (--num-kv-blocks), and a hybrid model's state slots for
+    ``max_num_seqs`` sequences beside them."""
+    slots = max_num_seqs if bytes_per_state else 0
+    return KVCachePlan(num_blocks, block_size, bytes_per_block, slots, bytes_per_state)

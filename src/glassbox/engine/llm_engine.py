@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from glassbox.anatomy import merge_metrics
 from glassbox.config import EngineConfig
 from glassbox.engine import tp_runtime
-from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.bursts import BurstSizer
 from glassbox.engine.checkpoint import open_checkpoint
 from glassbox.engine.core import Appended, CoreStep, EngineCore
@@ -25,6 +24,7 @@ from glassbox.engine.draft_model import DraftModelProposer, make_proposer, open_
 from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence
+from glassbox.engine.state_inputs import block_manager, prefix_caching
 from glassbox.engine.structured import GrammarCompiler
 from glassbox.models.facts import ModelFacts
 from glassbox.models.sources import resolve_model
@@ -106,6 +106,7 @@ class LLMEngine:
         checkpoint = open_checkpoint(self.source)
         logger.info("serving %s", self.source.describe())
         self.facts: ModelFacts = checkpoint.facts
+        caching = prefix_caching(config, self.facts)  # hybrid models: engine/state_inputs.py
         self.model_name = config.served_model_name or self.source.name
         self.tokenizer = checkpoint.tokenizer
         self.grammars = GrammarCompiler(self.tokenizer, self.facts.vocab_size)  # structured outputs
@@ -135,7 +136,7 @@ class LLMEngine:
             "KV cache: %d blocks x %d tokens = %d tokens, %.3f GiB (%s, %s)",
             *(plan.num_blocks, plan.block_size, plan.num_tokens, plan.gib, ex.device, ex.kv_dtype),
         )
-        self.block_manager = BlockManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = block_manager(plan, caching, self.executor.model_config)  # hybrid: + state slots
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, batch)
         self.scheduler.proposer = make_proposer(config, self.executor, draft, self.max_model_len, batch)
         self.core = EngineCore(

@@ -7,6 +7,7 @@ import torch
 
 from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
+from glassbox.layers.state_cache import StateBatch, StatePrefill
 from glassbox.models.causal_lm import CausalLM
 from glassbox.models.model_config import ModelConfig
 
@@ -29,6 +30,12 @@ def profile_prefill(
     shape = (2, nb, block_size, mc.num_kv_heads, kv_width)
     cache = [torch.zeros(shape, dtype=kv_dtype, device=dev)] * mc.num_layers
     meta = AttentionMetadata(slot_mapping=torch.arange(n, device=dev), backend=backend)
+    if mc.hybrid is not None:  # a hybrid model's state layers: one slot each, the prompt from zeros
+        widths = [conv + ssm for conv, ssm in mc.hybrid.layer_state_elements()]
+        cache = [torch.zeros(1, w, device=dev) if w else c for c, w in zip(cache, widths, strict=True)]
+        meta.state = StateBatch(
+            torch.zeros(0, dtype=torch.long, device=dev), 0, [StatePrefill(0, n, 0, True)]
+        )
     if backend == "triton":
         block_m = prefill_block_m(mc.head_dim, kv_dtype, dtype, dev)
         meta.paged_prefill = build_paged_prefill([(0, n, list(range(nb)))], block_m, dev)
@@ -38,4 +45,5 @@ def profile_prefill(
         ids = torch.zeros(n, dtype=torch.long, device=dev)
         hidden = model(ids, torch.arange(n, device=dev), cache, meta)
         model.compute_logits(hidden[-min(n, 256) :])
-    torch.cuda.synchronize()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()

@@ -78,6 +78,10 @@ class Proposer(Protocol):
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # hybrid models' state checkpoints (engine/state_checkpoints.py): (src, dst) rows of every state cache
+    # that the step copies before it computes, the saves then the restores
+    state_saves: list[tuple[int, int]] = field(default_factory=list)
+    state_restores: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -147,7 +151,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(len(seq) - seq.num_computed_tokens, budget)
+            n = bm.chunk_end(seq, seq.num_computed_tokens, min(len(seq) - seq.num_computed_tokens, budget))
             drafts = proposed.get(seq.seq_id, [])[: max(0, budget - 1)]
             if drafts:  # only into slots it holds or blocks no later running sequence may need this step
                 spare = max(0, bm.num_free_blocks - reserve[i + 1])
@@ -167,11 +171,12 @@ class Scheduler:
                 continue
             break  # seq itself was preempted: it was the newest, nothing after it remains
         if out.preempted:
-            return out
+            return self._with_copies(out)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             assert not seq.block_table, "a waiting sequence holds no blocks"
-            n = min(len(seq) - bm.prefix_hit_tokens(seq), budget)
+            hit = bm.prefix_hit_tokens(seq)
+            n = bm.chunk_end(seq, hit, min(len(seq) - hit, budget))
             if not bm.can_allocate(seq, n):
                 break
             bm.allocate(seq)  # takes the prefix-cache hits; num_computed_tokens = cached tokens
@@ -187,6 +192,12 @@ class Scheduler:
             budget -= n
         if self.burst and not self.waiting:
             self._lookahead(out.scheduled)
+        return self._with_copies(out)
+
+    def _with_copies(self, out: SchedulerOutput) -> SchedulerOutput:
+        """A step that runs takes the state copies due before it (none for an empty step: they wait)."""
+        if out.scheduled:
+            out.state_saves, out.state_restores = self.block_manager.take_state_copies()
         return out
 
     def _lookahead(self, rows: list[ScheduledSeq]) -> None:

@@ -46,6 +46,7 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache (first schedule)
         self.num_hashed_blocks = 0  # leading blocks of block_table registered in the prefix cache
         self.block_hashes: list[int] = []  # hash of each full block, in order
+        self.state_slot: int | None = None  # hybrid models: its recurrent-state slot while it holds blocks
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if sampling_params.logprobs is not None else None

@@ -30,10 +30,11 @@ from glassbox.engine.device import (
     read_device_memory,
 )
 from glassbox.engine.executor import PendingStep, ReadyStep
-from glassbox.engine.kv_plan import GiB, KVCachePlan, plan_kv_cache
+from glassbox.engine.kv_plan import GiB, KVCachePlan, fixed_plan, plan_cache
 from glassbox.engine.profile_run import profile_prefill
 from glassbox.engine.sampler import to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
+from glassbox.engine.state_inputs import Rows, layer_caches, state_batch, state_bytes
 from glassbox.engine.step_inputs import decode_rows, flatten, metadata
 from glassbox.engine.step_sampling import DevicePendingStep, SamplePlan
 from glassbox.kernels.attention_tiles import prefill_block_m
@@ -185,8 +186,8 @@ class TorchExecutor:
         experts) and the formats kept in blocks ("Q4_1", "int4"), for the anatomy and the KV budget."""
         self.weight_bytes, elements, self.block_formats = held_size(self.model)
         mc = self.model_config
-        unchosen = sum(mc.layer_moe) * (mc.num_experts - mc.experts_per_token) * 3 * mc.hidden_size
-        self.flops_per_token = 2 * (elements - unchosen * mc.moe_intermediate_size)
+        unchosen = sum(mc.layer_moe) * (mc.num_experts - mc.experts_per_token) * mc.params_per_expert
+        self.flops_per_token = 2 * (elements - unchosen)  # roughly: GEMMs only
 
     def allocate_kv(self, plan: KVCachePlan, max_model_len: int) -> None:
         """Allocate the paged KV cache, bind the CPU kernels to it, capture the CUDA graphs."""
@@ -197,10 +198,7 @@ class TorchExecutor:
         # CUDA: one block more than the BlockManager gets, the scratch block that padded graph rows write
         blocks = self.num_kv_blocks + (1 if self.device.type == "cuda" else 0)
         shape = (2, blocks, self.block_size, tp_model.kv_heads(self.tp, model_config), self.kv_width)
-        self.kv_caches = [
-            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-            for _ in range(model_config.num_layers)
-        ]
+        self.kv_caches = layer_caches(model_config, shape, self.kv_dtype, self.kv_plan, self.device)
         # the forward a step calls: the model's own, or on CPU the model bound to the C kernels
         self.forward: Forward = self.model
         if self.attn_backend == "native":  # bound now, so that a shape the kernels cannot take shows at start
@@ -241,8 +239,9 @@ class TorchExecutor:
         cfg = self.config
         per_token = self.kv_bytes_per_token
         per_block = round(per_token * self.block_size)
+        state = state_bytes(self.model_config, cfg)  # a hybrid model's states take their share first
         if cfg.num_kv_blocks is not None:
-            return KVCachePlan(cfg.num_kv_blocks, self.block_size, per_block)
+            return fixed_plan(cfg.num_kv_blocks, self.block_size, per_block, state, cfg.max_num_seqs)
         budget: float
         if cfg.kv_cache_memory_gib is not None:
             budget = int(cfg.kv_cache_memory_gib * GiB)
@@ -250,11 +249,11 @@ class TorchExecutor:
             budget = self._cuda_kv_budget(max_num_batched_tokens)
         else:
             # CPU: a share of the RAM left after the weights, no more than the configured load can use
-            useful = per_token * max_model_len * cfg.max_num_seqs
+            useful = (per_token * max_model_len + state) * cfg.max_num_seqs
             budget = min(int(available_ram_bytes() * 0.25), 4 * GiB, max(useful, per_block * 64))
         # with a draft model: its cache takes its share, so that both hold as many tokens
         share = per_token / (per_token + self.draft_kv_bytes_per_token)
-        return plan_kv_cache(budget * share, per_token, self.block_size)
+        return plan_cache(budget * share, per_token, self.block_size, state, cfg.max_num_seqs)
 
     def _cuda_kv_budget(self, max_num_batched_tokens: int) -> int:
         """Device memory x utilization, less the weights and a measured activation peak (on unified
@@ -322,7 +321,7 @@ class TorchExecutor:
             return self._burst(decodes)
         ordered = decodes + prefills
         ids, pos, slots = self._flatten(ordered)
-        meta = self._metadata(decodes, prefills, slots)
+        meta = self._metadata(decodes, prefills, slots, batch)
         plan = SamplePlan.build(ordered, self.device)  # the rows to sample, on the device before the forward
         kernel = not prefills and rows <= KERNEL_ROWS
         if self.tp is not None:  # the workers run the same forward (engine/tp_model.run_step)
@@ -380,8 +379,10 @@ class TorchExecutor:
         return flatten(ordered, self.block_size, self.device)
 
     def _metadata(
-        self, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq], slots: torch.Tensor
+        self, decodes: Rows, prefills: Rows, slots: torch.Tensor, step: SchedulerOutput | None = None
     ) -> AttentionMetadata:
         head_dim = self.model_config.head_dim
-        return metadata(decodes, prefills, slots, self.block_size, self.device, self.attn_backend,
+        meta = metadata(decodes, prefills, slots, self.block_size, self.device, self.attn_backend,
                         lambda: prefill_block_m(head_dim, self.kv_dtype, self.dtype, self.device))  # fmt: skip
+        meta.state = state_batch(decodes, prefills, self.device, step) if self.model_config.hybrid else None
+        return meta

@@ -36,6 +36,7 @@ _C_FILES = (
     "cpu_kquant.c",  # GGUF K-quants
     "cpu_kquant_dequant.c",
     "cpu_bf16.c",  # bf16 weights in tiles of 16 rows (quant/dense/bf16_tiles.py)
+    "cpu_recurrent.c",  # hybrid models' decode recurrences (kernels/cpu_recurrent.py)
 )
 SOURCES = [Path(__file__).with_name(name) for name in _C_FILES]
 HEADERS = [
@@ -91,6 +92,9 @@ _SIGNATURES: dict[str, list[type]] = {
     # cpu_bf16.c: bf16 weights in tiles of 16 rows (x, M, K, x stride, tiles, bias, N, out, out stride, dt)
     "gb_linear_bf16t": [_P, _I, _I, _I, _P, _P, _I, _P, _I, _C, _C],
     "gb_linear_bf16t_generic": [_P, _I, _I, _I, _P, _P, _I, _P, _I, _C, _C],
+    # cpu_recurrent.c: (state base, row stride, slots, inputs..., out, sequences, heads, rows, cols, threads)
+    "gb_delta_step": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _C],
+    "gb_ssd_step": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _C],
 }
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from glassbox.layers import kv_quant
 from glassbox.layers.host import parts_to_device
+from glassbox.layers.state_cache import StateBatch
 
 
 @dataclass
@@ -93,6 +94,7 @@ class AttentionMetadata:
     # False: every prefill row sees its whole sequence (a decoder run as an encoder: engine/encoder_forward.py;
     # whole sequences, torch backend only)
     causal: bool = True
+    state: StateBatch | None = None  # hybrid models: the rows' recurrent-state slots (layers/state_cache.py)
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:

@@ -1,7 +1,8 @@
 """Reading a model's config.json into ModelFacts: the one module that parses config.json.
 
 Parameter counts per group are exact (norms and biases included) for llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe,
-mixtral, gemma3_text, gpt_oss, phi3 and nemotron_h (hybrid Mamba-2 / latent MoE / attention). "Active"
+mixtral, gemma3_text, gpt_oss, phi3, and (models/hybrid_config.py) nemotron_h (hybrid Mamba-2 / latent MoE /
+attention), qwen3_next, qwen3_5_text and qwen3_5_moe_text (Gated DeltaNet / gated attention). "Active"
 parameters are those one token touches: everything except the embedding table (a decode step gathers one
 row) and the routed experts not chosen (MoE: top-k of E per layer).
 """
@@ -16,6 +17,12 @@ from typing import Any
 from glassbox.models.facts import ModelFacts, config_dtype, id_list, rope_parameters
 from glassbox.models.families import family_of_type, model_types
 from glassbox.models.gguf_reader import GGUFCheckpoint
+from glassbox.models.hybrid_config import (
+    QWEN_HYBRID_TYPES,
+    nemotron_h_facts,
+    nemotron_layer_types,
+    qwen_hybrid_facts,
+)
 from glassbox.quant.config import gguf_native_quant, method_config, native_quant_from_config
 
 CONFIG_FILE = "config.json"
@@ -211,64 +218,6 @@ def transformer_facts(cfg: dict[str, Any], name: str) -> ModelFacts:
     )
 
 
-def nemotron_h_facts(cfg: dict[str, Any], name: str) -> ModelFacts:
-    """Hybrid: 'M' Mamba-2 mixer, 'E' (latent) MoE, '*' attention, '-' dense MLP; one block per layer."""
-    base = _common(cfg, name)
-    hidden, n_layers = base["hidden_size"], base["num_layers"]
-    pattern = str(cfg["hybrid_override_pattern"])[:n_layers]
-    heads, kv_heads, head_dim = base["num_heads"], int(cfg["num_key_value_heads"]), base["head_dim"]
-    vocab = base["vocab_size"]
-    m_heads, m_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
-    groups, state, kernel = int(cfg["n_groups"]), int(cfg["ssm_state_size"]), int(cfg.get("conv_kernel", 4))
-    d_inner = m_heads * m_dim
-    conv_dim = d_inner + 2 * groups * state
-    in_proj = hidden * (2 * d_inner + 2 * groups * state + m_heads)
-    mamba_layer = in_proj + conv_dim * (kernel + 1) + 3 * m_heads + d_inner + d_inner * hidden
-    n_exp, top_k = int(cfg.get("n_routed_experts", 0)), int(cfg.get("num_experts_per_tok", 0))
-    exp_inter = int(cfg.get("moe_intermediate_size", 0))
-    latent = int(cfg.get("moe_latent_size") or 0)
-    exp_in = latent or hidden
-    per_expert = 2 * exp_in * exp_inter  # relu^2 experts: up + down, no gate
-    shared_inter = int(cfg.get("moe_shared_expert_intermediate_size", 0)) * int(
-        cfg.get("n_shared_experts", 1)
-    )
-    shared_per_layer = (
-        hidden * n_exp + n_exp + 2 * hidden * shared_inter + (2 * hidden * latent if latent else 0)
-    )
-    n_m, n_e, n_a, n_d = (pattern.count(c) for c in "ME*-")
-    kinds = ["mamba" if c == "M" else "full" if c == "*" else "none" for c in pattern]
-    ssm_bytes = 4 if str(cfg.get("mamba_ssm_cache_dtype", "float32")) == "float32" else 2
-    params = {
-        "embed": vocab * hidden,
-        "lm_head": vocab * hidden,
-        "attention": n_a * (2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim),
-        "mlp": n_d * 2 * hidden * int(cfg.get("intermediate_size", 0)),
-        "experts": n_e * n_exp * per_expert,
-        "moe_shared": n_e * shared_per_layer,
-        "mamba": n_m * mamba_layer,
-        "norms": n_layers * hidden + hidden,
-    }
-    return ModelFacts(
-        **{**base, "num_kv_heads": kv_heads},
-        layer_mixers=tuple(kinds),
-        sliding_window=None,
-        params=params,
-        num_experts=n_exp,
-        experts_per_token=top_k if n_exp else 0,
-        moe_layers=n_e if n_exp else 0,
-        params_per_expert=per_expert if n_exp else 0,
-        moe_intermediate_size=exp_inter,
-        shared_expert_intermediate_size=shared_inter,
-        ffn_width=max(top_k * exp_inter + shared_inter, 2 * d_inner),
-        state_bytes_per_seq=n_m * (m_heads * m_dim * state * ssm_bytes + conv_dim * (kernel - 1) * 2),
-        mixer_flops_per_token=n_m * 6.0 * d_inner * state,  # SSD scan: state update + readout
-        notes=(
-            "hybrid Mamba-2/MoE: KV only in the attention layers; each sequence also holds a fixed Mamba state",
-            "multi-token-prediction layer not counted (used only for speculative decoding)",
-        ),
-    )
-
-
 def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
     """Build ModelFacts from a config.json dict (multimodal configs: their ``text_config``)."""
     if "text_config" in cfg and "hidden_size" not in cfg:
@@ -276,6 +225,10 @@ def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
         text.setdefault("quantization_config", cfg.get("quantization_config"))
         text.setdefault("torch_dtype", cfg.get("torch_dtype"))
         text.setdefault("model_type", f"{cfg.get('model_type', '')}_text")
+        text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+        text_family = family_of_type(str(text["model_type"]))
+        if not text.get("architectures") and text_family is not None:
+            text["architectures"] = [text_family.architecture]  # the text model alone
         cfg = text
     mt = str(cfg.get("model_type", ""))
     family = family_of_type(mt)
@@ -283,8 +236,11 @@ def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
         raise ValueError(f"MODEL: model_type {mt!r} is not supported; supported: {', '.join(model_types())}")
     mt = family.model_type  # "gemma3": its text model
     cfg = {**cfg, "model_type": mt}
-    if mt == "nemotron_h":
-        return nemotron_h_facts(cfg, name)
+    if mt == "nemotron_h":  # transformers 5 writes layers_block_type and no num_hidden_layers
+        cfg.setdefault("num_hidden_layers", len(nemotron_layer_types(cfg)))
+        return nemotron_h_facts(cfg, _common(cfg, name))
+    if mt in QWEN_HYBRID_TYPES:
+        return qwen_hybrid_facts(cfg, _common(cfg, name))
     return transformer_facts(cfg, name)
 
 

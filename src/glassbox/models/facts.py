@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glassbox.dtypes import canonical
+from glassbox.models.hybrid_spec import HybridSpec
 from glassbox.quant.config import NativeQuant
 
 DEFAULT_MAX_POSITIONS = 2048  # what the engine assumes when a config names no limit
@@ -29,7 +30,9 @@ class ModelFacts:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    layer_mixers: tuple[str, ...]  # per layer: "full" | "sliding" (both hold KV) | "mamba" | "none"
+    # per layer: "full" | "sliding" (both hold KV) | "mamba" | "linear" (Gated DeltaNet; both hold a
+    # recurrent state: ``hybrid``) | "none" (an FFN-only block)
+    layer_mixers: tuple[str, ...]
     sliding_window: int | None
     params: dict[str, int]  # per quant.GROUPS; "experts" = all routed experts of all layers
     architecture: str = ""  # the Hugging Face class name ("LlamaForCausalLM")
@@ -78,6 +81,7 @@ class ModelFacts:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    hybrid: HybridSpec | None = None  # the recurrent mixers' shapes (models/hybrid_spec.py); None: none
 
     @property
     def kv_layers(self) -> tuple[int, int]:
@@ -137,12 +141,15 @@ class ModelFacts:
     def describe_attention(self) -> str:
         full, sliding = self.kv_layers
         mamba = self.layer_mixers.count("mamba")
+        linear = self.layer_mixers.count("linear")
         gqa = f"GQA {self.num_heads}q/{self.num_kv_heads}kv x {self.head_dim}"
         parts = [f"{full} full"]
         if sliding:
             parts.append(f"{sliding} sliding (window {self.sliding_window})")
         if mamba:
             parts.append(f"{mamba} Mamba-2 (no KV)")
+        if linear:
+            parts.append(f"{linear} Gated DeltaNet (no KV)")
         return f"{gqa}; layers: " + ", ".join(parts)
 
 

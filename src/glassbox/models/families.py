@@ -15,6 +15,8 @@ from typing import Any
 
 _LLAMA = "glassbox.models.llama:LlamaForCausalLM"
 _LLAMA_CPU = "glassbox.models.llama_native:bind"
+_QWEN_NEXT = "glassbox.models.qwen3_next:Qwen3NextForCausalLM"
+_HYBRID_CPU = "glassbox.models.hybrid_native:bind"
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,12 @@ FAMILIES: dict[str, Family] = {
             "Gemma3ForCausalLM", "gemma3_text", "glassbox.models.gemma3:Gemma3ForCausalLM", "gemma3", None, True,
             aliases=("gemma3",), base_model="Gemma3TextModel",
         ),
-        Family("NemotronHForCausalLM", "nemotron_h", None),
+        # hybrid: a recurrent state beside the KV (layers/state_cache.py); decode recurrences in C
+        Family("Qwen3NextForCausalLM", "qwen3_next", _QWEN_NEXT, None, _HYBRID_CPU),  # Gated DeltaNet + gated attention
+        Family("Qwen3_5ForCausalLM", "qwen3_5_text", _QWEN_NEXT, None, _HYBRID_CPU),
+        Family("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", _QWEN_NEXT, None, _HYBRID_CPU),
+        # Mamba-2 + attention + MLP/MoE (models/nemotron_h.py)
+        Family("NemotronHForCausalLM", "nemotron_h", "glassbox.models.nemotron_h:NemotronHForCausalLM", None, _HYBRID_CPU),
         # encoders (models/bert.py), served by the embedding runner
         Family("BertModel", "bert", "glassbox.models.bert:BertModel", task="embed"),
         Family("BertForSequenceClassification", "bert", "glassbox.models.bert:BertForSequenceClassification",

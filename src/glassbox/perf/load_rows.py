@@ -20,6 +20,7 @@ def _settings(req: PlanRequest, s: Setup, memory: MemoryPlan) -> tuple[SimSettin
     free = memory.budget - memory.weights - memory.activations - memory.runtime
     per_token = memory.kv_bytes_per_token  # one rank's, with tensor parallelism
     slots = max(0, min(s.engine.max_num_seqs, memory.max_concurrency))
+    free -= slots * memory.state_bytes_per_seq  # a hybrid model's states first, as the engine (kv_plan)
     if slots == 0 or free <= 0:
         return None
     blocks = blocks_that_fit(free, per_token, BLOCK_SIZE) if per_token > 0 else 1 << 30
@@ -33,6 +34,7 @@ def _settings(req: PlanRequest, s: Setup, memory: MemoryPlan) -> tuple[SimSettin
         num_kv_blocks=blocks,
         block_size=BLOCK_SIZE,
         max_num_seqs=slots,
+        num_state_slots=slots if memory.state_bytes_per_seq else 0,
         max_num_batched_tokens=chunk,
         request_overhead_s=s.engine.request_overhead_s,
         spec_tokens=req.spec_tokens,

@@ -70,6 +70,7 @@ class MemoryPlan:
     max_context_tokens: int  # longest sequence that fits at ``concurrency`` (capped at the model's limit)
     max_concurrency: int  # sequences of ``seq_len`` tokens that fit
     model_max_context: int
+    state_bytes_per_seq: float = 0.0  # a hybrid model's recurrent state, one sequence (one rank's share)
 
     @property
     def overhead(self) -> float:
@@ -89,6 +90,7 @@ class MemoryPlan:
             "kv_bytes_per_token": round(self.kv_bytes_per_token),
             "kv_cache_gib": round(self.kv_cache / GIB, 3),
             "state_gib": round(self.state / GIB, 3),
+            "state_bytes_per_seq": round(self.state_bytes_per_seq),
             "activations_gib": round(self.activations / GIB, 3),
             "runtime_gib": round(self.runtime / GIB, 3),
             "overhead_gib": round(self.overhead / GIB, 3),
@@ -144,6 +146,7 @@ def plan_memory(
         max_context_tokens=max_ctx,
         max_concurrency=max_conc,
         model_max_context=facts.max_context,
+        state_bytes_per_seq=facts.state_bytes_per_seq / ranks,
     )
 
 

@@ -179,6 +179,8 @@ def render(result: dict[str, Any], explain: bool = False) -> None:
     t.add_row(f"budget ({wl['memory_utilization']:.0%} of memory)", _fmt(mem["budget_gib"]), end_section=True)
     t.add_row("verdict", verdict)
     t.add_row("KV bytes / token", _fmt(mem["kv_bytes_per_token"]))
+    if mem.get("state_bytes_per_seq"):  # a hybrid model: recurrent layers hold a fixed state instead of KV
+        t.add_row("state bytes / sequence", _fmt(mem["state_bytes_per_seq"]))
     t.add_row(f"max context at {mem['concurrency']} sequences", _fmt(mem["max_context_tokens"]))
     t.add_row(f"max sequences at {mem['seq_len_tokens']:,} tokens", _fmt(mem["max_concurrency"]))
     console.print(t)

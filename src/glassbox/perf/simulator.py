@@ -99,6 +99,7 @@ class SimSettings:
     max_model_len: int = 1 << 40
     spec_tokens: int = 0  # speculative decoding: drafts per decode step (0: off)
     acceptance_rate: float = 0.0  # the chance that each draft is accepted (after the ones before it)
+    num_state_slots: int = 0  # a hybrid model's recurrent-state slots (the engine's BlockManager holds them)
 
 
 @dataclass
@@ -164,7 +165,12 @@ def run_requests(
     """Simulate ``specs`` through the engine's core: closed loop (``concurrency`` users, each sending the
     next spec when its request ends) or open loop (each spec arrives at its ``arrival``)."""
     clock = VirtualClock()
-    bm = BlockManager(settings.num_kv_blocks, settings.block_size, settings.enable_prefix_caching)
+    bm = BlockManager(
+        settings.num_kv_blocks,
+        settings.block_size,
+        settings.enable_prefix_caching,
+        num_state_slots=settings.num_state_slots,
+    )
     sched = Scheduler(bm, settings.max_num_seqs, settings.max_num_batched_tokens, clock=clock)
     if settings.spec_tokens > 0:
         sched.proposer = DraftProposer(settings.spec_tokens, settings.max_model_len, draft_time, clock)

@@ -1,0 +1,124 @@
+"""A hybrid model's caches and a step's state layout, for engine/torch_executor.py.
+
+Each layer gets the cache its mixer reads (the model zips its layers with this list): an attention layer
+its paged KV tensor, a Mamba-2 / Gated DeltaNet layer its float32 state rows (num_state_slots, conv +
+recurrent elements; layers/state_cache.py), an FFN-only block (Nemotron-H's MLP / MoE) an empty tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from glassbox.config import EngineConfig
+from glassbox.engine.block_manager import BlockManager
+from glassbox.engine.kv_plan import KVCachePlan
+from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
+from glassbox.layers.host import to_device
+from glassbox.layers.state_cache import StateBatch, StatePrefill
+from glassbox.models.facts import ModelFacts
+from glassbox.models.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+Rows = list[ScheduledSeq]  # a step's sequences, in row order
+
+STATE_DTYPE = torch.float32
+STATE_BYTES = 4  # the engine keeps conv windows and recurrent matrices in float32 (HybridSpec.state_bytes)
+# with prefix caching, state checkpoints kept per running slot: a running sequence holds up to two (its
+# prompt's and its latest tail), and finished ones stay cached until evicted
+CHECKPOINTS_PER_SLOT = 2
+
+
+def prefix_caching(config: EngineConfig, facts: ModelFacts) -> bool:
+    """Whether the engine caches prefixes for this model; ValueError for a setting a hybrid model cannot
+    run. A hybrid model's prefix hits reach as deep as its state checkpoints (engine/state_checkpoints.py),
+    and the log says what is kept."""
+    if facts.hybrid is None:
+        return config.enable_prefix_caching
+    if config.speculative is not None:
+        raise ValueError(
+            "--speculative-config: speculative decoding of a hybrid model (Mamba-2 / Gated DeltaNet layers, "
+            "a recurrent state per sequence) is not supported yet"
+        )
+    if config.enable_prefix_caching:
+        logger.info(
+            "prefix caching of a hybrid model: %d state checkpoints per slot, kept at the last block boundary "
+            "before each prompt's end and at each sequence's latest one; a hit reaches the deepest of them",
+            CHECKPOINTS_PER_SLOT,
+        )
+    return config.enable_prefix_caching
+
+
+def state_bytes(mc: ModelConfig, config: EngineConfig) -> int:
+    """One slot's share of the state cache (float32 throughout): its state, and with prefix caching its
+    CHECKPOINTS_PER_SLOT checkpoints; 0 for a model without states."""
+    if mc.hybrid is None:
+        return 0
+    rows = 1 + (CHECKPOINTS_PER_SLOT if config.enable_prefix_caching else 0)
+    return rows * mc.hybrid.state_bytes(STATE_BYTES, STATE_BYTES)
+
+
+def _rows_per_slot(plan: KVCachePlan, mc: ModelConfig) -> int:
+    assert mc.hybrid is not None
+    return plan.bytes_per_state // mc.hybrid.state_bytes(STATE_BYTES, STATE_BYTES)
+
+
+def block_manager(plan: KVCachePlan, caching: bool, mc: ModelConfig) -> BlockManager:
+    """The engine's block manager for ``plan``: its blocks, and a hybrid model's state slots and (with
+    prefix caching) the state checkpoint rows beside them."""
+    rows = plan.num_state_slots * (_rows_per_slot(plan, mc) - 1) if mc.hybrid is not None else 0
+    return BlockManager(
+        plan.num_blocks, plan.block_size, caching, num_state_slots=plan.num_state_slots, num_checkpoints=rows
+    )
+
+
+def layer_caches(
+    mc: ModelConfig, kv_shape: tuple[int, ...], kv_dtype: torch.dtype, plan: KVCachePlan, device: torch.device
+) -> list[torch.Tensor]:
+    """One cache per layer: KV (``kv_shape``) for attention layers; for a hybrid model also state rows."""
+    if mc.hybrid is None:
+        return [torch.zeros(kv_shape, dtype=kv_dtype, device=device) for _ in range(mc.num_layers)]
+    rows = plan.num_state_slots * _rows_per_slot(plan, mc)
+    logger.info(
+        "recurrent states: %d slots + %d checkpoints x %.2f MiB = %.3f GiB (float32, %d layers)",
+        *(plan.num_state_slots, rows - plan.num_state_slots, mc.hybrid.state_bytes(STATE_BYTES, STATE_BYTES)
+          / 2**20, plan.state_gib, mc.hybrid.state_layers()),
+    )  # fmt: skip
+    caches = []
+    for kind, (conv, ssm) in zip(mc.hybrid.layer_mixers, mc.hybrid.layer_state_elements(), strict=True):
+        if kind in ("full", "sliding"):
+            caches.append(torch.zeros(kv_shape, dtype=kv_dtype, device=device))
+        elif conv + ssm:
+            caches.append(torch.zeros(rows, conv + ssm, dtype=STATE_DTYPE, device=device))
+        else:
+            caches.append(torch.empty(0, device=device))
+    return caches
+
+
+def state_batch(
+    decodes: list[ScheduledSeq],
+    prefills: list[ScheduledSeq],
+    device: torch.device,
+    step: SchedulerOutput | None = None,
+) -> StateBatch:
+    """The state layout of a step whose rows are ``decodes`` (one token each) then ``prefills``, with
+    ``step``'s checkpoint copies (saves, then restores)."""
+    slots: list[int] = []
+    for s in decodes:
+        assert s.num_new_tokens == 1 and s.seq.state_slot is not None, (
+            "a hybrid decode row: one token, a slot"
+        )
+        slots.append(s.seq.state_slot)
+    batch = StateBatch(to_device(slots, torch.long, device), len(decodes))
+    row = len(decodes)
+    for s in prefills:
+        assert s.seq.state_slot is not None, "a scheduled sequence of a hybrid model holds a state slot"
+        batch.prefills.append(StatePrefill(row, s.num_new_tokens, s.seq.state_slot, s.start == 0))
+        row += s.num_new_tokens
+    for copies in (step.state_saves, step.state_restores) if step is not None else ():
+        if copies:
+            src, dst = (to_device([c[i] for c in copies], torch.long, device) for i in (0, 1))
+            batch.copies.append((src, dst))
+    return batch
