@@ -1,4 +1,4 @@
-"""The `glassbox` command: serve, generate, chat, trace, plan, bench, hardware, list, show."""
+"""The `glassbox` command: serve, generate, chat, trace, plan, bench, hardware, list, show, pull."""
 
 from __future__ import annotations
 

@@ -4,32 +4,25 @@
 name. A repo's revision is the one its ``main`` ref names, else the newest. A snapshot with config.json
 and safetensors is a Hugging Face model directory (named by its repo id); each GGUF checkpoint in it (a
 split one by its first shard; multimodal projectors left out) is a model named ``repo:QUANT``, QUANT
-being the quantization tag its file name carries (``Q4_K_M``), matched case-insensitively between
-separators as Ollama and llama.cpp match ``:QUANT``.
+being the quantization tag its file name carries (``Q4_K_M``; store/gguf_files.py).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 from huggingface_hub import CachedRepoInfo, CachedRevisionInfo, scan_cache_dir
 from huggingface_hub.errors import CacheNotFound
 
 from glassbox.models.config_reader import CONFIG_FILE
+from glassbox.store.gguf_files import GGUFCheckpoint, checkpoints, pick
 from glassbox.store.locations import hf_hub_cache
 from glassbox.store.names import HubName
 from glassbox.store.stored import HF_CACHE, StoredModel
 
 logger = logging.getLogger(__name__)
 
-# a split GGUF's shard suffix (llama.cpp's gguf-split names)
-_SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
-# the quantization tags GGUF file names carry: Q4_K_M, Q8_0, IQ4_XS, UD-Q4_K_XL, F16, BF16, MXFP4
-_QUANT_TAG = re.compile(
-    r"(?<![A-Za-z0-9])((?:UD-)?I?Q[1-8](?:_[A-Za-z0-9]+)*|B?F16|F32|MXFP4(?:_MOE)?)(?![A-Za-z0-9])", re.I
-)
 WEIGHT_SUFFIXES = (".safetensors",)
 
 
@@ -70,35 +63,22 @@ def find(name: HubName, cache: Path | None = None) -> StoredModel | None:
     if repo is None or revision is None:
         return None
     models = _models(repo.repo_id, revision)
-    ggufs = [m for m in models if m.format == "gguf"]
-    if name.quant is None:
-        dirs = [m for m in models if m.format == "hf"]
-        if dirs:
-            return dirs[0]
-        if len(ggufs) == 1:
-            return ggufs[0]
-        if not ggufs:
-            raise FileNotFoundError(
-                f"{name.repo_id} is in the Hugging Face cache ({root}) but holds neither config.json with "
-                "safetensors nor a GGUF file"
-            )
+    dirs = [m for m in models if m.format == "hf"]
+    if name.quant is None and dirs:
+        return dirs[0]
+    by_first = {m.files[0]: m for m in models if m.format == "gguf"}
+    snapshot = revision.snapshot_path
+    found = [
+        GGUFCheckpoint(_tag(m), (m.files[0].relative_to(snapshot).as_posix(),)) for m in by_first.values()
+    ]
+    where = f"in the Hugging Face cache ({root})"
+    try:
+        chosen = pick(found, name.quant, repo.repo_id, where)
+    except FileNotFoundError as e:
         raise FileNotFoundError(
-            f"{name.repo_id} holds {len(ggufs)} GGUF files: name one as {name.repo_id}:QUANT, one of "
-            + ", ".join(_tag(m) for m in ggufs)
-        )
-    picked = [m for m in ggufs if _matches(m, name.quant)]
-    if len(picked) == 1:
-        return picked[0]
-    held = ", ".join(_tag(m) for m in ggufs) or "no GGUF files"
-    if not picked:
-        raise FileNotFoundError(
-            f"{name.repo_id} in the Hugging Face cache ({root}) has no GGUF file for {name.quant!r}; it holds: "
-            f"{held} (`glassbox pull {name}` downloads it)"
-        )
-    raise FileNotFoundError(
-        f"{name.quant!r} matches several GGUF files of {name.repo_id}: "
-        + ", ".join(str(m.path.name) for m in picked)
-    )
+            f"{e} (`glassbox pull {name}` downloads it)" if name.quant else str(e)
+        ) from None
+    return by_first[snapshot / chosen.files[0]]
 
 
 def _revision(repo: CachedRepoInfo) -> CachedRevisionInfo | None:
@@ -117,39 +97,15 @@ def _models(repo_id: str, revision: CachedRevisionInfo) -> list[StoredModel]:
     if CONFIG_FILE in top and any(r.endswith(WEIGHT_SUFFIXES) for r in top):
         hf_files = tuple(f for f in files if "/" not in rel[f] and not rel[f].lower().endswith(".gguf"))
         found.append(StoredModel(repo_id, HF_CACHE, "hf", snapshot, hf_files, revision.commit_hash))
-    groups: dict[str, list[Path]] = {}
-    for f in files:
-        path = rel[f]
-        if not path.lower().endswith(".gguf") or Path(path).name.lower().startswith("mmproj"):
-            continue
-        stem = path[: -len(".gguf")]
-        groups.setdefault(_SHARD.sub("", stem), []).append(f)
-    for stem, shards in sorted(groups.items()):
-        shards.sort()
-        label = _quant_label(stem)
+    for checkpoint in checkpoints(list(rel.values())):
+        shards = tuple(snapshot / f for f in checkpoint.files)
         found.append(
             StoredModel(
-                f"{repo_id}:{label}", HF_CACHE, "gguf", shards[0], tuple(shards), revision.commit_hash
+                f"{repo_id}:{checkpoint.tag}", HF_CACHE, "gguf", shards[0], shards, revision.commit_hash
             )
         )
     return found
 
 
-def _quant_label(stem: str) -> str:
-    """The quantization tag a GGUF file's name carries (its last one), else its file name's stem."""
-    tags = _QUANT_TAG.findall(Path(stem).name)
-    return tags[-1] if tags else Path(stem).name
-
-
 def _tag(model: StoredModel) -> str:
     return model.name.split(":", 1)[1]
-
-
-def _matches(model: StoredModel, quant: str) -> bool:
-    """Whether ``quant`` names this GGUF checkpoint: its tag, or a part of its file (or folder) name ended
-    by '.', '-' or '/' (not '_', which continues a tag: Q4 is not Q4_1)."""
-    q = quant.lower()
-    if _tag(model).lower() == q:
-        return True
-    path = f"{model.path.parent.name}/{model.path.name}".lower()  # a quant's folder, or the commit hash
-    return re.search(r"(^|[-._/])" + re.escape(q) + r"([-./]|$)", path) is not None  # '_' is inside tags

@@ -1,4 +1,4 @@
-"""`glassbox list` and `glassbox show NAME`: the models on disk (torch-free)."""
+"""`glassbox list`, `glassbox show NAME`, `glassbox pull REPO[:QUANT]`: the models on disk (torch-free)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("name", metavar="NAME")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=run_show)
+    u = sub.add_parser(
+        "pull",
+        help="download a model from the Hugging Face Hub into the HF cache",
+        description="Download REPO (a Hugging Face repo id) into the Hugging Face cache with huggingface_hub "
+        "(resumable, with progress bars; HF_TOKEN for gated and private repos, HF_ENDPOINT for a mirror), "
+        "only the files needed: with :QUANT (or a GGUF-only repo) one GGUF checkpoint, else the config, "
+        "safetensors and tokenizer files. The Hub's checksums are verified.",
+    )
+    u.add_argument("name", metavar="REPO[:QUANT]")
+    u.add_argument("--revision", default=None, help="a branch, tag or commit (default: main)")
+    u.add_argument("--json", action="store_true", help="print JSON")
+    u.set_defaults(func=run_pull)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -78,6 +90,24 @@ def run_show(args: argparse.Namespace) -> int:
         if body.get(key):
             out.write(f"{key}\n  {body[key]}\n")
     out.write("chat template\n" + (body["chat_template"] or "(none)") + "\n")
+    return 0
+
+
+def run_pull(args: argparse.Namespace) -> int:
+    from glassbox.store.pull import pull
+
+    got = pull(args.name, args.revision)
+    body = {
+        "name": got.name,
+        "revision": got.revision,
+        "files": [str(f) for f in got.files],
+        "size": got.size,
+    }
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        print(f"pulled {got.name} ({len(got.files)} files, {_size(got.size)}) at {got.revision}")
+        print(f"serve it with: glassbox serve {got.name}")
     return 0
 
 
