@@ -40,7 +40,9 @@ def _env(root: Path) -> dict[str, str]:
 def _unloads(server: ServerProcess) -> dict[tuple[str, str], float]:
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
     family = {f.name: f for f in text_string_to_metric_families(text)}["glassbox:model_unloads"]
-    return {(s.labels["model"], s.labels["reason"]): s.value for s in family.samples if s.name.endswith("_total")}
+    return {
+        (s.labels["model"], s.labels["reason"]): s.value for s in family.samples if s.name.endswith("_total")
+    }
 
 
 def _complete(server: ServerProcess, model: str, **extra: Any) -> httpx.Response:

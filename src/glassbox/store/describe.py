@@ -61,7 +61,7 @@ class ModelInfo:
         return {
             "name": m.name,
             "source": m.source,
-            "format": "gguf" if m.format == "gguf" else "safetensors",
+            "format": {"gguf": "gguf", "hf": "safetensors"}.get(m.format, m.format),
             "size": m.size,
             "quantization": self.quantization,
             "architecture": self.architecture,

@@ -1,8 +1,7 @@
 """`glassbox list`'s rows of GGUF models, kept between runs (torch-free).
 
 The ``gguf`` package parses a file's whole metadata, vocabulary included, to answer a few scalar keys:
-SmolLM2-135M's 49K tokens and 48K merges take 5-17 s on a 2-core machine (the low figure idle, the high
-one under load). A GGUF row is therefore kept in ``$GLASSBOX_CACHE_DIR/models-list.json`` (default
+SmolLM2-135M's 49K tokens and 48K merges took 17 s on a shared 2-core machine (load average ~7). A GGUF row is therefore kept in ``$GLASSBOX_CACHE_DIR/models-list.json`` (default
 ``~/.cache/glassbox``, where the hardware probe keeps its figures) keyed by the file's identity (device,
 inode, size, modification time: a hard link shares it, a rewritten file does not) and glassbox's version;
 a Hugging Face directory is read each time (its config.json is quick).

@@ -134,7 +134,7 @@ def _read(store: Path, name: OllamaName, manifest_path: Path) -> StoredModel:
     return StoredModel(
         name.short(),
         OLLAMA,
-        "gguf",
+        "gguf" if model is not None or TENSOR_LAYER not in media_types else "ollama-tensors",
         model if model is not None else manifest_path,
         files,
         digest,
