@@ -67,6 +67,19 @@ def too_big_model(root: Path) -> Path:
     return d
 
 
+def broken_model(root: Path) -> Path:
+    """The demo model with its safetensors cut in half: it looks servable, and its load fails."""
+    d = root / "broken-demo"
+    d.mkdir(parents=True, exist_ok=True)
+    for p in DEMO_MODEL_DIR.iterdir():
+        if p.is_file() and p.name != "README.md":
+            shutil.copyfile(p, d / p.name)
+    weights = d / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    return d
+
+
 def start_router(log_dir: Path, env: dict[str, str], *flags: str, timeout: float = 180.0) -> ServerProcess:
     """`glassbox serve FLAGS` (with --models ...) on a free port; waits for /health."""
     port = free_port()

