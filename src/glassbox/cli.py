@@ -1,4 +1,4 @@
-"""The `glassbox` command: serve, generate, chat, trace, plan, bench, hardware."""
+"""The `glassbox` command: serve, generate, chat, trace, plan, bench, hardware, list, show, pull."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ _SUBCOMMANDS = (
     "glassbox.perf.plan_cli",
     "glassbox.bench.bench_cli",
     "glassbox.perf.hardware_cli",
+    "glassbox.store.store_cli",
 )
 
 

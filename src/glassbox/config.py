@@ -35,7 +35,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"
     num_kv_blocks: int | None = None  # explicit pool size; overrides the memory budget
-    kv_cache_memory_gib: float | None = None  # CPU: explicit KV cache size; default a share of free RAM
+    kv_cache_memory_gib: float | None = None  # explicit KV size; CPU default: engine/kv_plan.py
     seed: int = 0
     load_format: str = "auto"
     # None: as the checkpoint stores it (GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K stay in their blocks on the CPU);

@@ -59,7 +59,13 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         "(about half a 16-bit cache's bytes)",
     )
     g.add_argument("--num-kv-blocks", type=int, default=None, help="explicit KV cache size in blocks")
-    g.add_argument("--kv-cache-memory-gib", type=float, default=None, help="explicit KV cache size in GiB")
+    g.add_argument(
+        "--kv-cache-memory-gib",
+        type=float,
+        default=None,
+        help="explicit KV cache size in GiB (CPU default: what --max-num-seqs x --max-model-len tokens need, at most "
+        "32768 tokens)",
+    )
     g.add_argument(
         "--load-format",
         default="auto",

@@ -73,3 +73,34 @@ def fixed_plan(
     ``max_num_seqs`` sequences beside them."""
     slots = max_num_seqs if bytes_per_state else 0
     return KVCachePlan(num_blocks, block_size, bytes_per_block, slots, bytes_per_state)
+
+
+# The CPU cache by default (no --kv-cache-memory-gib / --num-kv-blocks): what --max-num-seqs sequences of
+# --max-model-len tokens need, at most DEFAULT_KV_TOKENS token slots (at least one whole sequence), and never
+# more than a quarter of the available RAM or 4 GiB (vLLM's CPU default). The token cap is what lets several
+# models sit side by side: the demo model's server held 1.6 GB of KV at 256 x 2048 tokens, now 96 MiB.
+DEFAULT_KV_TOKENS = 32768
+CPU_KV_RAM_SHARE = 0.25
+CPU_KV_MAX_BYTES = 4 * GiB
+MIN_KV_BLOCKS = 64
+
+
+def default_kv_tokens(max_model_len: int, max_num_seqs: int) -> int:
+    """Token slots the cache gets by default (see DEFAULT_KV_TOKENS)."""
+    return min(max_num_seqs * max_model_len, max(max_model_len, DEFAULT_KV_TOKENS))
+
+
+def cpu_kv_budget(
+    bytes_per_token: float,
+    block_size: int,
+    max_model_len: int,
+    max_num_seqs: int,
+    available_ram: int,
+    bytes_per_state: int = 0,
+) -> int:
+    """The CPU cache's default bytes: ``default_kv_tokens`` worth (at least MIN_KV_BLOCKS blocks) and a hybrid
+    model's state slot for each sequence (``bytes_per_state``), capped by CPU_KV_RAM_SHARE of the available
+    RAM and CPU_KV_MAX_BYTES."""
+    tokens = max(default_kv_tokens(max_model_len, max_num_seqs), MIN_KV_BLOCKS * block_size)
+    wanted = tokens * bytes_per_token + max_num_seqs * bytes_per_state
+    return int(min(available_ram * CPU_KV_RAM_SHARE, CPU_KV_MAX_BYTES, wanted))

@@ -30,7 +30,7 @@ from glassbox.engine.device import (
     read_device_memory,
 )
 from glassbox.engine.executor import PendingStep, ReadyStep
-from glassbox.engine.kv_plan import GiB, KVCachePlan, fixed_plan, plan_cache
+from glassbox.engine.kv_plan import GiB, KVCachePlan, cpu_kv_budget, fixed_plan, plan_cache
 from glassbox.engine.profile_run import profile_prefill
 from glassbox.engine.sampler import to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -248,9 +248,10 @@ class TorchExecutor:
         elif self.device.type == "cuda":
             budget = self._cuda_kv_budget(max_num_batched_tokens)
         else:
-            # CPU: a share of the RAM left after the weights, no more than the configured load can use
-            useful = (per_token * max_model_len + state) * cfg.max_num_seqs
-            budget = min(int(available_ram_bytes() * 0.25), 4 * GiB, max(useful, per_block * 64))
+            # CPU: what max_num_seqs sequences of max_model_len tokens need, capped (engine/kv_plan.py)
+            budget = cpu_kv_budget(
+                per_token, self.block_size, max_model_len, cfg.max_num_seqs, available_ram_bytes(), state
+            )
         # with a draft model: its cache takes its share, so that both hold as many tokens
         share = per_token / (per_token + self.draft_kv_bytes_per_token)
         return plan_cache(budget * share, per_token, self.block_size, state, cfg.max_num_seqs)

@@ -11,7 +11,7 @@ from typing import Any
 
 from glassbox.models.config_reader import facts_from_config, facts_from_dir, facts_from_gguf
 from glassbox.models.facts import ModelFacts
-from glassbox.models.gguf_reader import open_gguf
+from glassbox.models.gguf_reader import is_gguf, open_gguf
 from glassbox.models.sources import resolve_model
 from glassbox.quant.config import method_config
 
@@ -376,14 +376,14 @@ def load_model_facts(model: str) -> ModelFacts:
         return facts_from_config(PRESETS[key], key)
     path = Path(model).expanduser()
     try:
-        if path.is_file() and path.suffix.lower() != ".gguf":
+        if path.is_file() and not is_gguf(path):
             return facts_from_dir(path)  # a config.json
         source = resolve_model(model)
         if source.format == "gguf":
             return facts_from_gguf(open_gguf(source.path), source.name)
         return facts_from_dir(source.path)
-    except FileNotFoundError:
+    except FileNotFoundError as e:
         raise ValueError(
-            f"MODEL must be a preset ({', '.join(PRESETS)}), a model directory, a config.json or a .gguf "
-            f"file, got {model!r}"
+            f"MODEL must be a preset ({', '.join(PRESETS)}), a model directory, a config.json, a .gguf "
+            f"file or a stored model's name, got {model!r}: {e}"
         ) from None

@@ -122,6 +122,7 @@ def build_app(
     """The server app around a (not yet started) AsyncEngine whose observer is ``metrics``; ``embedder``:
     the same model's embeddings (``--pooling``), else /v1/embeddings answers that it does not embed."""
     state = ServerState(engine, settings, metrics)
+    executor = engine.engine.executor
     embeddings = EmbeddingService(embedder, state.model_name, "generate", metrics.registry)
 
     @asynccontextmanager
@@ -164,6 +165,10 @@ def build_app(
             "kv_cache_free_blocks": s.num_free_blocks,
             "kv_cache_total_blocks": s.num_blocks,
             "kv_cache_usage": s.kv_usage,
+            # what the model holds (the multi-model server's /models/status shows it)
+            "weights_bytes": executor.weight_bytes,
+            "kv_cache_bytes": executor.kv_plan.num_blocks * executor.kv_plan.bytes_per_block,
+            "kv_cache_tokens": executor.kv_plan.num_tokens,
         }
         return JSONResponse(body, status_code=200 if ok else 503)
 

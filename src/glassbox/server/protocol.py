@@ -343,6 +343,9 @@ class HealthResponse(BaseModel):
     kv_cache_free_blocks: int
     kv_cache_total_blocks: int
     kv_cache_usage: float
+    weights_bytes: int | None = None  # what the model holds (the multi-model server reads them)
+    kv_cache_bytes: int | None = None
+    kv_cache_tokens: int | None = None
 
 
 class ErrorDetail(BaseModel):

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from glassbox.engine_args import add_engine_args, config_from_args
+from glassbox.server.router_flags import add_router_args
 
 # the parsers' names, kept here so that `glassbox serve --help` imports no server code
 TOOL_PARSER_NAMES = ("hermes", "llama3_json", "mistral")
@@ -142,6 +143,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="split <think>...</think> into message.reasoning_content: qwen3 or deepseek_r1",
     )
+    add_router_args(p)
     p.set_defaults(func=run)
 
 
@@ -172,6 +174,11 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the model, then serve until SIGTERM/SIGINT."""
+    if args.models or args.models_dir is not None:  # several models: a process each, behind a router
+        _check_flags(args)
+        from glassbox.server.router_serve import run_router
+
+        return run_router(args, _serve)
     import uvicorn
 
     from glassbox.engine.async_engine import AsyncEngine
