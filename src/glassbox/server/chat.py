@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +12,7 @@ from starlette.responses import Response
 
 from glassbox.outputs import RequestOutput
 from glassbox.server.chat_output import choice_chunks, finish_reason, plan_chat
+from glassbox.server.chat_prompt import chat_prompt
 from glassbox.server.errors import bad_request
 from glassbox.server.generation import (
     anatomy,
@@ -23,11 +23,9 @@ from glassbox.server.generation import (
     submit,
     usage,
 )
-from glassbox.server.protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
+from glassbox.server.protocol import ChatCompletionRequest, TokenizeRequest
 from glassbox.server.response_format import with_structured_outputs
 from glassbox.server.state import ServerState
-from glassbox.server.tools import template_messages
-from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 
 @dataclass
@@ -51,31 +49,6 @@ def chat_flags(req: ChatCompletionRequest | TokenizeRequest) -> tuple[bool, bool
     return False, True
 
 
-def render_chat(
-    tokenizer: Tokenizer,
-    messages: list[ChatMessage],
-    add_generation_prompt: bool = True,
-    continue_final_message: bool = False,
-    **kwargs: Any,
-) -> str:
-    """The chat template's text for ``messages`` (``kwargs``: template variables such as ``tools``); 400 for
-    anything the tokenizer or template rejects."""
-    chat = template_messages([m.model_dump(exclude_none=True) for m in messages])
-    try:
-        return tokenizer.apply_chat_template(
-            chat,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            **kwargs,
-        )
-    except ValueError as e:
-        raise bad_request(str(e), "messages") from None
-    except Exception as e:  # a template's raise_exception, undefined fields, bad types: all the user's input
-        raise bad_request(
-            f"the chat template rejected the messages: {type(e).__name__}: {e}", "messages"
-        ) from None
-
-
 async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, request: Request
 ) -> Response:
@@ -87,13 +60,14 @@ async def create_chat_completion(
     params = sampling_params(req, max_tokens, k, req.prompt_logprobs)
     plan = plan_chat(state, req, with_structured_outputs(state, req, params))
     base = plan.params
-    t0 = time.perf_counter()
-    text = render_chat(state.tokenizer, req.messages, *chat_flags(req), **plan.template_kwargs)
-    ids = state.tokenizer.encode(text, add_special_tokens=False)  # the template wrote any BOS
-    tokenize_s = time.perf_counter() - t0
-    job = prepare(state, state.new_id("chatcmpl"), [ids], [tokenize_s], base, max_tokens, "messages")
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    prompt = await chat_prompt(
+        state, messages, *chat_flags(req), plan.template_kwargs, req.special_tokens_in_user_text
+    )
+    job = prepare(state, state.new_id("chatcmpl"), [prompt.ids], [prompt.tokenize_s], base, max_tokens,
+                  "messages")  # fmt: skip
     submit(state, job)
-    readers = plan.readers(job.n, text)
+    readers = plan.readers(job.n, prompt.text)
     head = {
         "id": job.id,
         "object": "chat.completion.chunk",

@@ -21,6 +21,7 @@ from glassbox.server.embed_service import EmbeddingService
 from glassbox.server.embeddings import install_embedding_routes
 from glassbox.server.errors import ApiError, install_error_handlers
 from glassbox.server.ollama_embed import install_ollama_embed_routes, ollama_error
+from glassbox.server.request_limits import install_request_limits
 from glassbox.server.state import ServerSettings
 
 
@@ -66,6 +67,7 @@ def build_embedding_app(embedder: AsyncEmbedder, settings: ServerSettings) -> Fa
     )
     app.state.glassbox = state
     install_error_handlers(app)
+    install_request_limits(app, settings.max_request_bytes)  # inside the gate
     app.add_middleware(_Gate, state=state)
     if settings.allowed_origins:
         app.add_middleware(

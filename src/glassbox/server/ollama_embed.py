@@ -40,7 +40,7 @@ async def _body(request: Request) -> dict[str, Any]:
     if not raw.strip():
         raise OllamaError(400, "missing request body")
     try:
-        body = json.loads(raw)
+        body = await request.json()  # parsed and checked already (server/request_limits.py)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise OllamaError(400, f"invalid JSON: {e}") from None
     if not isinstance(body, dict):
