@@ -58,7 +58,7 @@ async def create_chat_completion(
     k = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_params(req, max_tokens, k, req.prompt_logprobs)
-    plan = plan_chat(state, req, with_structured_outputs(state, req, params))
+    plan = plan_chat(state, req, await with_structured_outputs(state, req, params))
     base = plan.params
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     prompt = await chat_prompt(

@@ -79,7 +79,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     echo_k = k if req.echo else None
     prompt_k = req.prompt_logprobs if echo_k is None else max(echo_k, req.prompt_logprobs or 0)
     params = sampling_params(req, max_tokens, None if echo_only else k, prompt_k)
-    base = with_structured_outputs(state, req, params)
+    base = await with_structured_outputs(state, req, params)
     items = _prompt_list(req.prompt)
     texts = [item for item in items if isinstance(item, str)]  # all the items, or none
     if texts:

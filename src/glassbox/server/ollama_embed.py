@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from glassbox.engine.async_embedder import EmbedError
 from glassbox.engine.embed_request import InputError
 from glassbox.server.embed_service import EmbeddingService, NotServed
+from glassbox.server.errors import shown
 from glassbox.server.protocol import _lone_surrogate
 
 
@@ -58,7 +59,7 @@ def _check_model(service: EmbeddingService, model: Any) -> str:
     if not isinstance(model, str) or not model:
         raise OllamaError(400, "model is required")
     if model not in (service.model_name, f"{service.model_name}:latest"):
-        raise OllamaError(404, f"model '{model}' not found")
+        raise OllamaError(404, f"model {shown(model)} not found")
     return model
 
 

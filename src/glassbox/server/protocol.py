@@ -21,7 +21,8 @@ TokenId = Annotated[int, Field(ge=0)]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    # strict: a number field takes a JSON number (a bool is not 1, "5" is not 5), a bool field true/false
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from glassbox import __version__
 from glassbox.config import EngineConfig
 from glassbox.engine.async_engine import AsyncEngine
-from glassbox.server.errors import ApiError
+from glassbox.server.errors import ApiError, shown
 from glassbox.server.logprobs import LogprobFormatter
 from glassbox.server.metrics import ServerMetrics
 from glassbox.tokenizer.request_text import max_text_chars
@@ -91,7 +91,7 @@ class ServerState:
         if model is not None and model != self.model_name:
             raise ApiError(
                 404,
-                f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                f"the model {shown(model)} does not exist; this server serves {self.model_name!r}",
                 "model",
                 "model_not_found",
             )
