@@ -22,7 +22,7 @@ from glassbox.server.errors import ApiError, bad_request
 from glassbox.server.state import ServerState
 from glassbox.server.tools import template_messages
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
-from glassbox.tokenizer.request_text import encode_chat_as_text
+from glassbox.tokenizer.request_text import TRIM_CHARS, encode_chat_as_text, release_freed_memory
 
 # Names a request may not set as template variables: the renderer's own parameters (a duplicate keyword is
 # a TypeError) and the variables the server fills from checked fields (tools, documents).
@@ -90,20 +90,27 @@ def text_chars(value: Any) -> int:
     return total
 
 
-def _render(
+def render_chat(
     tok: Tokenizer,
     messages: list[dict[str, Any]],
-    add_generation_prompt: bool,
-    continue_final_message: bool,
-    variables: dict[str, Any],
-    as_text: bool,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    variables: dict[str, Any] | None = None,
+    as_text: bool = True,
 ) -> tuple[str, list[int]]:
+    """(text, ids) of ``messages`` through the chat template (``as_text``: special-token strings in the
+    request's data tokenized as text); 400 for anything the template rejects. Synchronous: ``chat_prompt``
+    runs it in a worker thread."""
     chat = template_messages(messages)
+    variables = variables or {}
     try:
         if as_text:
-            return encode_chat_as_text(tok, chat, add_generation_prompt, continue_final_message, variables)
-        text = tok.apply_chat_template(chat, add_generation_prompt, continue_final_message, **variables)
-        return text, tok.encode(text, add_special_tokens=False)  # the template wrote any BOS
+            text, ids = encode_chat_as_text(
+                tok, chat, add_generation_prompt, continue_final_message, variables
+            )
+        else:
+            text = tok.apply_chat_template(chat, add_generation_prompt, continue_final_message, **variables)
+            ids = tok.encode(text, add_special_tokens=False)  # the template wrote any BOS
     except ValueError as e:
         raise bad_request(str(e), "messages") from None
     except ApiError:
@@ -112,6 +119,9 @@ def _render(
         raise bad_request(
             f"the chat template rejected the messages: {type(e).__name__}: {e}", "messages"
         ) from None
+    if len(text) >= TRIM_CHARS:
+        release_freed_memory()
+    return text, ids
 
 
 async def chat_prompt(
@@ -130,7 +140,7 @@ async def chat_prompt(
     check_text_length(state, text_chars([messages, variables]), param, param)
     t0 = time.perf_counter()
     text, ids = await asyncio.to_thread(
-        _render,
+        render_chat,
         state.tokenizer,
         messages,
         add_generation_prompt,
@@ -147,6 +157,8 @@ def _encode_all(tok: Tokenizer, texts: list[str], add_special_tokens: bool, as_t
         t0 = time.perf_counter()
         ids = tok.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=as_text)
         out.append(Prompt(text, ids, time.perf_counter() - t0))
+    if sum(len(text) for text in texts) >= TRIM_CHARS:
+        release_freed_memory()
     return out
 
 
