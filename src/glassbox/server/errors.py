@@ -106,7 +106,9 @@ def param_of_value_error(message: str, known: set[str]) -> str | None:
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str]:
     """The message, the parameter and OpenAI's code for the first of pydantic's errors."""
+    # a union's members each fail: a value error (a token id < 0) says more than "not a valid string"
     errors = exc.errors()
+    errors = [e for e in errors if not str(e.get("type", "")).endswith(("_type", "_parsing"))] or errors
     if not errors:
         return "invalid request", None, "invalid_value"
     first = errors[0]

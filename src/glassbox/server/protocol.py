@@ -12,12 +12,22 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 from glassbox.sampling_params import INT64_MAX, INT64_MIN, MAX_LOGPROBS
 
 MAX_N = 128
-TokenId = Annotated[int, Field(ge=0)]
+
+
+def _token_id(value: int) -> int:
+    if value < 0:
+        raise PydanticCustomError("token_id", "token ids must be >= 0, got {value}", {"value": value})
+    return value
+
+
+# a vocabulary index: the error says so (a negative id in a prompt union is not "a valid string")
+TokenId = Annotated[int, AfterValidator(_token_id), WithJsonSchema({"type": "integer", "minimum": 0})]
 
 
 class _Request(BaseModel):
