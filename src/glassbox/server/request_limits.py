@@ -10,8 +10,9 @@
 The event loop's share stays small: one C call holds the GIL for its whole length, so no single call may
 see the whole of a large body. Bodies up to INLINE_BYTES are parsed on the loop (under 2 ms); up to
 C_PARSER_BYTES by the C parser in a thread (json.loads of a body of numbers: 27 ns a byte measured on a
-loaded 2-core machine, so under 30 ms); larger ones by the json module's Python scanner in a thread, whose
-C calls each read one string or number (3 ns a character). Errors are in the route's dialect: Ollama's
+loaded 2-core machine, so under 30 ms); larger ones in a thread, by the C parser when they cannot hold
+more than MAX_JSON_VALUES values, else by the json module's Python scanner, whose C calls each read one
+string or number (3 ns a character), stopping at MAX_JSON_VALUES. Errors are in the route's dialect: Ollama's
 ``{"error": ...}`` under /api/, OpenAI's shape elsewhere.
 """
 
@@ -122,21 +123,55 @@ class BodyError(ValueError):
         self.code = code
 
 
-def _python_decoder() -> json.JSONDecoder:
+def _too_many(max_values: int) -> BodyError:
+    return BodyError(f"the JSON body holds more than {max_values} values; split the request", None)
+
+
+def _counting_decoder(max_values: int) -> json.JSONDecoder:
+    """The json module's Python scanner, stopping once it has scanned ``max_values`` array items and
+    object members (each C call it makes reads one string or number)."""
     decoder = json.JSONDecoder()
+    count = 0
+
+    def counted(scan_once: Callable[[str, int], Any]) -> Callable[[str, int], Any]:
+        def scan(text: str, at: int) -> Any:
+            nonlocal count
+            count += 1
+            if count > max_values:
+                raise _too_many(max_values)
+            return scan_once(text, at)
+
+        return scan
+
+    def parse_array(s_and_end: tuple[str, int], scan_once: Callable[[str, int], Any]) -> Any:
+        return json.decoder.JSONArray(s_and_end, counted(scan_once))  # type: ignore[attr-defined]
+
+    def parse_object(s_and_end: tuple[str, int], strict: bool, scan_once: Callable[[str, int], Any],
+                     *hooks: Any) -> Any:  # fmt: skip
+        return json.decoder.JSONObject(s_and_end, strict, counted(scan_once), *hooks)  # type: ignore[attr-defined]
+
+    decoder.parse_array = parse_array  # type: ignore[attr-defined]
+    decoder.parse_object = parse_object  # type: ignore[attr-defined]
     decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
     return decoder
 
 
 def parse_body(raw: bytes, max_values: int = MAX_JSON_VALUES) -> Any:
     """The JSON value of ``raw``; BodyError for malformed JSON, nesting too deep, more than ``max_values``
-    values, or a lone surrogate."""
+    values, or a lone surrogate.
+
+    A value is the whole body, an array item or an object member's value: each item but an array's first
+    follows a ",", each member's value a ":", each array's first item a "[". When those bytes (counted
+    inside strings too) are fewer than ``max_values``, the C parser reads the body in one call: under
+    C_PARSER_BYTES, or a few strings and at most ``max_values`` numbers (~50 ms of GIL). Else the Python
+    scanner reads it, counting as it goes."""
     try:
-        if len(raw) <= C_PARSER_BYTES:
+        separators = raw.count(b",") + raw.count(b":") + raw.count(b"[")
+        if len(raw) <= C_PARSER_BYTES or separators < max_values:
             value = json.loads(raw)
         else:
             text = raw.decode(json.detect_encoding(raw), "surrogatepass")  # as json.loads decodes bytes
-            value = _python_decoder().decode(text)
+            value = _counting_decoder(max_values).decode(text)
     except json.JSONDecodeError as e:
         raise BodyError(f"malformed JSON body: {e.msg} (line {e.lineno}, column {e.colno})", None,
                         "invalid_json") from None  # fmt: skip
@@ -156,9 +191,7 @@ def _check_values(value: Any, max_values: int) -> None:
         item = stack.pop()
         count += 1
         if count > max_values:
-            raise BodyError(
-                f"the JSON body holds more than {max_values} values; split the request", None, "invalid_value"
-            )
+            raise _too_many(max_values)
         if isinstance(item, str):
             bad = bad or _has_surrogate(item)
         elif isinstance(item, dict):
