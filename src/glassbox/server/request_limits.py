@@ -7,13 +7,13 @@
   deeper than the parser allows, or holds a lone UTF-16 surrogate. FastAPI then reads the parsed value
   (Starlette's ``Request.json`` cache) and validates at most MAX_JSON_VALUES values on the event loop.
 
-The event loop's share stays small: one C call holds the GIL for its whole length, so no single call may
-see the whole of a large body. Bodies up to INLINE_BYTES are parsed on the loop (under 2 ms); up to
-C_PARSER_BYTES by the C parser in a thread (json.loads of a body of numbers: 27 ns a byte measured on a
-loaded 2-core machine, so under 30 ms); larger ones in a thread, by the C parser when they cannot hold
-more than MAX_JSON_VALUES values, else by the json module's Python scanner, whose C calls each read one
-string or number (3 ns a character), stopping at MAX_JSON_VALUES. Errors are in the route's dialect: Ollama's
-``{"error": ...}`` under /api/, OpenAI's shape elsewhere.
+The event loop's share stays small. A C call keeps the GIL for its whole length, so none may read much:
+bodies up to INLINE_BYTES are parsed on the loop (under 2 ms); larger ones in a worker thread, by the C
+parser when the body cannot hold more than MAX_JSON_VALUES values (its work is then bounded by the body's
+bytes of string, ~3 ns each, and MAX_JSON_VALUES numbers, ~0.2 us each on a loaded 2-core machine: ~50 ms),
+else by the json module's Python scanner, whose C calls each read one string or number, stopping at
+MAX_JSON_VALUES. Errors are in the route's dialect: Ollama's ``{"error": ...}`` under /api/, OpenAI's shape
+elsewhere.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from glassbox.server.errors import error_response
 from glassbox.server.protocol import _lone_surrogate
 
 INLINE_BYTES = 64 << 10
-C_PARSER_BYTES = 1 << 20
 # pydantic validates ~0.4 us per value on a loaded 2-core machine (a list of 1M token ids: 0.36-0.42 s),
 # so the event loop's validation of a body stays near 100 ms; a token-id prompt of 262,144 ids still fits
 MAX_JSON_VALUES = 1 << 18
@@ -162,12 +161,12 @@ def parse_body(raw: bytes, max_values: int = MAX_JSON_VALUES) -> Any:
 
     A value is the whole body, an array item or an object member's value: each item but an array's first
     follows a ",", each member's value a ":", each array's first item a "[". When those bytes (counted
-    inside strings too) are fewer than ``max_values``, the C parser reads the body in one call: under
-    C_PARSER_BYTES, or a few strings and at most ``max_values`` numbers (~50 ms of GIL). Else the Python
-    scanner reads it, counting as it goes."""
+    inside strings too) are fewer than ``max_values``, the C parser reads the body in one call (strings and
+    at most ``max_values`` numbers: ~50 ms of GIL for a 16 MiB body). Else the Python scanner reads it,
+    counting as it goes."""
     try:
         separators = raw.count(b",") + raw.count(b":") + raw.count(b"[")
-        if len(raw) <= C_PARSER_BYTES or separators < max_values:
+        if separators < max_values:
             value = json.loads(raw)
         else:
             text = raw.decode(json.detect_encoding(raw), "surrogatepass")  # as json.loads decodes bytes
