@@ -4,42 +4,36 @@
   Content-Length before a byte is read, or as soon as a chunked body passes the limit.
 - ``ThreadParsedRoute`` (the app's route class): a JSON body is parsed before FastAPI validates it, in a
   worker thread when it is large, and refused (400) when it holds more than MAX_JSON_VALUES values, nests
-  deeper than the parser allows, or holds a lone UTF-16 surrogate. FastAPI then reads the parsed value
-  (Starlette's ``Request.json`` cache) and validates at most MAX_JSON_VALUES values on the event loop.
+  deeper than the parser allows, or holds a lone UTF-16 surrogate. A large body is validated against the
+  endpoint's pydantic model in that thread too; FastAPI then reads the parsed value or model instance
+  (Starlette's ``Request.json`` cache), which costs the event loop nothing more for an instance.
 
-The event loop's share stays small. A C call keeps the GIL for its whole length, so none may read much:
-bodies up to INLINE_BYTES are parsed on the loop (under 2 ms); larger ones in a worker thread, by the C
-parser when the body cannot hold more than MAX_JSON_VALUES values (its work is then bounded by the body's
-bytes of string, ~3 ns each, and MAX_JSON_VALUES numbers, ~0.2 us each on a loaded 2-core machine: ~50 ms),
-else by the json module's Python scanner, whose C calls each read one string or number, stopping at
-MAX_JSON_VALUES. Errors are in the route's dialect: Ollama's ``{"error": ...}`` under /api/, OpenAI's shape
-elsewhere.
+The event loop's share stays small: bodies up to INLINE_BYTES are parsed on the loop; larger ones in a
+worker thread (server/json_body.py: no single C call, which keeps the GIL, reads much of the body), where a
+large body is also validated. Errors are in the route's dialect: Ollama's ``{"error": ...}`` under /api/,
+OpenAI's shape elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import json.scanner
-import re
+import typing
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from glassbox.server.errors import error_response
-from glassbox.server.protocol import _lone_surrogate
+from glassbox.server.json_body import BodyError, parse_body
 
-INLINE_BYTES = 64 << 10
-# pydantic validates ~0.4 us per value on a loaded 2-core machine (a list of 1M token ids: 0.36-0.42 s),
-# so the event loop's validation of a body stays near 100 ms; a token-id prompt of 262,144 ids still fits
-MAX_JSON_VALUES = 1 << 18
-_SURROGATE = re.compile("[\ud800-\udfff]")
+INLINE_BYTES = 64 << 10  # parsed on the event loop: under 2 ms
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
@@ -112,111 +106,6 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-class BodyError(ValueError):
-    """A JSON body refused before validation (400)."""
-
-    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value") -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
-
-
-def _too_many(max_values: int) -> BodyError:
-    return BodyError(f"the JSON body holds more than {max_values} values; split the request", None)
-
-
-def _counting_decoder(max_values: int) -> json.JSONDecoder:
-    """The json module's Python scanner, stopping once it has scanned ``max_values`` array items and
-    object members (each C call it makes reads one string or number)."""
-    decoder = json.JSONDecoder()
-    count = 0
-
-    def counted(scan_once: Callable[[str, int], Any]) -> Callable[[str, int], Any]:
-        def scan(text: str, at: int) -> Any:
-            nonlocal count
-            count += 1
-            if count > max_values:
-                raise _too_many(max_values)
-            return scan_once(text, at)
-
-        return scan
-
-    def parse_array(s_and_end: tuple[str, int], scan_once: Callable[[str, int], Any]) -> Any:
-        return json.decoder.JSONArray(s_and_end, counted(scan_once))  # type: ignore[attr-defined]
-
-    def parse_object(s_and_end: tuple[str, int], strict: bool, scan_once: Callable[[str, int], Any],
-                     *hooks: Any) -> Any:  # fmt: skip
-        return json.decoder.JSONObject(s_and_end, strict, counted(scan_once), *hooks)  # type: ignore[attr-defined]
-
-    decoder.parse_array = parse_array  # type: ignore[attr-defined]
-    decoder.parse_object = parse_object  # type: ignore[attr-defined]
-    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
-    return decoder
-
-
-def parse_body(raw: bytes, max_values: int = MAX_JSON_VALUES) -> Any:
-    """The JSON value of ``raw``; BodyError for malformed JSON, nesting too deep, more than ``max_values``
-    values, or a lone surrogate.
-
-    A value is the whole body, an array item or an object member's value: each item but an array's first
-    follows a ",", each member's value a ":", each array's first item a "[". When those bytes (counted
-    inside strings too) are fewer than ``max_values``, the C parser reads the body in one call (strings and
-    at most ``max_values`` numbers: ~50 ms of GIL for a 16 MiB body). Else the Python scanner reads it,
-    counting as it goes."""
-    try:
-        separators = raw.count(b",") + raw.count(b":") + raw.count(b"[")
-        if separators < max_values:
-            value = json.loads(raw)
-        else:
-            text = raw.decode(json.detect_encoding(raw), "surrogatepass")  # as json.loads decodes bytes
-            value = _counting_decoder(max_values).decode(text)
-    except json.JSONDecodeError as e:
-        raise BodyError(f"malformed JSON body: {e.msg} (line {e.lineno}, column {e.colno})", None,
-                        "invalid_json") from None  # fmt: skip
-    except UnicodeDecodeError as e:
-        raise BodyError(
-            f"the body is not UTF-8 text: {e.reason} at byte {e.start}", None, "invalid_json"
-        ) from None
-    except RecursionError:
-        raise BodyError("the JSON body nests too deeply", None, "invalid_json") from None
-    _check_values(value, max_values)
-    return value
-
-
-def _check_values(value: Any, max_values: int) -> None:
-    count, stack, bad = 0, [value], False
-    while stack:
-        item = stack.pop()
-        count += 1
-        if count > max_values:
-            raise _too_many(max_values)
-        if isinstance(item, str):
-            bad = bad or _has_surrogate(item)
-        elif isinstance(item, dict):
-            bad = bad or any(_has_surrogate(str(k)) for k in item)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    if bad:
-        where = _lone_surrogate(value, "") if isinstance(value, (dict, list)) else ""
-        raise BodyError(
-            f"{where or 'a field name'} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
-            "which is not valid Unicode text",
-            where or None,
-        )
-
-
-def _has_surrogate(text: str) -> bool:
-    if text.isascii():  # O(1): CPython keeps the flag
-        return False
-    try:
-        text.encode("utf-16-le")  # one pass at memory speed; strict: a lone surrogate cannot be encoded
-    except UnicodeEncodeError:
-        return _SURROGATE.search(text) is not None
-    return False
-
-
 def install_request_limits(app: FastAPI, max_bytes: int) -> None:
     """The body limit and the thread-parsed route class; call before any route or the API-key gate is
     added (the gate answers first, the limit before any route reads)."""
@@ -232,11 +121,38 @@ def _is_json(content_type: str | None) -> bool:
     return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
+def _body_model(endpoint: Callable[..., Any]) -> type[BaseModel] | None:
+    """The pydantic model of the endpoint's one body parameter, if it has one."""
+    try:
+        hints = typing.get_type_hints(endpoint)
+    except (NameError, TypeError):
+        return None
+    models = [
+        h for k, h in hints.items() if k != "return" and isinstance(h, type) and issubclass(h, BaseModel)
+    ]
+    return models[0] if len(models) == 1 else None
+
+
+def _parse_and_validate(raw: bytes, model: type[BaseModel] | None) -> Any:
+    """``parse_body``, then the route's model validated (pydantic holds the GIL ~0.4-2 us per value: 0.5 s
+    for a prompt of 262,144 ids), so that FastAPI gets an instance it need not validate again."""
+    value = parse_body(raw)
+    if model is None or not isinstance(value, dict):
+        return value
+    try:
+        return model.model_validate(value)
+    except ValidationError as e:
+        errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
+        raise RequestValidationError(errors, body=None) from None
+
+
 class ThreadParsedRoute(APIRoute):
-    """A route whose JSON body is read, parsed and checked (``parse_body``) before FastAPI validates it."""
+    """A route whose JSON body is read, parsed and checked (``parse_body``) before FastAPI validates it;
+    a large body is also validated in the worker thread, against the endpoint's body model."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        model = _body_model(self.endpoint)
 
         async def parsed_then_handled(request: Request) -> Response:
             if request.method in _BODY_METHODS:
@@ -249,7 +165,7 @@ class ThreadParsedRoute(APIRoute):
                         if len(raw) <= INLINE_BYTES:
                             value = parse_body(raw)
                         else:
-                            value = await asyncio.to_thread(parse_body, raw)
+                            value = await asyncio.to_thread(_parse_and_validate, raw, model)
                     except BodyError as e:
                         return error_for(request.url.path, 400, e.message, e.param, e.code)
                     request._json = value  # Starlette's cache, which FastAPI's request.json() returns
