@@ -118,12 +118,14 @@ BIG_REQUESTS: list[tuple[str, str, Any, int]] = [
 def test_large_requests_stall_no_other_request(server: ServerProcess, http: httpx.Client) -> None:
     """The event loop answers /health while each request is read, parsed, checked and tokenized.
 
-    Bound: the largest gap between /health answers during a request is at most the idle baseline's largest
-    gap (taken in this test: the machine's own scheduling noise) + 100 ms. The loop runs nothing of a
-    request's size: the body arrives in 64 KiB reads; JSON over 1 MiB is parsed in a worker thread, where
-    no single C call (which keeps the GIL) reads more than one 10 MB string (~30 ms) or 262,144 numbers
-    (~50 ms on a loaded 2-core machine); tokenization runs in a worker thread without the GIL; and a thread
-    running Python code gives the GIL up every 5 ms (sys.getswitchinterval)."""
+    Bound: the largest gap between /health answers during a request is at most twice the idle baseline's
+    largest gap + 100 ms. The baseline (taken in this test) is the machine's scheduling noise for one
+    wake-up of the event loop; while a request is worked on, a second thread of the server wants the CPU
+    and the GIL too, so an answer can wait for two wake-ups (x 2). The 100 ms is the issue's budget for
+    what the request itself may hold the loop: the body arrives in 64 KiB reads; JSON over 64 KiB is parsed
+    (and, over 1 MiB, validated) in a worker thread, where no single C call, which keeps the GIL, reads
+    more than 1 MiB or a 16K-character window of a string (server/json_body.py); tokenization runs in a
+    worker thread without the GIL; and a thread running Python code gives the GIL up every 5 ms."""
     baseline = max(_health_gaps(server.url, None))
     for name, path, body, status in BIG_REQUESTS:
         raw = json.dumps(body).encode()
@@ -131,7 +133,7 @@ def test_large_requests_stall_no_other_request(server: ServerProcess, http: http
         answers: list[httpx.Response] = []
         gaps = _health_gaps(server.url, lambda r=raw, p=path, out=answers: out.append(_post_raw(http, p, r)))  # type: ignore[misc]
         assert answers[0].status_code == status, (name, answers[0].text[:300])
-        assert max(gaps) <= baseline + 0.1, (
+        assert max(gaps) <= 2 * baseline + 0.1, (
             f"{name}: /health waited {max(gaps) * 1000:.0f} ms (idle: {baseline * 1000:.0f} ms, median "
             f"{statistics.median(gaps) * 1000:.1f} ms over {len(gaps)} answers)"
         )
