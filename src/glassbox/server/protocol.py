@@ -126,7 +126,9 @@ class SamplingFields(_Body):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions. ``prompt``: a string, strings, token ids, or lists of token ids."""
 
-    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    # token ids before strings: a union tries its members in turn, and list[str] on 262,144 ids builds an
+    # error per id (216 ms of pydantic, against 41 ms this way round)
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     max_tokens: int | None = Field(
         16, ge=0, description="null: up to the max model length; 0 (with echo only): the prompt alone"
     )
