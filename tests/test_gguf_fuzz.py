@@ -148,9 +148,15 @@ def test_every_malformed_file_is_one_gguf_error(valid: bytes, tmp_path: Path) ->
 
 @pytest.mark.parametrize(
     ("command", "case"),
-    [("generate", "magic only"), ("generate", "n_dims 0xFFFFFFFF"), ("serve", "vocabulary array length 2**40")],
+    [
+        ("generate", "magic only"),
+        ("generate", "n_dims 0xFFFFFFFF"),
+        ("serve", "vocabulary array length 2**40"),
+    ],
 )
-def test_cli_prints_one_line_for_a_malformed_file(valid: bytes, tmp_path: Path, command: str, case: str) -> None:
+def test_cli_prints_one_line_for_a_malformed_file(
+    valid: bytes, tmp_path: Path, command: str, case: str
+) -> None:
     path = tmp_path / "bad.gguf"
     path.write_bytes(corpus(valid)[case])
     args = ["--model", str(path), "hi"] if command == "generate" else [str(path), "--port", "0"]
