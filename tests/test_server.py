@@ -279,7 +279,7 @@ BAD: list[tuple[str, Any, int, str | None]] = [
     ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
     ("/v1/completions", {"prompt": [600]}, 400, "prompt"),
-    ("/v1/completions", {"prompt": [5, -1]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [5, -1]}, 400, "prompt[1]"),  # the id at fault
     ("/v1/completions", {"prompt": [[5, 6], [10**6]]}, 400, "prompt"),
     ("/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"prompt": []}, 400, "prompt"),

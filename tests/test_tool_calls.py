@@ -28,8 +28,8 @@ from test_server_harness import (  # noqa: F401  (fixtures)
     tiny_model,
 )
 
-from glassbox.server.chat import render_chat
 from glassbox.server.chat_output import ChoiceReader, choice_chunks
+from glassbox.server.chat_prompt import render_chat
 from glassbox.server.errors import ApiError
 from glassbox.server.protocol import ChatMessage
 from glassbox.server.reasoning import REASONING_PARSERS
@@ -271,7 +271,8 @@ def test_tool_history_renders_as_transformers_renders_it(tiny_model: Path, tmp_p
     reference = transformers.AutoTokenizer.from_pretrained(tmp_path).apply_chat_template(
         _history(False), tools=TOOLS, tokenize=False, add_generation_prompt=True
     )
-    ours = render_chat(Tokenizer.from_dir(tmp_path), [ChatMessage(**m) for m in _history(True)], tools=TOOLS)
+    chat = [ChatMessage(**m).model_dump(exclude_none=True) for m in _history(True)]
+    ours, _ = render_chat(Tokenizer.from_dir(tmp_path), chat, variables={"tools": TOOLS})
     assert ours == reference
     assert "<tool_response>21 C and sunny</tool_response>" in ours and '"maxLength": 8' in ours
 

@@ -15,6 +15,7 @@ import torch
 from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
 from glassbox.models.facts import ModelFacts
 from glassbox.models.fused_parts import fused_config, is_fused, split_fused
+from glassbox.models.gguf_check import gguf_errors
 from glassbox.models.gguf_reader import GGUFCheckpoint, open_gguf
 from glassbox.models.safetensors_files import safetensors_tensors
 from glassbox.models.sources import ModelSource
@@ -86,5 +87,6 @@ def open_checkpoint(source: ModelSource) -> Checkpoint:
     """Read a checkpoint's description and tokenizer (weights are read by ``weights()``)."""
     if source.format == "gguf":
         gguf = open_gguf(source.path)
-        return Checkpoint(source, facts_from_gguf(gguf, source.name), tokenizer_from_gguf(gguf), gguf)
+        with gguf_errors(gguf.paths[0]):  # metadata of the wrong type or shape: one error naming the file
+            return Checkpoint(source, facts_from_gguf(gguf, source.name), tokenizer_from_gguf(gguf), gguf)
     return Checkpoint(source, facts_from_dir(source.path, source.name), Tokenizer.from_dir(source.path))

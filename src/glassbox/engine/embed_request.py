@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from glassbox.engine.embedding_model import EmbeddingModel
 from glassbox.tokenizer.encoder_inputs import TooLong, encode_pair, encode_text
+from glassbox.tokenizer.request_text import TRIM_CHARS, max_text_chars, release_freed_memory
 
 MAX_INPUTS = 2048  # inputs of one request (OpenAI's limit for /v1/embeddings)
 
@@ -58,12 +59,24 @@ def _ids(model: EmbeddingModel, ids: list[Any], where: str, param: str, truncate
 def _text(model: EmbeddingModel, text: str, where: str, param: str, truncate: bool) -> list[int]:
     if not text:
         raise InputError(f"{where} is an empty string", param)
+    limit = max_text_chars(model.tokenizer, model.max_tokens)
+    if limit is not None and len(text) > limit:  # more than max_tokens tokens: not read past the limit
+        if not truncate:
+            raise InputError(
+                f"{where} has {len(text)} characters, more than the {limit} that this model's maximum of "
+                f"{model.max_tokens} tokens can hold; shorten it or ask for truncation",
+                param,
+                "context_length_exceeded",
+            )
+        text = text[: 2 * limit]  # the first max_tokens tokens lie in the first half
     try:
         ids = encode_text(
             model.tokenizer, text.lower() if model.do_lower_case else text, model.max_tokens, truncate
         )
     except TooLong as e:
         raise _too_long(e, where, param) from None
+    if len(text) >= TRIM_CHARS:
+        release_freed_memory()
     if not ids:
         raise InputError(f"{where} has no tokens", param)
     return ids

@@ -127,7 +127,7 @@ class GrammarCompiler:
             raise GrammarError(f"invalid {what}: {e}") from None
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"invalid {what}: {matcher.get_error().strip()}")
+            raise GrammarError(f"invalid {what}: {_plain(matcher.get_error())}")
         with self._lock:
             self.misses += 1
             self._cache[key] = matcher
@@ -142,6 +142,16 @@ class GrammarCompiler:
             matcher = template.deep_copy()
         stops = [t for t in stop_token_ids if t < self.vocab_size]
         return GrammarState(matcher, prompt_len, self.words, self.eos_ids, stops)
+
+
+def _plain(error: str) -> str:
+    """llguidance's error as a user reads it: a Rust panic (an internal limit hit, with its backtrace)
+    becomes one sentence; other errors are already the user's problem in words."""
+    text = error.strip()
+    if text.startswith("panic") or "<backtrace>" in text:
+        logger.debug("llguidance panicked: %s", text)
+        return "the grammar engine cannot compile it (it is too large or too complex)"
+    return text
 
 
 def _grammar_text(spec: StructuredOutputs) -> str:

@@ -24,6 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 from gguf.quants import dequantize
 
 from glassbox.models.fused_parts import fused_rows, split_rows
+from glassbox.models.gguf_check import check_gguf_layout, gguf_errors
 from glassbox.models.gguf_config import (
     NORM_OFFSETS,
     PERMUTED_QK_ARCHITECTURES,
@@ -289,11 +290,24 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
     """Open a GGUF checkpoint (a file, any shard of a split, or a directory holding one).
 
     Reads metadata from the first shard and the tensor tables of all shards; no tensor data is read yet.
-    Raises ValueError for an unsupported architecture or tensor type, or an unknown tensor, and
-    FileNotFoundError for a missing file or shard.
+    Raises GGUFError (a ValueError naming the file) for a malformed file, an unsupported architecture or
+    tensor type, or an unknown tensor, and FileNotFoundError for a missing file or shard.
     """
     paths = gguf_shard_paths(path)
-    readers = [GGUFReader(p) for p in paths]
+    with gguf_errors(paths[0]):
+        return _open(paths)
+
+
+def read_gguf(path: Path) -> GGUFReader:
+    """The gguf package's reader of one file, once its layout is checked (``check_gguf_layout``);
+    GGUFError for a file it cannot read."""
+    check_gguf_layout(path)
+    with gguf_errors(path):
+        return GGUFReader(path)
+
+
+def _open(paths: list[Path]) -> GGUFCheckpoint:
+    readers = [read_gguf(p) for p in paths]
     metadata = read_metadata(readers[0])
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):

@@ -75,11 +75,11 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/messages/count_tokens", include_in_schema=False)
     async def count_tokens(body: CountTokensRequest) -> dict[str, Any]:
-        return {"input_tokens": len(render_prompt(state, chat_request(body)).ids)}
+        return {"input_tokens": len((await render_prompt(state, chat_request(body))).ids)}
 
 
 async def create_message(state: ServerState, body: MessagesRequest, request: Request) -> Response:
-    run = start_chat(state, chat_request(body), "msg", fit_max_tokens=True)
+    run = await start_chat(state, chat_request(body), "msg", fit_max_tokens=True)
     head = {
         "id": run.job.id.replace("-", "_", 1),  # msg_<hex>, Anthropic's form
         "type": "message",

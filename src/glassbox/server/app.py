@@ -7,6 +7,7 @@ thread. A pure-ASGI gate in front answers 503 while shutting down and 401 withou
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +22,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from glassbox.engine.async_embedder import AsyncEmbedder
 from glassbox.engine.async_engine import AsyncEngine
 from glassbox.server import anthropic, ollama, responses
-from glassbox.server.chat import chat_flags, create_chat_completion, render_chat
+from glassbox.server.chat import chat_flags, create_chat_completion
+from glassbox.server.chat_prompt import chat_prompt, template_variables, text_prompts
 from glassbox.server.completions import create_completion
 from glassbox.server.dashboard import DATA_PATHS, dashboard_key, install_dashboard
 from glassbox.server.embed_service import EmbeddingService
@@ -43,8 +45,10 @@ from glassbox.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from glassbox.server.request_limits import install_request_limits
 from glassbox.server.state import GateState, ServerSettings, ServerState
 from glassbox.server.tools import check_tools
+from glassbox.tokenizer.request_text import decode_in_pieces
 
 # paths that need the API key when one is set (health, metrics, the schema, Ollama's / and version stay open)
 _GUARDED = ("/v1/", "/tokenize", "/detokenize", "/rerank", "/api/")
@@ -145,6 +149,7 @@ def build_app(
     )
     app.state.glassbox = state
     install_error_handlers(app)
+    install_request_limits(app, settings.max_request_bytes)  # inside the gate
     app.add_middleware(_Gate, state=state)
     if settings.allowed_origins:  # outside the gate: preflights need no key, and 401/503 carry the headers
         app.add_middleware(
@@ -211,17 +216,22 @@ def build_app(
         if body.messages is not None:
             if not body.messages:
                 raise bad_request("messages must contain at least one message", "messages")
-            kwargs = dict(body.chat_template_kwargs or {})
+            variables = template_variables(body.chat_template_kwargs)
             if body.tools:  # checked as the chat endpoint checks them
                 tools = check_tools(body.tools, "none", None, False)
-                kwargs["tools"] = tools.tools if tools is not None else body.tools
-            text = render_chat(state.tokenizer, body.messages, *chat_flags(body), **kwargs)
-            ids = state.tokenizer.encode(text, add_special_tokens=False)
+                variables["tools"] = tools.tools if tools is not None else body.tools
+            messages = [m.model_dump(exclude_none=True) for m in body.messages]
+            prompt = await chat_prompt(
+                state, messages, *chat_flags(body), variables, body.special_tokens_in_user_text
+            )
         else:
-            ids = state.tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+            (prompt,) = await text_prompts(
+                state, [body.prompt or ""], body.add_special_tokens, body.special_tokens_in_user_text
+            )
+        ids = prompt.ids
         out: dict[str, Any] = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
         if body.return_token_strs:
-            out["token_strs"] = [state.tokenizer.id_to_token(t) for t in ids]
+            out["token_strs"] = await asyncio.to_thread(lambda: [state.tokenizer.id_to_token(t) for t in ids])
         return out
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=_errors(400, 401, 404))
@@ -232,7 +242,7 @@ def build_app(
             raise bad_request(
                 f"tokens holds ids outside the vocabulary [0, {state.vocab_size}): {bad[:5]}", "tokens"
             )
-        return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+        return {"prompt": await asyncio.to_thread(decode_in_pieces, state.tokenizer, body.tokens)}
 
     install_embedding_routes(app, embeddings, state.check_model)  # /v1/embeddings, /v1/rerank, /rerank
     install_ollama_embed_routes(app, embeddings)  # /api/embed, /api/embeddings

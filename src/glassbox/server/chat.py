@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,6 +14,7 @@ from glassbox.engine.request_check import CONTEXT_LENGTH_EXCEEDED
 from glassbox.outputs import RequestOutput
 from glassbox.sampling_params import SamplingParams
 from glassbox.server.chat_output import ChatPlan, ChoiceReader, choice_chunks, finish_reason, plan_chat
+from glassbox.server.chat_prompt import chat_prompt
 from glassbox.server.errors import bad_request, param_of_value_error
 from glassbox.server.generation import (
     Job,
@@ -26,11 +26,9 @@ from glassbox.server.generation import (
     submit,
     usage,
 )
-from glassbox.server.protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
+from glassbox.server.protocol import ChatCompletionRequest, TokenizeRequest
 from glassbox.server.response_format import with_structured_outputs
 from glassbox.server.state import ServerState
-from glassbox.server.tools import template_messages
-from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 
 @dataclass
@@ -52,31 +50,6 @@ def chat_flags(req: ChatCompletionRequest | TokenizeRequest) -> tuple[bool, bool
             "continue_final_message",
         )
     return False, True
-
-
-def render_chat(
-    tokenizer: Tokenizer,
-    messages: list[ChatMessage],
-    add_generation_prompt: bool = True,
-    continue_final_message: bool = False,
-    **kwargs: Any,
-) -> str:
-    """The chat template's text for ``messages`` (``kwargs``: template variables such as ``tools``); 400 for
-    anything the tokenizer or template rejects."""
-    chat = template_messages([m.model_dump(exclude_none=True) for m in messages])
-    try:
-        return tokenizer.apply_chat_template(
-            chat,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            **kwargs,
-        )
-    except ValueError as e:
-        raise bad_request(str(e), "messages") from None
-    except Exception as e:  # a template's raise_exception, undefined fields, bad types: all the user's input
-        raise bad_request(
-            f"the chat template rejected the messages: {type(e).__name__}: {e}", "messages"
-        ) from None
 
 
 @dataclass
@@ -101,29 +74,31 @@ class Prompt:
     max_tokens: int | None
 
 
-def render_prompt(state: ServerState, req: ChatCompletionRequest) -> Prompt:
+async def render_prompt(state: ServerState, req: ChatCompletionRequest) -> Prompt:
     """Check a chat request (model, sampling params, tools, structured outputs, template variables) and
-    render its prompt with the chat template; 400 naming the parameter for anything wrong."""
+    render its prompt with the chat template, in a worker thread (server/chat_prompt.py); 400 naming the
+    parameter for anything wrong."""
     state.check_model(req.model)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
     k = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_params(req, max_tokens, k, req.prompt_logprobs)
-    plan = plan_chat(state, req, with_structured_outputs(state, req, params))
-    t0 = time.perf_counter()
-    text = render_chat(state.tokenizer, req.messages, *chat_flags(req), **plan.template_kwargs)
-    ids = state.tokenizer.encode(text, add_special_tokens=False)  # the template wrote any BOS
-    return Prompt(plan, text, ids, time.perf_counter() - t0, max_tokens)
+    plan = plan_chat(state, req, await with_structured_outputs(state, req, params))
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    prompt = await chat_prompt(
+        state, messages, *chat_flags(req), plan.template_kwargs, req.special_tokens_in_user_text
+    )
+    return Prompt(plan, prompt.text, prompt.ids, prompt.tokenize_s, max_tokens)
 
 
-def start_chat(
+async def start_chat(
     state: ServerState, req: ChatCompletionRequest, prefix: str = "chatcmpl", fit_max_tokens: bool = False
 ) -> ChatRun:
     """The one path from a chat request to queued engine requests, whichever API it came through: the
     request's checks, sampling params, tools, structured outputs and reasoning, the chat template, the
     length limits and submission (``start_run``)."""
-    p = render_prompt(state, req)
+    p = await render_prompt(state, req)
     readers = p.plan.readers(p.plan.params.n, p.text)
     return start_run(state, prefix, p.ids, p.tokenize_s, p.plan.params, p.max_tokens, readers, fit_max_tokens)
 
@@ -166,7 +141,7 @@ def start_run(
 async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, request: Request
 ) -> Response:
-    run = start_chat(state, req)
+    run = await start_chat(state, req)
     job, readers = run.job, run.readers
     k = (req.top_logprobs or 0) if req.logprobs else None
     head = {

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from glassbox.sampling_params import SamplingParams
-from glassbox.server.errors import bad_request
+from glassbox.server.chat_prompt import template_variables
 from glassbox.server.protocol import ChatCompletionRequest
 from glassbox.server.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
 from glassbox.server.state import ServerState
@@ -138,9 +138,6 @@ def delta_chunks(piece: Piece, with_reasoning: bool) -> list[dict[str, Any]]:
     return deltas
 
 
-_RESERVED = {"messages", "tools", "add_generation_prompt", "documents"}
-
-
 @dataclass
 class ChatPlan:
     """How a chat request's text is read: its sampling params (with a forced tool grammar), the chat
@@ -167,10 +164,7 @@ class ChatPlan:
 def plan_chat(state: ServerState, req: ChatCompletionRequest, params: SamplingParams) -> ChatPlan:
     """Check the request's tools and template variables; 400 naming the parameter."""
     settings = state.settings
-    kwargs = dict(req.chat_template_kwargs or {})
-    bad = sorted(_RESERVED & set(kwargs))
-    if bad:
-        raise bad_request(f"chat_template_kwargs may not set {', '.join(bad)}", "chat_template_kwargs")
+    kwargs = template_variables(req.chat_template_kwargs)
     tools = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls, settings.enable_auto_tool_choice)
     parser: ToolParser | None = None
     if tools is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from glassbox.outputs import CompletionOutput, RequestOutput
+from glassbox.server.chat_prompt import text_prompts
 from glassbox.server.errors import bad_request, unsupported
 from glassbox.server.generation import (
     Job,
@@ -27,6 +28,7 @@ from glassbox.server.generation import (
 from glassbox.server.protocol import CompletionRequest
 from glassbox.server.response_format import with_structured_outputs
 from glassbox.server.state import ServerState
+from glassbox.tokenizer.request_text import decode_in_pieces
 
 
 @dataclass
@@ -86,13 +88,13 @@ class _Run:
 
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
-    run = _start(state, req)
+    run = await _start(state, req)
     if req.stream:
         return _stream(run, request)
     return await _whole(run, request)
 
 
-def _start(state: ServerState, req: CompletionRequest) -> _Run:
+async def _start(state: ServerState, req: CompletionRequest) -> _Run:
     """Check the request, tokenize its prompts and submit them."""
     state.check_model(req.model)
     if req.suffix:
@@ -107,23 +109,22 @@ def _start(state: ServerState, req: CompletionRequest) -> _Run:
     echo_k = k if req.echo else None
     prompt_k = req.prompt_logprobs if echo_k is None else max(echo_k, req.prompt_logprobs or 0)
     params = sampling_params(req, max_tokens, None if echo_only else k, prompt_k)
-    base = with_structured_outputs(state, req, params)
-    prompts: list[list[int]] = []
-    tokenize_s: list[float] = []
+    base = await with_structured_outputs(state, req, params)
     items = _prompt_list(req.prompt)
-    for item in items:
-        t0 = time.perf_counter()
-        prompts.append(state.tokenizer.encode(item) if isinstance(item, str) else list(item))
-        tokenize_s.append(time.perf_counter() - t0)
+    texts = [item for item in items if isinstance(item, str)]  # all the items, or none
+    if texts:
+        encoded = await text_prompts(state, texts, True, req.special_tokens_in_user_text)
+        prompts, tokenize_s = [p.ids for p in encoded], [p.tokenize_s for p in encoded]
+    else:
+        prompts, tokenize_s = [list(item) for item in items], [0.0] * len(items)  # type: ignore[arg-type]
     job = prepare(state, state.new_id("cmpl"), prompts, tokenize_s, base, max_tokens, "prompt")
     job.discard_outputs = echo_only
-    # echo: each choice's text starts with its prompt's (token ids decoded verbatim)
-    echo = [
-        (item if isinstance(item, str) else state.tokenizer.decode(item, skip_special_tokens=False))
-        if req.echo
-        else ""
-        for item in items
-    ]
+    # echo: each choice's text starts with its prompt's (token ids decoded verbatim, in a worker thread)
+    echo = [""] * len(items)
+    if req.echo:
+        echo = texts or await asyncio.to_thread(
+            lambda: [decode_in_pieces(state.tokenizer, p) for p in prompts]
+        )
     submit(state, job)
     head = {
         "id": job.id,

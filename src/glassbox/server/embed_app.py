@@ -19,8 +19,9 @@ from glassbox.engine.async_embedder import AsyncEmbedder
 from glassbox.server.app import _Gate
 from glassbox.server.embed_service import EmbeddingService
 from glassbox.server.embeddings import install_embedding_routes
-from glassbox.server.errors import ApiError, install_error_handlers
+from glassbox.server.errors import ApiError, install_error_handlers, shown
 from glassbox.server.ollama_embed import install_ollama_embed_routes, ollama_error
+from glassbox.server.request_limits import install_request_limits
 from glassbox.server.state import ServerSettings
 
 
@@ -38,7 +39,7 @@ class EmbedServerState:
         """404 (OpenAI's ``model_not_found``) unless ``model`` is None or the served model's name."""
         name = self.service.model_name
         if model is not None and model != name:
-            raise ApiError(404, f"the model {model!r} does not exist; this server serves {name!r}", "model",
+            raise ApiError(404, f"the model {shown(model)} does not exist; this server serves {name!r}", "model",
                            "model_not_found")  # fmt: skip
 
 
@@ -66,6 +67,7 @@ def build_embedding_app(embedder: AsyncEmbedder, settings: ServerSettings) -> Fa
     )
     app.state.glassbox = state
     install_error_handlers(app)
+    install_request_limits(app, settings.max_request_bytes)  # inside the gate
     app.add_middleware(_Gate, state=state)
     if settings.allowed_origins:
         app.add_middleware(

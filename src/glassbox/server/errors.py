@@ -52,6 +52,19 @@ class ApiError(Exception):
         self.headers = headers
 
 
+SHOWN_CHARS = 64  # of a value echoed in an error message
+MESSAGE_CHARS = 2048  # the longest error message sent; longer ones are cut in the middle
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters with the full length said."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{text[: limit - 4]}...{text[-1]}{size}"
+
+
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, param, code)
 
@@ -66,6 +79,13 @@ def error_body(
 ) -> dict[str, Any]:
     """The JSON body of an error (also sent as a server-sent event when a stream fails midway)."""
     err_type = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error")
+    if len(message) > MESSAGE_CHARS:  # no error echoes a request's data at length
+        half = MESSAGE_CHARS // 2
+        message = (
+            f"{message[:half]} ... ({len(message) - 2 * half} characters left out) ... {message[-half:]}"
+        )
+    if param is not None and len(param) > SHOWN_CHARS:
+        param = param[:SHOWN_CHARS] + "..."
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 
 
@@ -113,7 +133,9 @@ def param_of_value_error(message: str, known: set[str]) -> str | None:
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str]:
     """The message, the parameter and OpenAI's code for the first of pydantic's errors."""
+    # a union's members each fail: a value error (a token id < 0) says more than "not a valid string"
     errors = exc.errors()
+    errors = [e for e in errors if not str(e.get("type", "")).endswith(("_type", "_parsing"))] or errors
     if not errors:
         return "invalid request", None, "invalid_value"
     first = errors[0]

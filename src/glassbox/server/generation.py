@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -22,10 +23,11 @@ from glassbox.engine.async_engine import RequestError, RequestStream
 from glassbox.engine.request_check import RequestCheckError, check_request
 from glassbox.outputs import CompletionOutput, RequestOutput
 from glassbox.sampling_params import SamplingParams
-from glassbox.server.errors import ApiError, bad_request, error_body, param_of_value_error
+from glassbox.server.errors import ApiError, bad_request, error_body, param_of_value_error, shown
 from glassbox.server.protocol import SamplingFields
 from glassbox.server.state import ServerState
 
+_TOKEN_KEY = re.compile("-?[0-9]+")
 _PARAM_NAMES = set(SamplingFields.model_fields) | {
     "max_tokens",
     "logprobs",
@@ -78,13 +80,11 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     """OpenAI's {"token id": bias} with integer keys (the values are checked by SamplingParams)."""
     out: dict[int, float] = {}
     for key, value in (bias or {}).items():
-        try:
-            token = int(key)
-        except ValueError:
+        if not _TOKEN_KEY.fullmatch(key):  # int() would also take "1_0", " 12" and "١٢"
             raise bad_request(
-                f"logit_bias keys must be token ids written as integers, got {key!r}", "logit_bias"
-            ) from None
-        out[token] = value
+                f"logit_bias keys must be token ids written as ASCII integers, got {shown(key)}", "logit_bias"
+            )
+        out[int(key)] = value
     return out or None
 
 

@@ -21,7 +21,6 @@ requests are; model facts come from server/ollama_models.py.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -36,6 +35,7 @@ from starlette.responses import Response
 from glassbox.outputs import RequestOutput
 from glassbox.server.chat import ChatRun, render_prompt, start_chat, start_run
 from glassbox.server.chat_output import ChoiceReader
+from glassbox.server.chat_prompt import text_prompts
 from glassbox.server.embed_service import serves_embeddings
 from glassbox.server.errors import ApiError, bad_request, register_error_body
 from glassbox.server.generation import anatomy, sampling_params
@@ -136,7 +136,7 @@ async def _chat(state: ServerState, body: ChatRequest, request: Request) -> Resp
     if not body.messages:
         return _loaded(body.model, generate=False)
     reasoning = state.settings.reasoning_parser is not None
-    run = start_chat(state, chat_request(body, served, reasoning), "ollama", fit_max_tokens=True)
+    run = await start_chat(state, chat_request(body, served, reasoning), "ollama", fit_max_tokens=True)
     return await _reply(run, request, body.model, body.stream, generate=False)
 
 
@@ -149,16 +149,17 @@ async def _generate(state: ServerState, body: GenerateRequest, request: Request)
     req = generate_request(body, served, reasoning, templated)
     context = list(body.context or [])
     if isinstance(req, ChatCompletionRequest):
-        p = render_prompt(state, req)
+        p = await render_prompt(state, req)
         readers = p.plan.readers(1, p.text)
         run = start_run(
             state, "ollama", context + p.ids, p.tokenize_s, p.plan.params, p.max_tokens, readers, True
         )
     else:  # raw: the prompt as it is, as /v1/completions takes it
-        params = with_structured_outputs(state, req, sampling_params(req, req.max_tokens, None))
-        t0 = time.perf_counter()
-        ids = context + (state.tokenizer.encode(body.prompt) if body.prompt else [])
-        tokenize_s = time.perf_counter() - t0
+        params = await with_structured_outputs(state, req, sampling_params(req, req.max_tokens, None))
+        # tokenized as /v1/completions tokenizes a prompt: its length checked first, in a worker thread
+        prompt = (await text_prompts(state, [body.prompt]))[0] if body.prompt else None
+        ids = context + (prompt.ids if prompt is not None else [])
+        tokenize_s = prompt.tokenize_s if prompt is not None else 0.0
         run = start_run(state, "ollama", ids, tokenize_s, params, req.max_tokens, [ChoiceReader()], True)
     return await _reply(run, request, body.model, body.stream, generate=True)
 

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from glassbox.engine.async_embedder import EmbedError
 from glassbox.engine.embed_request import InputError
 from glassbox.server.embed_service import EmbeddingService, NotServed
+from glassbox.server.errors import register_error_body, shown
 from glassbox.server.protocol import _lone_surrogate
 
 
@@ -32,7 +33,13 @@ class OllamaError(Exception):
 
 
 def ollama_error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+    return JSONResponse(_error_body(status, message), status_code=status)
+
+
+def _error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": message}  # Ollama's error shape
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -40,7 +47,7 @@ async def _body(request: Request) -> dict[str, Any]:
     if not raw.strip():
         raise OllamaError(400, "missing request body")
     try:
-        body = json.loads(raw)
+        body = await request.json()  # parsed and checked already (server/request_limits.py)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise OllamaError(400, f"invalid JSON: {e}") from None
     if not isinstance(body, dict):
@@ -58,7 +65,7 @@ def _check_model(service: EmbeddingService, model: Any) -> str:
     if not isinstance(model, str) or not model:
         raise OllamaError(400, "model is required")
     if model not in (service.model_name, f"{service.model_name}:latest"):
-        raise OllamaError(404, f"model '{model}' not found")
+        raise OllamaError(404, f"model {shown(model)} not found")
     return model
 
 
@@ -103,6 +110,8 @@ _EMBEDDINGS = _schema(
 
 
 def install_ollama_embed_routes(app: FastAPI, service: EmbeddingService) -> None:
+    register_error_body(app, "/api/", _error_body)  # the body limit's 413 and a JSON error in Ollama's shape
+
     @app.post("/api/embed", openapi_extra=_EMBED)
     async def embed(request: Request) -> JSONResponse:
         try:

@@ -13,6 +13,7 @@ At most one of them may constrain a request.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -33,10 +34,12 @@ _GUIDED = {
 _IGNORED_OPTIONS = {"disable_any_whitespace", "disable_fallback"}
 
 
-def with_structured_outputs(
+async def with_structured_outputs(
     state: ServerState, req: SamplingFields, params: SamplingParams
 ) -> SamplingParams:
-    """``params`` with the request's structured outputs (checked and compiled), or unchanged without any."""
+    """``params`` with the request's structured outputs (checked, and compiled in a worker thread: a large
+    schema or choice list compiles for seconds, and llguidance lets the GIL go meanwhile), or unchanged
+    without any."""
     found = _sources(req)
     if not found:
         return params
@@ -49,7 +52,7 @@ def with_structured_outputs(
     except ValueError as e:
         raise bad_request(f"{param}: {e}", param) from None
     try:
-        state.grammars.compile(spec)
+        await asyncio.to_thread(state.grammars.compile, spec)
     except GrammarError as e:
         raise bad_request(f"{param}: {e}", param) from None
     try:

@@ -201,7 +201,7 @@ async def create_response(
                 "previous_response_not_found",
             ) from None
     t = translate(req, history)
-    run = start_chat(state, t.chat, "resp", fit_max_tokens=True)
+    run = await start_chat(state, t.chat, "resp", fit_max_tokens=True)
     reply = _Reply(state, req, t, run)
     if req.stream:
         return StreamingResponse(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import signal
@@ -117,6 +118,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per request")
     g.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=16 << 20,
+        help="the largest request body accepted, in bytes; larger ones get 413 (default 16 MiB)",
+    )
+    g.add_argument(
+        "--special-tokens-in-user-text",
+        action="store_true",
+        help="tokenize a special token's text in prompts and messages as that token (default: as text, so "
+        "a user cannot forge a chat turn; a request may still ask with special_tokens_in_user_text)",
+    )
+    g.add_argument(
         "--otlp-traces-endpoint",
         default=None,
         metavar="URL",
@@ -163,6 +176,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError(
             "--allowed-methods and --allowed-headers need --allowed-origins (CORS is off without)"
         )
+    if args.max_request_bytes < 1024:
+        raise ValueError(f"--max-request-bytes must be at least 1024, got {args.max_request_bytes}")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json, mistral)")
     if args.otlp_traces_endpoint is not None:
@@ -170,6 +185,23 @@ def _check_flags(args: argparse.Namespace) -> None:
 
         args.otlp_traces_endpoint = check_endpoint(args.otlp_traces_endpoint)
         require_otel()
+
+
+def open_bind_warning(host: str, api_key: str | None) -> str | None:
+    """The warning for a server reachable beyond this machine without an API key, else None."""
+    if api_key:
+        return None
+    name = host.strip("[]")
+    try:
+        loopback = ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        loopback = name.lower() == "localhost"
+    if loopback:
+        return None
+    return (
+        f"--host {host} without --api-key: anyone who can reach this address can use the model; set "
+        "--api-key (or GLASSBOX_API_KEY), or bind 127.0.0.1"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -199,7 +231,12 @@ def run(args: argparse.Namespace) -> int:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        special_tokens_in_user_text=args.special_tokens_in_user_text,
+        max_request_bytes=args.max_request_bytes,
     )
+    warning = open_bind_warning(args.host, settings.api_key)
+    if warning:
+        logger.warning(warning)
     from glassbox.engine.embedding_model import checkpoint_task
     from glassbox.models.sources import resolve_model
 

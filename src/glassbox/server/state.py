@@ -13,9 +13,10 @@ from typing import Any, Protocol
 from glassbox import __version__
 from glassbox.config import EngineConfig
 from glassbox.engine.async_engine import AsyncEngine
-from glassbox.server.errors import ApiError
+from glassbox.server.errors import ApiError, shown
 from glassbox.server.logprobs import LogprobFormatter
 from glassbox.server.metrics import ServerMetrics
+from glassbox.tokenizer.request_text import max_text_chars
 
 
 @dataclass
@@ -25,7 +26,9 @@ class ServerSettings:
     flight finish before aborting them; ``allowed_origins`` turns CORS on for those browser origins ("*":
     any), with ``allowed_methods`` and ``allowed_headers``; ``tool_call_parser`` reads tool calls in the
     model's own format (``tool_choice: "auto"``, allowed only with ``enable_auto_tool_choice``);
-    ``reasoning_parser`` splits the reasoning from the answer."""
+    ``reasoning_parser`` splits the reasoning from the answer; ``special_tokens_in_user_text`` tokenizes
+    special-token strings in requests' text as the tokens (else as text); ``max_request_bytes`` bounds a
+    request body (larger: 413)."""
 
     api_key: str | None = None
     max_queue_len: int | None = None
@@ -37,6 +40,9 @@ class ServerSettings:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    # hostile input (server/request_limits.py, server/chat_prompt.py)
+    special_tokens_in_user_text: bool = False
+    max_request_bytes: int = 16 << 20
 
 
 class GateState(Protocol):
@@ -68,6 +74,8 @@ class ServerState:
         self.max_num_seqs = llm.config.max_num_seqs
         self.vocab_size = llm.facts.vocab_size
         self.kv_capacity_tokens = llm.kv_capacity_tokens
+        # no text longer than this fits in max_model_len tokens: refused before it is tokenized
+        self.max_prompt_chars = max_text_chars(self.tokenizer, self.max_model_len)
         self.logprobs = LogprobFormatter(self.tokenizer)
         self.grammars = llm.grammars  # structured outputs: compiled (and cached) for the engine too
         self.fingerprint = system_fingerprint(llm.source.describe(), str(llm.executor.device), llm.config)
@@ -83,7 +91,7 @@ class ServerState:
         if model is not None and model != self.model_name:
             raise ApiError(
                 404,
-                f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                f"the model {shown(model)} does not exist; this server serves {self.model_name!r}",
                 "model",
                 "model_not_found",
             )

@@ -20,7 +20,6 @@ import string
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from glassbox.engine.structured import GrammarError
 from glassbox.sampling_params import SamplingParams
 from glassbox.server.errors import bad_request
 from glassbox.server.tool_parsers import ParsedCall
@@ -305,14 +304,14 @@ def forced_params(state: ServerState, choice: ToolChoice, params: SamplingParams
             "or structured_outputs",
             "tool_choice",
         )
-    spec = StructuredOutputs(json=choice.schema())
-    try:
+    try:  # a schema refused as it is read (a $ref loop: ValueError) or as it compiles (GrammarError)
+        spec = StructuredOutputs(json=choice.schema())
         state.grammars.compile(spec)
-    except GrammarError as e:
+    except ValueError as e:
         for i, tool in enumerate(choice.tools):  # name the tool at fault when one alone does not compile
             try:
                 state.grammars.compile(StructuredOutputs(json=choice.parameters(tool["function"]["name"])))
-            except GrammarError as each:
+            except ValueError as each:
                 where = f"tools[{i}].function.parameters"
                 raise bad_request(f"{where}: {each}", where) from None
         raise bad_request(f"tools: {e}", "tools") from None

@@ -26,7 +26,8 @@ from gguf import GGUFReader
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
-from glassbox.models.gguf_reader import GGUFCheckpoint, gguf_shard_paths, read_metadata
+from glassbox.models.gguf_check import gguf_errors
+from glassbox.models.gguf_reader import GGUFCheckpoint, gguf_shard_paths, read_gguf, read_metadata
 from glassbox.tokenizer.builtin_templates import BUILTIN_CHAT_TEMPLATES
 from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
@@ -291,4 +292,7 @@ def chat_template(meta: Mapping[str, Any]) -> str | None:
 
 def tokenizer_from_gguf_path(path: str | Path) -> Tokenizer:
     """The Tokenizer of the GGUF checkpoint at ``path`` (a file, any shard, or a directory holding one)."""
-    return tokenizer_from_gguf(GGUFReader(gguf_shard_paths(path)[0]))
+    first = gguf_shard_paths(path)[0]
+    reader = read_gguf(first)
+    with gguf_errors(first):
+        return tokenizer_from_gguf(reader)

@@ -6,6 +6,7 @@ and text as ``transformers.AutoTokenizer`` on the same directory, without import
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterable
@@ -287,13 +288,26 @@ class Tokenizer:
             ids = [*ids, self.eos_token_id]
         return ids
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(
+        self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False
+    ) -> list[int]:
         """Token ids of ``text``; with ``add_special_tokens`` the post-processor's BOS/EOS (or the config's).
 
         A chat prompt already rendered with its BOS should be encoded with ``add_special_tokens=False``.
+        ``split_special_tokens`` (transformers' name): a special token's text in ``text`` is encoded as the
+        characters it is, not as the token (user text cannot forge a control token).
         """
-        ids = self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        backend = self._literal_backend if split_special_tokens else self._backend
+        ids = backend.encode(text, add_special_tokens=add_special_tokens).ids
         return self._with_specials(ids, add_special_tokens)
+
+    @functools.cached_property
+    def _literal_backend(self) -> BackendTokenizer:
+        """A copy of the backend that matches no special token in text (built at first use, after any
+        tokens were added)."""
+        literal = BackendTokenizer.from_str(self._backend.to_str())
+        literal.encode_special_tokens = True
+        return literal
 
     def batch_encode(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """encode() for many texts at once (parallel in the Rust backend)."""
