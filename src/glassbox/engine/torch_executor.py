@@ -35,6 +35,7 @@ from glassbox.engine.device import (
     triton_usable,
 )
 from glassbox.engine.executor import PendingStep, ReadyStep
+from glassbox.engine.kv_caches import TRITON_MAX_HEAD_DIM, kv_cache_tensors, widest_head
 from glassbox.engine.kv_plan import GiB, KVCachePlan, plan_kv_cache
 from glassbox.engine.profile_run import profile_prefill
 from glassbox.engine.sampler import to_device
@@ -97,6 +98,9 @@ class TorchExecutor:
             logger.warning(
                 "the triton kernels read an 8-bit KV cache for head dims divisible by 4: torch path"
             )
+            self.attn_backend = "torch"
+        if self.attn_backend == "triton" and (widest := widest_head(model_config)) > TRITON_MAX_HEAD_DIM:
+            logger.warning("head dim %d: past the triton attention kernels' %d: torch path", widest, TRITON_MAX_HEAD_DIM)  # fmt: skip
             self.attn_backend = "torch"
         self.use_graphs = self.attn_backend == "triton" and not config.enforce_eager
         if self.device.type == "cuda":
@@ -204,11 +208,10 @@ class TorchExecutor:
         model_config = self.model_config
         # CUDA: one block more than the BlockManager gets, the scratch block that padded graph rows write
         blocks = self.num_kv_blocks + (1 if self.device.type == "cuda" else 0)
-        shape = (2, blocks, self.block_size, tp_model.kv_heads(self.tp, model_config), self.kv_width)
-        self.kv_caches = [
-            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-            for _ in range(model_config.num_layers)
-        ]
+        heads = None if self.tp is None else tp_model.kv_heads(self.tp, model_config)
+        self.kv_caches = kv_cache_tensors(
+            model_config, blocks, self.block_size, self.kv_dtype, self.device, heads
+        )
         # the forward a step calls: the model's own, or on CPU the model bound to the C kernels
         self.forward: Forward = self.model
         if self.attn_backend == "native":  # bound now, so that a shape the kernels cannot take shows at start
@@ -272,7 +275,7 @@ class TorchExecutor:
         before = torch.cuda.memory_allocated(self.device)
         mc = self.model_config
         n = max(1, min(max_num_batched_tokens, mc.max_positions))
-        profile_prefill(self.model, mc, n, self.block_size, self.kv_dtype, self.kv_width, self.attn_backend,
+        profile_prefill(self.model, mc, n, self.block_size, self.kv_dtype, self.attn_backend,
                         self.dtype, self.device)  # fmt: skip
         peak = torch.cuda.max_memory_allocated(self.device) - before
         torch.cuda.empty_cache()  # the profile's blocks back: on unified memory, back to the host too

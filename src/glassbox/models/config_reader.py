@@ -1,7 +1,7 @@
 """Reading a model's config.json into ModelFacts: the one module that parses config.json.
 
 Parameter counts per group are exact (norms and biases included) for llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe,
-mixtral, gemma3_text, gpt_oss, phi3 and nemotron_h (hybrid Mamba-2 / latent MoE / attention). "Active"
+mixtral, gemma3_text, gemma4_text (models/gemma4_facts.py), gpt_oss, phi3 and nemotron_h (hybrid Mamba-2 / latent MoE / attention). "Active"
 parameters are those one token touches: everything except the embedding table (a decode step gathers one
 row) and the routed experts not chosen (MoE: top-k of E per layer).
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 from glassbox.models.facts import ModelFacts, config_dtype, id_list, rope_parameters
 from glassbox.models.families import family_of_type, model_types
+from glassbox.models.gemma4_facts import gemma4_facts, with_defaults
 from glassbox.models.gguf_reader import GGUFCheckpoint
 from glassbox.quant.config import gguf_native_quant, method_config, native_quant_from_config
 
@@ -270,11 +271,13 @@ def nemotron_h_facts(cfg: dict[str, Any], name: str) -> ModelFacts:
 
 
 def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
-    """Build ModelFacts from a config.json dict (multimodal configs: their ``text_config``)."""
+    """Build ModelFacts from a config.json dict (multimodal configs: their ``text_config``; the engine runs the
+    text model of an architecture its family lists as ``multimodal``)."""
+    outer = str((cfg.get("architectures") or [""])[0])
     if "text_config" in cfg and "hidden_size" not in cfg:
         text = dict(cfg["text_config"])
         text.setdefault("quantization_config", cfg.get("quantization_config"))
-        text.setdefault("torch_dtype", cfg.get("torch_dtype"))
+        text.setdefault("torch_dtype", cfg.get("torch_dtype") or cfg.get("dtype"))
         text.setdefault("model_type", f"{cfg.get('model_type', '')}_text")
         cfg = text
     mt = str(cfg.get("model_type", ""))
@@ -283,8 +286,13 @@ def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
         raise ValueError(f"MODEL: model_type {mt!r} is not supported; supported: {', '.join(model_types())}")
     mt = family.model_type  # "gemma3": its text model
     cfg = {**cfg, "model_type": mt}
+    if outer in family.multimodal:
+        cfg["architectures"] = [family.architecture]
     if mt == "nemotron_h":
         return nemotron_h_facts(cfg, name)
+    if mt == "gemma4_text":
+        cfg = with_defaults(cfg)
+        return gemma4_facts(cfg, _common(cfg, name))
     return transformer_facts(cfg, name)
 
 

@@ -31,6 +31,8 @@ class Family:
     aliases: tuple[str, ...] = ()  # other model_type spellings that mean it ("gemma3": its text model)
     base_model: str | None = None  # its headless class ("LlamaModel"): an embedding checkpoint's architecture
     task: str = "generate"  # or "embed" / "rerank": an encoder (engine/embedding_model.py builds it)
+    # multimodal architectures whose text model it runs (their towers ignored: models/multimodal.py)
+    multimodal: tuple[str, ...] = ()
 
     def model_class(self) -> Any:
         """The nn.Module class that runs it (imports torch); ValueError where the engine has none."""
@@ -69,6 +71,11 @@ FAMILIES: dict[str, Family] = {
         Family(
             "Gemma3ForCausalLM", "gemma3_text", "glassbox.models.gemma3:Gemma3ForCausalLM", "gemma3", None, True,
             aliases=("gemma3",), base_model="Gemma3TextModel",
+        ),
+        # per-layer inputs, shared KV, full layers of their own geometry, experts beside the MLP (models/gemma4.py)
+        Family(
+            "Gemma4ForCausalLM", "gemma4_text", "glassbox.models.gemma4:Gemma4ForCausalLM", "gemma4", None,
+            aliases=("gemma4",), multimodal=("Gemma4ForConditionalGeneration",),
         ),
         Family("NemotronHForCausalLM", "nemotron_h", None),
         # encoders (models/bert.py), served by the embedding runner
