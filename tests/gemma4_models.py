@@ -84,12 +84,35 @@ def _randomize(model: Any) -> None:
                 b.uniform_(0.7, 1.3)
 
 
-def build_gemma4(kind: str, root: Path, seed: int = 0, **overrides: Any) -> Path:
-    """Write a random tiny ``kind`` Gemma 4 model (float32) with the shared test tokenizer under ``root``."""
+def _multimodal(text: Any, vocab: int) -> Any:
+    """Gemma4ForConditionalGeneration around the text model ``text``: one-layer vision and audio towers, the
+    media tokens at the top of the tiny vocabulary."""
+    import transformers as tf
+
+    vision = tf.Gemma4VisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+        head_dim=16,
+    )  # fmt: skip
+    audio = tf.Gemma4AudioConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, output_proj_dims=32,
+        subsampling_conv_channels=[8, 4],
+    )  # fmt: skip
+    tokens = ("image_token_id", "boi_token_id", "eoi_token_id", "boa_token_id", "audio_token_id",
+              "eoa_token_index", "video_token_id")  # fmt: skip
+    config = tf.Gemma4Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), audio_config=audio.to_dict(),
+        **{name: vocab - 1 - i for i, name in enumerate(tokens)},
+    )  # fmt: skip
+    return tf.Gemma4ForConditionalGeneration(config)
+
+
+def build_gemma4(kind: str, root: Path, seed: int = 0, multimodal: bool = False, **overrides: Any) -> Path:
+    """Write a random tiny ``kind`` Gemma 4 model (float32) with the shared test tokenizer under ``root``;
+    ``multimodal``: as the text model of a Gemma4ForConditionalGeneration with vision and audio towers."""
     import transformers as tf
 
     tag = "-".join(f"{k}={v}" for k, v in sorted(overrides.items()))
-    out = root / f"gemma4-{kind}-{seed}{'-' + tag if tag else ''}"
+    out = root / f"gemma4-{kind}-{seed}{'-mm' if multimodal else ''}{'-' + tag if tag else ''}"
     if (out / "config.json").is_file():
         return out
     tok_dir = build_tokenizer_dir(root / "tokenizer")
@@ -99,7 +122,8 @@ def build_gemma4(kind: str, root: Path, seed: int = 0, **overrides: Any) -> Path
     )
     eos = json.loads((tok_dir / "generation_config.json").read_text())["eos_token_id"]
     torch.manual_seed(seed)
-    model = tf.Gemma4ForCausalLM(gemma4_config(kind, vocab_size, eos, **overrides)).float()
+    text = gemma4_config(kind, vocab_size, eos, **overrides)
+    model = (_multimodal(text, vocab_size) if multimodal else tf.Gemma4ForCausalLM(text)).float()
     _randomize(model)
     model.save_pretrained(out, safe_serialization=True)
     for f in tok_dir.iterdir():
