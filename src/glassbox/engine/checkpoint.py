@@ -51,10 +51,10 @@ class Checkpoint:
             if is_fused(self.facts.model_type):  # Phi-3: q/k/v and gate/up stored fused
                 return split_fused(safetensors_tensors(self.source.path), fused_config(self.facts)), {}
             read = read_kept(self.source.path, self.facts.quantization_config, device, dtype, cpu)
-            tensors, kept = read if read is not None else (safetensors_tensors(self.source.path), {})
+            tensors, layers = read if read is not None else (safetensors_tensors(self.source.path), {})
             if self.multimodal:
-                return text_tensors(tensors, str(self.source.path)), text_kept(kept)
-            return tensors, kept
+                return text_tensors(tensors, str(self.source.path)), text_kept(layers)
+            return tensors, layers
         gguf = self.gguf
         kept: dict[str, Kept] = {}
         skip: set[str] = set()
