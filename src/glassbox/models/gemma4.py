@@ -120,6 +120,13 @@ class Gemma4ForCausalLM(CausalLM):
     def elementwise_modules(self) -> list[nn.Module]:
         return [m for m in self.modules() if isinstance(m, (Gemma4RMSNorm, RotaryEmbedding, LlamaMLP))]
 
+    def checkpoint_view(self, name: str, params: dict[str, nn.Parameter]) -> tuple[str, torch.Tensor] | None:
+        """A GGUF file's experts (``experts.gate_up_proj.weight``, models/gguf_names.py) fill transformers'
+        parameters, named without the suffix."""
+        if name.endswith((".experts.gate_up_proj.weight", ".experts.down_proj.weight")):
+            name = name.removesuffix(".weight")
+        return super().checkpoint_view(name, params)
+
     def fuse(self) -> None:
         """Fuse q/k/v and gate/up projections; experts held as stored become linears."""
         for layer in self.model.layers:
