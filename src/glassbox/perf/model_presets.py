@@ -30,6 +30,33 @@ _LLAMA_COMMON: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
+_GEMMA4_COMMON: dict[str, Any] = {
+    "architectures": ["Gemma4ForConditionalGeneration"],  # the text model of: models/gemma4.py runs it
+    "model_type": "gemma4_text",
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "attention_k_eq_v": True,
+    "sliding_window": 1024,
+    "vocab_size": 262144,
+    "vocab_size_per_layer_input": 262144,
+    "hidden_size_per_layer_input": 0,
+    "num_kv_shared_layers": 0,
+    "max_position_embeddings": 262144,
+    "final_logit_softcapping": 30.0,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {
+        "full_attention": {
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 1000000.0,
+            "rope_type": "proportional",
+        },
+        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+    },
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+
 _GPT_OSS_COMMON: dict[str, Any] = {
     "architectures": ["GptOssForCausalLM"],
     "model_type": "gpt_oss",
@@ -273,6 +300,34 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "torch_dtype": "bfloat16",
     },
+    # Gemma 4: each model's text_config (the vision tower is not part of text generation), as published in
+    # google/gemma-4-31B-it's and google/gemma-4-26B-A4B-it's config.json (read through public code that quotes
+    # them: search of GitHub code for "num_global_key_value_heads"); their parameter counts here, 30.70B and
+    # 25.23B (3.82B active), are the model cards' 30.7B and 25.2B (3.8B active)
+    "gemma-4-31b": {
+        **_GEMMA4_COMMON,
+        "hidden_size": 5376,
+        "intermediate_size": 21504,
+        "num_hidden_layers": 60,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "num_global_key_value_heads": 4,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 10,
+    },
+    "gemma-4-26b-a4b": {
+        **_GEMMA4_COMMON,
+        "hidden_size": 2816,
+        "intermediate_size": 2112,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "num_global_key_value_heads": 2,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5,
+        "enable_moe_block": True,
+        "num_experts": 128,
+        "top_k_experts": 8,
+        "moe_intermediate_size": 704,
+    },
     # LongRoPE's 48 factor pairs are left out (no plan depends on them), so its rope reads as unscaled here
     "phi-4-mini": {
         "architectures": ["Phi3ForCausalLM"],
@@ -308,6 +363,8 @@ SOURCES: dict[str, str] = {
     "phi-4-mini": "microsoft/Phi-4-mini-instruct",
     "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
     "gemma-3-4b": "google/gemma-3-4b-it (text_config)",
+    "gemma-4-31b": "google/gemma-4-31B-it (text_config)",
+    "gemma-4-26b-a4b": "google/gemma-4-26B-A4B-it (text_config)",
 }
 
 
