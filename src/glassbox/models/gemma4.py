@@ -27,6 +27,7 @@ from glassbox.models.gemma3 import ScaledEmbedding
 from glassbox.models.gemma4_layers import KV, Gemma4DecoderLayer, Gemma4RMSNorm
 from glassbox.models.llama import LlamaMLP
 from glassbox.models.model_config import ModelConfig
+from glassbox.models.moe import checkpoint_slot
 
 
 class Gemma4Model(nn.Module):
@@ -122,9 +123,14 @@ class Gemma4ForCausalLM(CausalLM):
 
     def checkpoint_view(self, name: str, params: dict[str, nn.Parameter]) -> tuple[str, torch.Tensor] | None:
         """A GGUF file's experts (``experts.gate_up_proj.weight``, models/gguf_names.py) fill transformers'
-        parameters, named without the suffix."""
+        parameters, named without the suffix; a checkpoint storing one tensor per expert
+        (``experts.N.gate_proj.weight``: quantized ones, widened) fills that expert's rows of them."""
         if name.endswith((".experts.gate_up_proj.weight", ".experts.down_proj.weight")):
             name = name.removesuffix(".weight")
+        slot = checkpoint_slot(name, self.config.moe_intermediate_size)
+        if slot is not None and slot[0] in params:
+            target, e, rows = slot
+            return target, params[target][e, rows]
         return super().checkpoint_view(name, params)
 
     def fuse(self) -> None:
