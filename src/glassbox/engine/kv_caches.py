@@ -9,6 +9,8 @@ its entry is its owner's tensor, so the list keeps one entry per layer and the b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from glassbox.layers.kv_quant import row_width
@@ -29,12 +31,12 @@ def kv_cache_tensors(
     block_size: int,
     dtype: torch.dtype,
     device: torch.device,
-    kv_heads: int | None = None,
+    kv_heads: Callable[[int], int] | None = None,
     one_per_shape: bool = False,
 ) -> list[torch.Tensor]:
     """Zeroed caches, one entry per layer (a layer sharing another's KV: the owner's tensor). ``kv_heads``:
-    a tensor-parallel rank's KV heads (uniform families), else each layer's own; ``one_per_shape``: layers
-    of one shape share one tensor (a scratch cache for a forward that only needs the shapes right)."""
+    layer -> a tensor-parallel rank's KV heads of it, else each layer's own; ``one_per_shape``: layers of
+    one shape share one tensor (a scratch cache for a forward that only needs the shapes right)."""
     caches: list[torch.Tensor] = []
     by_shape: dict[tuple[int, ...], torch.Tensor] = {}
     for layer in range(cfg.num_layers):
@@ -43,7 +45,7 @@ def kv_cache_tensors(
             caches.append(caches[owner])
             continue
         heads, dim = cfg.kv_shape(layer)
-        shape = (2, blocks, block_size, heads if kv_heads is None else kv_heads, row_width(dim, dtype))
+        shape = (2, blocks, block_size, heads if kv_heads is None else kv_heads(layer), row_width(dim, dtype))
         if one_per_shape and shape in by_shape:
             caches.append(by_shape[shape])
             continue

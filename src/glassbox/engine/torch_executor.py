@@ -14,6 +14,7 @@ import itertools
 import logging
 import os
 import time
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -137,7 +138,7 @@ class TorchExecutor:
             seed=config.seed,
             where=where,
             kept=kept,
-            shard=tp_model.shard_fn(self.tp),
+            shard=tp_model.shard_fn(self.tp, model_config),
         )
         if at_load is not None:
             from glassbox.quant.at_load import quantize_at_load
@@ -208,7 +209,7 @@ class TorchExecutor:
         model_config = self.model_config
         # CUDA: one block more than the BlockManager gets, the scratch block that padded graph rows write
         blocks = self.num_kv_blocks + (1 if self.device.type == "cuda" else 0)
-        heads = None if self.tp is None else tp_model.kv_heads(self.tp, model_config)
+        heads = None if self.tp is None else partial(tp_model.kv_heads, self.tp, model_config)
         self.kv_caches = kv_cache_tensors(
             model_config, blocks, self.block_size, self.kv_dtype, self.device, heads
         )

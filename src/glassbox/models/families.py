@@ -33,12 +33,18 @@ class Family:
     task: str = "generate"  # or "embed" / "rerank": an encoder (engine/embedding_model.py builds it)
     # multimodal architectures whose text model it runs (their towers ignored: models/multimodal.py)
     multimodal: tuple[str, ...] = ()
+    # "module:function" splitting a built model over tensor-parallel ranks, where not tensor_parallel.apply_tp
+    tp_split: str | None = None
 
     def model_class(self) -> Any:
         """The nn.Module class that runs it (imports torch); ValueError where the engine has none."""
         if self.model is None:
             raise ValueError(f"architecture {self.architecture!r} is described by the planner only")
         return _resolve(self.model)
+
+    def split_for_tp(self) -> Any | None:
+        """The function splitting a built model over tensor-parallel ranks where the family has its own."""
+        return None if self.tp_split is None else _resolve(self.tp_split)
 
     def bind_cpu_forward(self) -> Any | None:
         """The function that binds its forward on the CPU kernels, or None (the PyTorch ops run it)."""
@@ -74,8 +80,9 @@ FAMILIES: dict[str, Family] = {
         ),
         # per-layer inputs, shared KV, full layers of their own geometry, experts beside the MLP (models/gemma4.py)
         Family(
-            "Gemma4ForCausalLM", "gemma4_text", "glassbox.models.gemma4:Gemma4ForCausalLM", "gemma4", None,
+            "Gemma4ForCausalLM", "gemma4_text", "glassbox.models.gemma4:Gemma4ForCausalLM", "gemma4", None, True,
             aliases=("gemma4",), multimodal=("Gemma4ForConditionalGeneration",),
+            tp_split="glassbox.models.gemma4_tp:apply_gemma4_tp",
         ),
         Family("NemotronHForCausalLM", "nemotron_h", None),
         # encoders (models/bert.py), served by the embedding runner

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TypeVar
+
+from safetensors import safe_open
 
 from glassbox.models.facts import ModelFacts
 from glassbox.models.families import engine_family
+from glassbox.models.safetensors_files import weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +54,18 @@ def text_tensors(tensors: Iterator[tuple[str, T]], where: str) -> Iterator[tuple
         logger.info(
             "%s: the text model only; %d tensors of %s ignored", where, skipped, ", ".join(sorted(towers))
         )
+
+
+def tower_names(model_dir: Path) -> set[str]:
+    """The names of the other towers' tensors in a multimodal checkpoint's files (for readers that slice
+    each tensor they are handed: tensor parallelism's), said once."""
+    names: set[str] = set()
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            names |= {n for n in f.keys() if text_name(n) is None}  # noqa: SIM118 (not a dict)
+    towers = sorted({".".join(n.split(".")[:2]) for n in names})
+    logger.info("%s: the text model only; %d tensors of %s ignored", model_dir, len(names), ", ".join(towers))
+    return names
 
 
 def text_kept(kept: Mapping[str, T]) -> dict[str, T]:
