@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from glassbox.models.config_reader import facts_from_dir, facts_from_gguf
+from glassbox.models.config_reader import facts_from_dir, facts_from_gguf, read_config
 from glassbox.models.facts import ModelFacts
 from glassbox.models.fused_parts import fused_config, is_fused, split_fused
 from glassbox.models.gguf_check import gguf_errors
 from glassbox.models.gguf_reader import GGUFCheckpoint, open_gguf
+from glassbox.models.multimodal import is_multimodal, text_kept, text_tensors
 from glassbox.models.safetensors_files import safetensors_tensors
 from glassbox.models.sources import ModelSource
 from glassbox.quant.blocks.gguf_experts import gguf_matrix, held_gguf_experts
@@ -36,6 +37,7 @@ class Checkpoint:
     facts: ModelFacts
     tokenizer: Tokenizer
     gguf: GGUFCheckpoint | None = None
+    multimodal: bool = False  # the text model of a multimodal checkpoint (models/multimodal.py)
 
     def weights(
         self, keep_blocks: bool, device: torch.device, dtype: torch.dtype, cpu: bool = True
@@ -50,7 +52,10 @@ class Checkpoint:
             if is_fused(self.facts.model_type):  # Phi-3: q/k/v and gate/up stored fused
                 return split_fused(safetensors_tensors(self.source.path), fused_config(self.facts)), {}
             read = read_kept(self.source.path, self.facts.quantization_config, device, dtype, cpu)
-            return read if read is not None else (safetensors_tensors(self.source.path), {})
+            tensors, layers = read if read is not None else (safetensors_tensors(self.source.path), {})
+            if self.multimodal:
+                return text_tensors(tensors, str(self.source.path)), text_kept(layers)
+            return tensors, layers
         gguf = self.gguf
         kept: dict[str, Kept] = {}
         skip: set[str] = set()
@@ -89,4 +94,6 @@ def open_checkpoint(source: ModelSource) -> Checkpoint:
         gguf = open_gguf(source.path)
         with gguf_errors(gguf.paths[0]):  # metadata of the wrong type or shape: one error naming the file
             return Checkpoint(source, facts_from_gguf(gguf, source.name), tokenizer_from_gguf(gguf), gguf)
-    return Checkpoint(source, facts_from_dir(source.path, source.name), Tokenizer.from_dir(source.path))
+    facts = facts_from_dir(source.path, source.name)
+    outer = str((read_config(source.path).get("architectures") or [""])[0])
+    return Checkpoint(source, facts, Tokenizer.from_dir(source.path), multimodal=is_multimodal(facts, outer))

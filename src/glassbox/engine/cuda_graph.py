@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from glassbox.engine.kv_caches import kv_cache_tensors
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq
 from glassbox.models.loader import Forward
 
@@ -24,11 +25,11 @@ logger = logging.getLogger(__name__)
 def _dummy_forward(model: Any, n: int) -> torch.Tensor:
     """``n`` tokens through the model on the reference attention path and a one-slot cache."""
     mc, p = model.config, next(model.parameters())
-    cache = [torch.zeros((2, 1, 1, mc.num_kv_heads, mc.head_dim), dtype=p.dtype, device=p.device)]
+    cache = kv_cache_tensors(mc, 1, 1, p.dtype, p.device, one_per_shape=True)
     meta = AttentionMetadata(slot_mapping=torch.zeros(n, dtype=torch.long, device=p.device))
     meta.prefills = [PrefillSeq(0, n, 0, torch.zeros(1, dtype=torch.long, device=p.device))]
     ids = torch.arange(1, n + 1, device=p.device) % mc.vocab_size
-    return model(ids, torch.arange(n, device=p.device), cache * mc.num_layers, meta)
+    return model(ids, torch.arange(n, device=p.device), cache, meta)
 
 
 @torch.inference_mode()

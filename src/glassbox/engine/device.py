@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from glassbox.config import EngineConfig
+from glassbox.engine.kv_caches import TRITON_MAX_HEAD_DIM, widest_head
 from glassbox.engine.kv_plan import GiB
 from glassbox.layers.kv_quant import row_width
 from glassbox.models.model_config import KV_TORCH_DTYPES, TORCH_DTYPES, ModelConfig
@@ -199,6 +200,9 @@ def choose_backends(config: EngineConfig, model_config: ModelConfig) -> Backends
     attn_backend = "triton" if on_triton else "torch"
     if attn_backend == "triton" and kv_dtype.itemsize == 1 and model_config.head_dim % 4:
         logger.warning("the triton kernels read an 8-bit KV cache for head dims divisible by 4: torch path")
+        attn_backend = "torch"
+    if attn_backend == "triton" and (widest := widest_head(model_config)) > TRITON_MAX_HEAD_DIM:
+        logger.warning("head dim %d: past the triton attention kernels' %d: torch path", widest, TRITON_MAX_HEAD_DIM)  # fmt: skip
         attn_backend = "torch"
     # hybrid models (recurrent states) run eager: no decode graphs for them yet
     use_graphs = attn_backend == "triton" and not (config.enforce_eager or model_config.hybrid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from glassbox.engine.kv_caches import kv_cache_tensors
 from glassbox.kernels.attention_tiles import prefill_block_m
 from glassbox.layers.attention import AttentionMetadata, PrefillSeq, build_paged_prefill
 from glassbox.layers.state_cache import StateBatch, StatePrefill
@@ -18,7 +19,6 @@ def profile_prefill(
     n: int,
     block_size: int,
     kv_dtype: torch.dtype,
-    kv_width: int,
     backend: str,
     dtype: torch.dtype,
     dev: torch.device,
@@ -27,8 +27,7 @@ def profile_prefill(
     the LM head on up to 256 of its rows; the attention reads its n tokens back (Triton, an 8-bit cache)
     from one real cache shared by the layers."""
     nb = -(-n // block_size)
-    shape = (2, nb, block_size, mc.num_kv_heads, kv_width)
-    cache = [torch.zeros(shape, dtype=kv_dtype, device=dev)] * mc.num_layers
+    cache = kv_cache_tensors(mc, nb, block_size, kv_dtype, dev, one_per_shape=True)
     meta = AttentionMetadata(slot_mapping=torch.arange(n, device=dev), backend=backend)
     if mc.hybrid is not None:  # a hybrid model's state layers: one slot each, the prompt from zeros
         widths = [conv + ssm for conv, ssm in mc.hybrid.layer_state_elements()]

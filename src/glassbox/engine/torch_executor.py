@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,6 +31,7 @@ from glassbox.engine.device import (
     read_device_memory,
 )
 from glassbox.engine.executor import PendingStep, ReadyStep
+from glassbox.engine.kv_caches import kv_cache_tensors
 from glassbox.engine.kv_plan import GiB, KVCachePlan, cpu_kv_budget, fixed_plan, plan_cache
 from glassbox.engine.profile_run import profile_prefill
 from glassbox.engine.sampler import to_device
@@ -133,7 +135,7 @@ class TorchExecutor:
             seed=config.seed,
             where="the checkpoint" if checkpoint is None else str(checkpoint.source.path),
             kept=kept,
-            shard=tp_model.shard_fn(self.tp),
+            shard=tp_model.shard_fn(self.tp, self.model_config),
         )
         if at_load is not None:
             from glassbox.quant.at_load import quantize_at_load
@@ -197,8 +199,14 @@ class TorchExecutor:
         model_config = self.model_config
         # CUDA: one block more than the BlockManager gets, the scratch block that padded graph rows write
         blocks = self.num_kv_blocks + (1 if self.device.type == "cuda" else 0)
-        shape = (2, blocks, self.block_size, tp_model.kv_heads(self.tp, model_config), self.kv_width)
-        self.kv_caches = layer_caches(model_config, shape, self.kv_dtype, self.kv_plan, self.device)
+        if model_config.hybrid is None:  # a layer's own KV heads and width (Gemma 4), shared KV held once
+            heads = None if self.tp is None else partial(tp_model.kv_heads, self.tp, model_config)
+            self.kv_caches = kv_cache_tensors(
+                model_config, blocks, self.block_size, self.kv_dtype, self.device, heads
+            )
+        else:  # attention layers' KV beside the linear layers' state rows
+            shape = (2, blocks, self.block_size, tp_model.kv_heads(self.tp, model_config), self.kv_width)
+            self.kv_caches = layer_caches(model_config, shape, self.kv_dtype, self.kv_plan, self.device)
         # the forward a step calls: the model's own, or on CPU the model bound to the C kernels
         self.forward: Forward = self.model
         if self.attn_backend == "native":  # bound now, so that a shape the kernels cannot take shows at start
@@ -264,7 +272,7 @@ class TorchExecutor:
         before = torch.cuda.memory_allocated(self.device)
         mc = self.model_config
         n = max(1, min(max_num_batched_tokens, mc.max_positions))
-        profile_prefill(self.model, mc, n, self.block_size, self.kv_dtype, self.kv_width, self.attn_backend,
+        profile_prefill(self.model, mc, n, self.block_size, self.kv_dtype, self.attn_backend,
                         self.dtype, self.device)  # fmt: skip
         peak = torch.cuda.max_memory_allocated(self.device) - before
         torch.cuda.empty_cache()  # the profile's blocks back: on unified memory, back to the host too

@@ -18,9 +18,11 @@ from glassbox.engine.checkpoint import Checkpoint, Tensors
 from glassbox.engine.kv_plan import KVCachePlan
 from glassbox.layers.attention import AttentionMetadata
 from glassbox.models.causal_lm import CausalLM
+from glassbox.models.families import engine_family
 from glassbox.models.gguf_shards import check_gguf_tp, sharded_gguf
 from glassbox.models.loader import Forward
 from glassbox.models.model_config import ModelConfig
+from glassbox.models.multimodal import text_tensors, tower_names
 from glassbox.models.tensor_parallel import apply_tp, check_tp, kv_heads_of, sharded_safetensors
 from glassbox.quant.blocks.ct_int_config import ct_int_spec
 from glassbox.quant.blocks.linear import block_kernel_rows
@@ -105,15 +107,24 @@ def weights(
 ) -> tuple[Tensors, dict[str, Kept]]:
     """This rank's shards: (float tensors, packed ones by HF name), read slice by slice from the
     safetensors files, from a GGUF file's blocks (kept packed with ``keep_blocks``: models/gguf_shards.py),
-    or from a quantized checkpoint's layers (kept packed: quant/shards.py)."""
+    or from a quantized checkpoint's layers (kept packed: quant/shards.py); a multimodal checkpoint's text
+    model's (models/multimodal.py)."""
     if checkpoint.gguf is not None:
         return sharded_gguf(checkpoint.gguf, cfg, tp.rank, tp.world, keep_blocks)
-    qc = checkpoint.facts.quantization_config
+    qc, path = checkpoint.facts.quantization_config, checkpoint.source.path
+    if qc and checkpoint.multimodal:
+        raise ValueError(
+            f"--tensor-parallel-size {tp.world}: a quantized multimodal checkpoint is not split yet"
+        )
     if qc and is_fp4(qc):
-        return sharded_fp4(checkpoint.source.path, qc, cfg, tp.rank, tp.world)
+        return sharded_fp4(path, qc, cfg, tp.rank, tp.world)
     if qc:
-        return sharded_quantized(checkpoint.source.path, qc, cfg, tp.rank, tp.world)
-    return sharded_safetensors(checkpoint.source.path, cfg, tp.rank, tp.world), {}
+        return sharded_quantized(path, qc, cfg, tp.rank, tp.world)
+    if checkpoint.multimodal:  # the text model's tensors (models/multimodal.py), the towers' never sliced
+        return text_tensors(
+            sharded_safetensors(path, cfg, tp.rank, tp.world, tower_names(path)), str(path)
+        ), {}
+    return sharded_safetensors(path, cfg, tp.rank, tp.world), {}
 
 
 def max_across(tp: TPState | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -121,13 +132,15 @@ def max_across(tp: TPState | None) -> Callable[[torch.Tensor], torch.Tensor] | N
     return None if tp is None else load_max
 
 
-def shard_fn(tp: TPState | None) -> Callable[[CausalLM], None] | None:
-    return None if tp is None else partial(apply_tp, rank=tp.rank, world=tp.world)
+def shard_fn(tp: TPState | None, cfg: ModelConfig) -> Callable[[CausalLM], None] | None:
+    """The function splitting the built model for this rank: its family's own, or apply_tp."""
+    split = engine_family(cfg.architecture).split_for_tp() or apply_tp
+    return None if tp is None else partial(split, rank=tp.rank, world=tp.world)
 
 
-def kv_heads(tp: TPState | None, cfg: ModelConfig) -> int:
-    """KV heads in this rank's cache."""
-    return cfg.num_kv_heads if tp is None else len(kv_heads_of(cfg, tp.rank, tp.world))
+def kv_heads(tp: TPState | None, cfg: ModelConfig, layer: int = 0) -> int:
+    """KV heads in this rank's cache of ``layer``."""
+    return cfg.kv_shape(layer)[0] if tp is None else len(kv_heads_of(cfg, tp.rank, tp.world, layer))
 
 
 def agree(tp: TPState | None, plan: KVCachePlan, weight_bytes: int) -> tuple[KVCachePlan, list[int]]:

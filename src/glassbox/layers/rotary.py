@@ -13,6 +13,8 @@ def inv_frequencies(head_dim: int, params: dict[str, Any]) -> tuple[torch.Tensor
     """(inverse frequencies (head_dim/2,), attention scaling factor) for the given rope settings."""
     base = float(params["rope_theta"])
     partial = float(params.get("partial_rotary_factor", 1.0))
+    if params["rope_type"] == "proportional":  # Gemma 4's full layers: see _proportional
+        return _proportional(head_dim, base, partial, float(params.get("factor") or 1.0)), 1.0
     dim = int(head_dim * partial)
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     kind = params["rope_type"]
@@ -38,8 +40,19 @@ def inv_frequencies(head_dim: int, params: dict[str, Any]) -> tuple[torch.Tensor
     if kind == "longrope":
         return _longrope(dim, base, params)
     raise ValueError(
-        f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3, yarn, longrope)"
+        f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3, yarn, longrope, "
+        "proportional)"
     )
+
+
+def _proportional(head_dim: int, base: float, partial: float, factor: float) -> torch.Tensor:
+    """Proportional rope (Gemma 4's full layers) as transformers computes it: (head_dim/2,) frequencies over
+    the whole head, the first int(partial * head_dim // 2) at the exponents of a full head's
+    (base ** (-2i / head_dim)), the rest 0 (those pairs do not turn: cos 1, sin 0); all divided by
+    ``factor``. The head rotates whole (rotate-half over head_dim), not a leading part of it."""
+    turning = int(partial * head_dim // 2)
+    inv = 1.0 / (base ** (torch.arange(0, 2 * turning, 2, dtype=torch.int64).float() / head_dim))
+    return torch.cat([inv, torch.zeros(head_dim // 2 - turning)]) / factor
 
 
 def _longrope(dim: int, base: float, params: dict[str, Any]) -> tuple[torch.Tensor, float]:
@@ -140,6 +153,10 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # q (T, Hq, D), k (T, Hk, D), cos/sin (T, 1, rotary_dim) from cos_sin()
         return _rotate(q, cos, sin, self.rotary_dim), _rotate(k, cos, sin, self.rotary_dim)
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """One tensor (T, H, D) rotated (the queries of a layer that reads another's rotated keys)."""
+        return _rotate(x, cos, sin, self.rotary_dim)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rd: int) -> torch.Tensor:

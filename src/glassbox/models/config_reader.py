@@ -1,8 +1,9 @@
 """Reading a model's config.json into ModelFacts: the one module that parses config.json.
 
 Parameter counts per group are exact (norms and biases included) for llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe,
-mixtral, gemma3_text, gpt_oss, phi3, and (models/hybrid_config.py) nemotron_h (hybrid Mamba-2 / latent MoE /
-attention), qwen3_next, qwen3_5_text and qwen3_5_moe_text (Gated DeltaNet / gated attention). "Active"
+mixtral, gemma3_text, gemma4_text (models/gemma4_facts.py), gpt_oss, phi3, and (models/hybrid_config.py)
+nemotron_h (hybrid Mamba-2 / latent MoE / attention), qwen3_next, qwen3_5_text and qwen3_5_moe_text (Gated
+DeltaNet / gated attention). "Active"
 parameters are those one token touches: everything except the embedding table (a decode step gathers one
 row) and the routed experts not chosen (MoE: top-k of E per layer).
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from glassbox.models.facts import ModelFacts, config_dtype, id_list, rope_parameters
 from glassbox.models.families import family_of_type, model_types
+from glassbox.models.gemma4_facts import gemma4_facts, with_defaults
 from glassbox.models.gguf_reader import GGUFCheckpoint
 from glassbox.models.hybrid_config import (
     QWEN_HYBRID_TYPES,
@@ -219,11 +221,13 @@ def transformer_facts(cfg: dict[str, Any], name: str) -> ModelFacts:
 
 
 def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
-    """Build ModelFacts from a config.json dict (multimodal configs: their ``text_config``)."""
+    """Build ModelFacts from a config.json dict (multimodal configs: their ``text_config``; the engine runs the
+    text model of an architecture its family lists as ``multimodal``)."""
+    outer = str((cfg.get("architectures") or [""])[0])
     if "text_config" in cfg and "hidden_size" not in cfg:
         text = dict(cfg["text_config"])
         text.setdefault("quantization_config", cfg.get("quantization_config"))
-        text.setdefault("torch_dtype", cfg.get("torch_dtype"))
+        text.setdefault("torch_dtype", cfg.get("torch_dtype") or cfg.get("dtype"))
         text.setdefault("model_type", f"{cfg.get('model_type', '')}_text")
         text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
         text_family = family_of_type(str(text["model_type"]))
@@ -236,11 +240,16 @@ def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
         raise ValueError(f"MODEL: model_type {mt!r} is not supported; supported: {', '.join(model_types())}")
     mt = family.model_type  # "gemma3": its text model
     cfg = {**cfg, "model_type": mt}
+    if outer in family.multimodal:
+        cfg["architectures"] = [family.architecture]
     if mt == "nemotron_h":  # transformers 5 writes layers_block_type and no num_hidden_layers
         cfg.setdefault("num_hidden_layers", len(nemotron_layer_types(cfg)))
         return nemotron_h_facts(cfg, _common(cfg, name))
     if mt in QWEN_HYBRID_TYPES:
         return qwen_hybrid_facts(cfg, _common(cfg, name))
+    if mt == "gemma4_text":
+        cfg = with_defaults(cfg)
+        return gemma4_facts(cfg, _common(cfg, name))
     return transformer_facts(cfg, name)
 
 

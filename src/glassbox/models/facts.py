@@ -51,6 +51,17 @@ class ModelFacts:
     embed_scale: float = 1.0  # token embeddings are multiplied by it (Gemma: sqrt(hidden_size))
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap) where set
     attn_logit_softcapping: float | None = None  # the same on attention scores, where the config sets it
+    # Gemma 4: per-layer KV geometry where layers differ ((): num_kv_heads and head_dim everywhere); the
+    # layer whose KV cache each layer attends over ((): its own; a layer reading another's holds no KV);
+    # full layers' V taken from their K projection; the dense MLP's width per layer ((): intermediate_size);
+    # per-layer input embeddings of this width per layer, from a table of this many rows (0: none)
+    layer_kv_heads: tuple[int, ...] = ()
+    layer_head_dims: tuple[int, ...] = ()
+    kv_source: tuple[int, ...] = ()
+    attention_k_eq_v: bool = False
+    layer_intermediate: tuple[int, ...] = ()
+    per_layer_input_size: int = 0
+    per_layer_input_vocab: int = 0
     num_experts: int = 0
     experts_per_token: int = 0
     moe_layers: int = 0
@@ -114,35 +125,63 @@ class ModelFacts:
         """The engine's position limit: the config's, or DEFAULT_MAX_POSITIONS when it names none."""
         return self.max_context or DEFAULT_MAX_POSITIONS
 
+    def kv_shape(self, layer: int) -> tuple[int, int]:
+        """(KV heads, head dim) of ``layer``'s attention."""
+        heads = self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_kv_heads
+        return heads, self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def kv_owner(self, layer: int) -> int:
+        """The layer whose KV cache ``layer`` attends over: itself, or (Gemma 4's shared KV) an earlier one."""
+        return self.kv_source[layer] if self.kv_source else layer
+
+    def _kv_widths(self, kind: str) -> int:
+        """Sum over the layers of ``kind`` that hold a KV cache of 2 x KV heads x head dim (K and V)."""
+        return sum(
+            2 * h * d
+            for i, k in enumerate(self.layer_mixers)
+            if k == kind and self.kv_owner(i) == i
+            for h, d in [self.kv_shape(i)]
+        )
+
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
         """KV bytes one token adds while the context is shorter than any sliding window.
 
-        The engine's paged cache holds this much per token slot (it keeps every layer's K and V)."""
-        full, sliding = self.kv_layers
-        return (full + sliding) * 2 * self.num_kv_heads * self.head_dim * bytes_per_element
+        The engine's paged cache holds this much per token slot: every layer's K and V, once for layers that
+        share one (a layer reading another's cache holds none)."""
+        return (self._kv_widths("full") + self._kv_widths("sliding")) * bytes_per_element
 
     def kv_bytes(self, seq_len: int, bytes_per_element: float = 2.0) -> float:
         """KV cache of one sequence of ``seq_len`` tokens; sliding layers keep at most the window."""
-        full, sliding = self.kv_layers
-        per_layer_token = 2 * self.num_kv_heads * self.head_dim * bytes_per_element
         window = min(seq_len, self.sliding_window or seq_len)
-        return per_layer_token * (full * seq_len + sliding * window)
+        full, sliding = self._kv_widths("full"), self._kv_widths("sliding")
+        return bytes_per_element * (full * seq_len + sliding * window)
 
     def attention_flops(self, num_new: int, context_before: int) -> float:
         """QK^T and PV FLOPs for ``num_new`` causal queries after ``context_before`` cached tokens.
 
-        Per layer and query attending to n keys: 4 * heads * head_dim * n (2 FLOPs per MAC, two matmuls).
-        """
+        Per layer and query attending to n keys: 4 * heads * head_dim * n (2 FLOPs per MAC, two matmuls);
+        a layer reading another's KV cache still attends."""
         full, sliding = self.kv_layers
+        dims = {kind: sum(self.kv_shape(i)[1] for i, k in enumerate(self.layer_mixers) if k == kind)
+                for kind in ("full", "sliding")}  # fmt: skip
         keys_full = num_new * context_before + num_new * (num_new + 1) / 2
         keys_sliding = sliding_keys(num_new, context_before, self.sliding_window or 0) if sliding else 0.0
-        return 4.0 * self.num_heads * self.head_dim * (full * keys_full + sliding * keys_sliding)
+        return 4.0 * self.num_heads * (dims["full"] * keys_full + dims["sliding"] * keys_sliding)
+
+    @property
+    def embedding_row_params(self) -> int:
+        """Parameters one token gathers from the embedding tables: its row, and its per-layer inputs' row."""
+        return self.hidden_size + self.num_layers * self.per_layer_input_size
 
     def describe_attention(self) -> str:
         full, sliding = self.kv_layers
         mamba = self.layer_mixers.count("mamba")
         linear = self.layer_mixers.count("linear")
         gqa = f"GQA {self.num_heads}q/{self.num_kv_heads}kv x {self.head_dim}"
+        if self.layer_kv_heads or self.layer_head_dims:  # Gemma 4: full layers' own geometry
+            heads, dim = self.kv_shape(self.layer_mixers.index("full")) if full else self.kv_shape(0)
+            gqa += f" (full layers {heads}kv x {dim}{', K = V' if self.attention_k_eq_v else ''})"
+        shared = sum(self.kv_owner(i) != i for i in range(self.num_layers))
         parts = [f"{full} full"]
         if sliding:
             parts.append(f"{sliding} sliding (window {self.sliding_window})")
@@ -150,6 +189,8 @@ class ModelFacts:
             parts.append(f"{mamba} Mamba-2 (no KV)")
         if linear:
             parts.append(f"{linear} Gated DeltaNet (no KV)")
+        if shared:
+            parts.append(f"the last {shared} reusing earlier layers' KV")
         return f"{gqa}; layers: " + ", ".join(parts)
 
 

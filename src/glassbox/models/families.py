@@ -33,12 +33,20 @@ class Family:
     aliases: tuple[str, ...] = ()  # other model_type spellings that mean it ("gemma3": its text model)
     base_model: str | None = None  # its headless class ("LlamaModel"): an embedding checkpoint's architecture
     task: str = "generate"  # or "embed" / "rerank": an encoder (engine/embedding_model.py builds it)
+    # multimodal architectures whose text model it runs (their towers ignored: models/multimodal.py)
+    multimodal: tuple[str, ...] = ()
+    # "module:function" splitting a built model over tensor-parallel ranks, where not tensor_parallel.apply_tp
+    tp_split: str | None = None
 
     def model_class(self) -> Any:
         """The nn.Module class that runs it (imports torch); ValueError where the engine has none."""
         if self.model is None:
             raise ValueError(f"architecture {self.architecture!r} is described by the planner only")
         return _resolve(self.model)
+
+    def split_for_tp(self) -> Any | None:
+        """The function splitting a built model over tensor-parallel ranks where the family has its own."""
+        return None if self.tp_split is None else _resolve(self.tp_split)
 
     def bind_cpu_forward(self) -> Any | None:
         """The function that binds its forward on the CPU kernels, or None (the PyTorch ops run it)."""
@@ -71,6 +79,12 @@ FAMILIES: dict[str, Family] = {
         Family(
             "Gemma3ForCausalLM", "gemma3_text", "glassbox.models.gemma3:Gemma3ForCausalLM", "gemma3", None, True,
             aliases=("gemma3",), base_model="Gemma3TextModel",
+        ),
+        # per-layer inputs, shared KV, full layers of their own geometry, experts beside the MLP (models/gemma4.py)
+        Family(
+            "Gemma4ForCausalLM", "gemma4_text", "glassbox.models.gemma4:Gemma4ForCausalLM", "gemma4", None, True,
+            aliases=("gemma4",), multimodal=("Gemma4ForConditionalGeneration",),
+            tp_split="glassbox.models.gemma4_tp:apply_gemma4_tp",
         ),
         # hybrid: a recurrent state beside the KV (layers/state_cache.py); decode recurrences in C
         Family("Qwen3NextForCausalLM", "qwen3_next", _QWEN_NEXT, None, _HYBRID_CPU),  # Gated DeltaNet + gated attention

@@ -23,6 +23,10 @@ TOP_LEVEL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
     "output": "lm_head",
+    # Gemma 4's per-layer input embeddings: the table, the projection to it and its norm
+    "per_layer_token_embd": "model.embed_tokens_per_layer",
+    "per_layer_model_proj": "model.per_layer_model_projection",
+    "per_layer_proj_norm": "model.per_layer_projection_norm",
 }
 LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -61,9 +65,34 @@ _GPT_OSS_LAYER_NAMES = {
 }
 # Phi-3: Q/K/V in one tensor, gate and up in one ffn_up of twice the FFN width (models/fused_parts.py)
 _PHI3_LAYER_NAMES = {**LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
+# Gemma 4 (llama.cpp's conversion/gemma.py Gemma4Model): Gemma 3's norms (weights as stored: no + 1), the
+# router ffn_gate_inp beside the dense MLP, each layer's experts with gate and up fused (ffn_gate_up_exps
+# (E, 2I, H), read as models/gemma4.py's experts.gate_up_proj), norms around them, the per-layer input's gate,
+# projection and norm, the layer scalar; the router's input scale and per-expert scale stored as
+# ffn_gate_inp.scale and ffn_down_exps.scale (_SCALES)
+_GEMMA4_LAYER_NAMES = {
+    **{k: v for k, v in _GEMMA3_LAYER_NAMES.items() if not k.startswith("ffn_gate_inp") and "exp" not in k},
+    "ffn_gate_inp": "router.proj",
+    "ffn_gate_up_exps": "experts.gate_up_proj",
+    "ffn_down_exps": "experts.down_proj",
+    "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+    "post_ffw_norm_1": "post_feedforward_layernorm_1",
+    "post_ffw_norm_2": "post_feedforward_layernorm_2",
+    "inp_gate": "per_layer_input_gate",
+    "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm",
+    "layer_output_scale": "layer_scalar",
+}
+ARCH_LAYER_NAMES = {
+    "gemma3": _GEMMA3_LAYER_NAMES,
+    "gemma4": _GEMMA4_LAYER_NAMES,
+    "gpt-oss": _GPT_OSS_LAYER_NAMES,
+    "phi3": _PHI3_LAYER_NAMES,
+}
 # Hugging Face parameters named without a ".weight" (GGUF stores them as "<part>.weight")
-_BARE = frozenset({"self_attn.sinks"})
+_BARE = frozenset({"self_attn.sinks", "layer_scalar"})
+# "blk.N.<part>.scale" tensors: (architecture, part) -> the Hugging Face parameter (named without a suffix)
+_SCALES = {("gemma4", "ffn_gate_inp"): "router.scale", ("gemma4", "ffn_down_exps"): "router.per_expert_scale"}
 # Tensors with no Hugging Face parameter that carry nothing the config does not already hold:
 # rope_freqs (llama 3.x) is the llama3 rope scaling, turned into config["rope_scaling"] and checked there;
 # attn_rot_embd (old llama conversions) is the rotary inverse-frequency buffer, recomputed from rope_theta;
@@ -71,7 +100,7 @@ _BARE = frozenset({"self_attn.sinks"})
 _REDUNDANT = re.compile(
     r"^(rope_freqs\.weight|rope_factors_(long|short)\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$"
 )
-_LAYER_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<part>\w+)\.(?P<kind>weight|bias)$")
+_LAYER_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<part>\w+)\.(?P<kind>weight|bias|scale)$")
 # layouts other converters or older llama.cpp wrote, which glassbox does not read
 _REFUSED = {
     "ffn_gate_up_exps": "fused gate/up experts (convert_hf_to_gguf.py --fuse-gate-up-exps) are not read yet",
@@ -99,7 +128,9 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
         return f"{TOP_LEVEL_NAMES[stem]}.{kind}"
     m = _LAYER_TENSOR.match(gguf_name)
     names = layer_names(arch)
-    if m and m["part"] in names:
+    if m and m["kind"] == "scale" and (arch, m["part"]) in _SCALES:
+        return f"model.layers.{int(m['layer'])}.{_SCALES[arch, m['part']]}"
+    if m and m["part"] in names and m["kind"] != "scale":
         path = names[m["part"]]
         suffix = "" if path in _BARE and m["kind"] == "weight" else f".{m['kind']}"
         return f"model.layers.{int(m['layer'])}.{path}{suffix}"
@@ -124,6 +155,9 @@ def gguf_tensor_name(hf_name: str, arch: str = "llama") -> str:
     if m is None:
         raise KeyError(hf_name)
     layer, rest = m.groups()
+    scale = next((part for (a, part), hf in _SCALES.items() if a == arch and hf == rest), None)
+    if scale is not None:
+        return f"blk.{layer}.{scale}.scale"
     path, kind = (rest, "weight") if rest in _BARE else rest.rpartition(".")[::2]
     for part, hf in layer_names(arch).items():
         if hf == path:

@@ -29,8 +29,10 @@ from glassbox.models.gguf_config import (
     NORM_OFFSETS,
     PERMUTED_QK_ARCHITECTURES,
     build_config,
+    file_dtype,
     hf_architecture,
 )
+from glassbox.models.gguf_gemma4 import gemma4_config
 from glassbox.models.gguf_names import hf_tensor_name
 
 logger = logging.getLogger(__name__)
@@ -340,7 +342,10 @@ def _open(paths: list[Path]) -> GGUFCheckpoint:
                 )
             names[t.name] = hf
             types[hf] = t.tensor_type.name
-    config = build_config(metadata, shapes, list(types.values()), rope_freqs, rope_factors)
+    if arch == "gemma4":  # per-layer shapes of its own (models/gguf_gemma4.py)
+        config = gemma4_config(metadata, shapes, rope_freqs, file_dtype(list(types.values())))
+    else:
+        config = build_config(metadata, shapes, list(types.values()), rope_freqs, rope_factors)
     for hf in list(types):  # a fused tensor's type is each of its parts'
         parts = fused_rows(hf, config)
         if parts:

@@ -37,13 +37,17 @@ from glassbox.quant.kept import Kept
 Tensors = Iterator[tuple[str, torch.Tensor]]  # (HF name, tensor), one at a time
 
 
-
 def check_gguf_tp(gguf: GGUFCheckpoint, cfg: ModelConfig, world: int) -> None:
     """ValueError naming what a GGUF file's split over ``world`` ranks cannot run: a column-split tensor
-    (o_proj, down_proj, the experts' down_proj) whose shard would cut its type's blocks."""
+    (o_proj, down_proj, the experts' down_proj) whose shard would cut its type's blocks; stacked experts
+    with no split (Gemma 4's fused gate/up)."""
     for name, t in gguf.entries():
         shape = hf_shape(t)
         how, a, b, _ = shard_plan(name, list(shape), cfg, 0, world)
+        if len(shape) == 3 and how == "whole":  # stacked experts every rank would hold whole: not split
+            raise ValueError(
+                f"--tensor-parallel-size {world}: {name} (stacked experts of this layout) is not split yet"
+            )
         values = GGML_QUANT_SIZES[t.tensor_type][0]
         if how in ("cols", "cols3") and (b - a) % values:
             kind = "super-blocks" if t.tensor_type.name.endswith("_K") else "blocks"

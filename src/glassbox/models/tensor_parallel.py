@@ -26,6 +26,7 @@ Refused (``check_tp``): head or FFN widths the ranks do not divide.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -178,11 +179,11 @@ def check_tp(cfg: ModelConfig, world: int) -> None:
         widths["shared expert FFN width"] = cfg.shared_expert_intermediate_size
     if cfg.num_heads % world:
         raise ValueError(f"--tensor-parallel-size {world} must divide the model's {cfg.num_heads} heads")
-    kv = cfg.num_kv_heads
-    if kv % world and world % kv:
-        raise ValueError(
-            f"--tensor-parallel-size {world} and the model's {kv} KV heads: one must divide the other"
-        )
+    for kv in sorted({cfg.kv_shape(i)[0] for i in range(cfg.num_layers)}):
+        if kv % world and world % kv:
+            raise ValueError(
+                f"--tensor-parallel-size {world} and the model's {kv} KV heads: one must divide the other"
+            )
     for what, width in widths.items():
         if width % world:
             raise ValueError(f"--tensor-parallel-size {world} must divide the model's {what} {width}")
@@ -190,9 +191,9 @@ def check_tp(cfg: ModelConfig, world: int) -> None:
 
 
 
-def kv_heads_of(cfg: ModelConfig, rank: int, world: int) -> range:
-    """The KV heads rank ``rank`` holds."""
-    kv = cfg.num_kv_heads
+def kv_heads_of(cfg: ModelConfig, rank: int, world: int, layer: int = 0) -> range:
+    """The KV heads rank ``rank`` holds (of ``layer``'s: Gemma 4's full layers have fewer)."""
+    kv = cfg.kv_shape(layer)[0]
     if kv >= world:
         per = kv // world
         return range(rank * per, (rank + 1) * per)
@@ -250,6 +251,7 @@ def apply_tp(model: CausalLM, rank: int, world: int) -> None:
         model.lm_head.weight = model.model.embed_tokens.weight
 
 
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
 _ROWS = ("q_proj", "gate_proj", "up_proj", "w1", "w3")  # split by output rows (per expert too)
 _COLS = ("o_proj", "down_proj", "w2")  # by input columns
 
@@ -259,7 +261,6 @@ def shard_plan(
 ) -> tuple[str, int, int, int]:
     """How rank ``rank`` reads tensor ``name``: ("rows" | "cols" | "whole" | "zeros" | "gate_up" | "cols3" |
     "rows3" (dim 1 of a 3-D tensor), start, end, padded rows)."""
-    hd = cfg.head_dim
     part = name.rsplit(".", 2)
     module, kind = (part[-2], part[-1]) if len(part) >= 2 else ("", name)
     if cfg.model_type == "gpt_oss" and module == "experts":  # stored as gpt-oss stores them
@@ -291,7 +292,8 @@ def shard_plan(
         per = -(-cfg.vocab_size // world)
         return "rows", min(rank * per, shape[0]), min((rank + 1) * per, shape[0]), per
     if module in ("k_proj", "v_proj"):
-        r = kv_heads_of(cfg, rank, world)
+        layer = int(m[1]) if (m := _LAYER.search(name)) else 0
+        r, hd = kv_heads_of(cfg, rank, world, layer), cfg.kv_shape(layer)[1]
         return "rows", r.start * hd, r.stop * hd, len(r) * hd
     if module in _ROWS:
         per = shape[0] // world

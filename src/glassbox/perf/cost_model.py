@@ -102,7 +102,7 @@ def step_cost(
     # Bytes: weights once per step, each group at its format's kernel efficiency.
     weight_s, weight_bytes = 0.0, 0.0
     groups = {g: float(facts.params[g]) for g in (*_DENSE_GROUPS, "lm_head")}
-    groups["embed"] = float(min(tokens, facts.vocab_size) * facts.hidden_size)  # gathered rows only
+    groups["embed"] = float(min(tokens, facts.vocab_size) * facts.embedding_row_params)  # gathered rows only
     distinct = expected_distinct_experts(facts.num_experts, facts.experts_per_token, tokens)
     groups["experts"] = facts.moe_layers * distinct * facts.params_per_expert
     for group, count in groups.items():

@@ -13,6 +13,7 @@ from glassbox.models.config_reader import facts_from_config, facts_from_dir, fac
 from glassbox.models.facts import ModelFacts
 from glassbox.models.gguf_reader import is_gguf, open_gguf
 from glassbox.models.sources import resolve_model
+from glassbox.perf.presets_hybrid import HYBRID_PRESETS
 from glassbox.quant.config import method_config
 
 _LLAMA_COMMON: dict[str, Any] = {
@@ -27,6 +28,33 @@ _LLAMA_COMMON: dict[str, Any] = {
     "rope_theta": 500000.0,
     "rms_norm_eps": 1e-05,
     "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+_GEMMA4_COMMON: dict[str, Any] = {
+    "architectures": ["Gemma4ForConditionalGeneration"],  # the text model of: models/gemma4.py runs it
+    "model_type": "gemma4_text",
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "attention_k_eq_v": True,
+    "sliding_window": 1024,
+    "vocab_size": 262144,
+    "vocab_size_per_layer_input": 262144,
+    "hidden_size_per_layer_input": 0,
+    "num_kv_shared_layers": 0,
+    "max_position_embeddings": 262144,
+    "final_logit_softcapping": 30.0,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {
+        "full_attention": {
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 1000000.0,
+            "rope_type": "proportional",
+        },
+        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+    },
+    "tie_word_embeddings": True,
     "torch_dtype": "bfloat16",
 }
 
@@ -138,94 +166,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_local_experts": 128,
         "layer_types": _alternating(36),
     },
-    "nemotron-3-super-120b-a12b": {
-        "architectures": ["NemotronHForCausalLM"],
-        "model_type": "nemotron_h",
-        "hidden_size": 4096,
-        "num_hidden_layers": 88,
-        "hybrid_override_pattern": (
-            "MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEM*EMEMEMEME"
-        ),
-        "num_attention_heads": 32,
-        "num_key_value_heads": 2,
-        "head_dim": 128,
-        "intermediate_size": 2688,
-        "mlp_hidden_act": "relu2",
-        "mamba_num_heads": 128,
-        "mamba_head_dim": 64,
-        "n_groups": 8,
-        "ssm_state_size": 128,
-        "conv_kernel": 4,
-        "expand": 2,
-        "mamba_ssm_cache_dtype": "float32",
-        "n_routed_experts": 512,
-        "num_experts_per_tok": 22,
-        "moe_intermediate_size": 2688,
-        "moe_latent_size": 1024,
-        "n_shared_experts": 1,
-        "moe_shared_expert_intermediate_size": 5376,
-        "num_nextn_predict_layers": 1,
-        "vocab_size": 131072,
-        "max_position_embeddings": 262144,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-    },
-    # Qwen3-Next / Qwen3.5: 3 Gated DeltaNet layers to 1 gated full-attention layer (full_attention_interval 4)
-    "qwen3-next-80b-a3b": {
-        "architectures": ["Qwen3NextForCausalLM"],
-        "model_type": "qwen3_next",
-        "hidden_size": 2048,
-        "intermediate_size": 5120,
-        "num_hidden_layers": 48,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 2,
-        "head_dim": 256,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_conv_kernel_dim": 4,
-        "full_attention_interval": 4,
-        "num_experts": 512,
-        "num_experts_per_tok": 10,
-        "moe_intermediate_size": 512,
-        "shared_expert_intermediate_size": 512,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "norm_topk_prob": True,
-        "partial_rotary_factor": 0.25,
-        "rope_theta": 10000000,
-        "vocab_size": 151936,
-        "max_position_embeddings": 262144,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-    },
-    # the text model of the multimodal checkpoint (its ~0.4B vision tower is not part of text generation);
-    # linear head counts and expert widths checked against the published 122.1B total and ~10B active
-    "qwen3.5-122b-a10b": {
-        "architectures": ["Qwen3_5MoeForCausalLM"],
-        "model_type": "qwen3_5_moe_text",
-        "hidden_size": 3072,
-        "num_hidden_layers": 48,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 2,
-        "head_dim": 256,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 64,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_conv_kernel_dim": 4,
-        "full_attention_interval": 4,
-        "num_experts": 256,
-        "num_experts_per_tok": 8,
-        "moe_intermediate_size": 1024,
-        "shared_expert_intermediate_size": 1024,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
-        "vocab_size": 248320,
-        "max_position_embeddings": 262144,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-    },
     "qwen3-30b-a3b": {
         "architectures": ["Qwen3MoeForCausalLM"],
         "model_type": "qwen3_moe",
@@ -329,6 +269,34 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "torch_dtype": "bfloat16",
     },
+    # Gemma 4: each model's text_config (the vision tower is not part of text generation), as published in
+    # google/gemma-4-31B-it's and google/gemma-4-26B-A4B-it's config.json (read through public code that quotes
+    # them: search of GitHub code for "num_global_key_value_heads"); their parameter counts here, 30.70B and
+    # 25.23B (3.82B active), are the model cards' 30.7B and 25.2B (3.8B active)
+    "gemma-4-31b": {
+        **_GEMMA4_COMMON,
+        "hidden_size": 5376,
+        "intermediate_size": 21504,
+        "num_hidden_layers": 60,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "num_global_key_value_heads": 4,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 10,
+    },
+    "gemma-4-26b-a4b": {
+        **_GEMMA4_COMMON,
+        "hidden_size": 2816,
+        "intermediate_size": 2112,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "num_global_key_value_heads": 2,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5,
+        "enable_moe_block": True,
+        "num_experts": 128,
+        "top_k_experts": 8,
+        "moe_intermediate_size": 704,
+    },
     # LongRoPE's 48 factor pairs are left out (no plan depends on them), so its rope reads as unscaled here
     "phi-4-mini": {
         "architectures": ["Phi3ForCausalLM"],
@@ -347,6 +315,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "torch_dtype": "bfloat16",
     },
+    **HYBRID_PRESETS,
 }
 
 # Hub repository each preset's values come from (for the report and for people who want the weights).
@@ -366,6 +335,8 @@ SOURCES: dict[str, str] = {
     "phi-4-mini": "microsoft/Phi-4-mini-instruct",
     "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
     "gemma-3-4b": "google/gemma-3-4b-it (text_config)",
+    "gemma-4-31b": "google/gemma-4-31B-it (text_config)",
+    "gemma-4-26b-a4b": "google/gemma-4-26B-A4B-it (text_config)",
 }
 
 

@@ -32,5 +32,22 @@ GEMMA_CHAT_TEMPLATE = """\
 {%- endif -%}
 """
 
+# Gemma 4's turn format (as its published template renders text-only chats without thinking): BOS, then per
+# message "<|turn>{system|user|model}\n{content, trimmed}<turn|>\n", the assistant's role named "model", a
+# system message (first only) a turn of its own; the generation prompt opens a model turn. Written for glassbox.
+GEMMA4_CHAT_TEMPLATE = """\
+{{- bos_token -}}
+{%- for message in messages -%}
+  {%- set role = {"system": "system", "user": "user", "assistant": "model"}.get(message["role"]) -%}
+  {%- if role is none or (role == "system" and not loop.first) -%}
+    {{- raise_exception("Gemma 4 chats take an optional first system message, then user and assistant turns") -}}
+  {%- endif -%}
+  {{- "<|turn>" ~ role ~ "\\n" ~ (message["content"] | trim) ~ "<turn|>\\n" -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{- "<|turn>model\\n" -}}
+{%- endif -%}
+"""
+
 # GGUF general.architecture -> the template used when the file has none
-BUILTIN_CHAT_TEMPLATES = {"gemma3": GEMMA_CHAT_TEMPLATE}
+BUILTIN_CHAT_TEMPLATES = {"gemma3": GEMMA_CHAT_TEMPLATE, "gemma4": GEMMA4_CHAT_TEMPLATE}

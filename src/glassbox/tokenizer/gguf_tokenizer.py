@@ -8,11 +8,11 @@ and wraps it in :class:`glassbox.tokenizer.hf_tokenizer.Tokenizer`:
 * ``tokenizer.ggml.model == "gpt2"``: byte-level BPE; ``tokenizer.ggml.pre`` picks the split regexes
   (llama.cpp's names: smollm, llama-bpe, qwen2, ...).
 * ``tokenizer.ggml.model == "llama"``: SentencePiece BPE with byte fallback; merges are rebuilt from the
-  token scores when the file has none.
+  token scores when the file has none. ``"gemma4"`` (Gemma 4's files): the same, its merges in the file.
 
 Control tokens become special added tokens and user-defined tokens plain added tokens, so both stay whole.
 A file without a chat template gets its architecture's built-in one where glassbox has it
-(:mod:`glassbox.tokenizer.builtin_templates`: Gemma 3).
+(:mod:`glassbox.tokenizer.builtin_templates`: Gemma 3, Gemma 4).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama")
+SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama", "gemma4")
 
 # tokenizer.ggml.token_type values
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
@@ -103,6 +103,7 @@ _END_OF_TURN_TEXTS = (
     "<|im_end|>",
     "<|end|>",
     "<end_of_turn>",
+    "<turn|>",  # Gemma 4
     "<|endoftext|>",
     "<|end_of_text|>",
     "<EOT>",
@@ -202,6 +203,8 @@ def build_backend(meta: Mapping[str, Any]) -> BackendTokenizer:
         )
     if not isinstance(tokens, list) or not tokens:
         raise ValueError("GGUF metadata has no tokenizer.ggml.tokens")
+    # gemma4: BPE over the text with spaces as U+2581 and byte fallback, merges in the file (llama.cpp's
+    # llama-vocab.cpp reads it so): the SentencePiece path with the file's merges
     backend = _byte_level_backend(meta, tokens) if kind == "gpt2" else _sentencepiece_backend(meta, tokens)
     types = _token_types(meta, tokens)
     control = [t for t, k in zip(tokens, types, strict=True) if k == TOKEN_CONTROL]
@@ -267,7 +270,7 @@ def tokenizer_from_gguf(source: GGUFCheckpoint | GGUFReader | Mapping[str, Any])
         if (i := _token_id(meta, key, len(tokens))) is not None
     }
     kind = meta.get("tokenizer.ggml.model")
-    default_bos = kind == "llama" or meta.get("tokenizer.ggml.pre") in _IGNORE_MERGES
+    default_bos = kind in ("llama", "gemma4") or meta.get("tokenizer.ggml.pre") in _IGNORE_MERGES
     return Tokenizer(
         backend,
         special_tokens=special,

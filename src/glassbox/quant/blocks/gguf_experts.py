@@ -27,7 +27,7 @@ def gguf_matrix(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> Expe
 def held_gguf_experts(
     stacked: dict[str, dict[str, list[ExpertMatrix]]], whole: bool = False
 ) -> tuple[dict[str, HeldExperts], set[str]]:
-    """Each MoE module's experts (by projection: gate_proj, up_proj, down_proj, a matrix per expert) as
+    """Each MoE module's experts (by projection: gate_proj and up_proj or gate_up_proj, down_proj, a matrix per expert) as
     ``HeldExperts``, and the tensor names taken. The gate and up are held only together (each expert's
     pair then stacks into one matrix when the types match); a projection not held is dequantized into the
     float parameters. With ``whole`` (CUDA's fused block MoE stacks them: quant/blocks/moe_stack.py) a module's
@@ -41,6 +41,9 @@ def held_gguf_experts(
         if "gate_proj" in parts and "up_proj" in parts:
             experts.gate_up = list(zip(parts["gate_proj"], parts["up_proj"], strict=True))
             taken |= {f"{module}.gate_proj.weight", f"{module}.up_proj.weight"}
+        elif "gate_up_proj" in parts:  # stored fused (Gemma 4): one (2I, H) matrix per expert
+            experts.gate_up = [(w,) for w in parts["gate_up_proj"]]
+            taken.add(f"{module}.gate_up_proj.weight")
         if "down_proj" in parts:
             experts.down = parts["down_proj"]
             taken.add(f"{module}.down_proj.weight")
