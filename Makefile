@@ -20,7 +20,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	# as root where apt-get exists (~25 s with its ~120 new packages); without it that test skips
 	-@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && ! command -v chromium >/dev/null 2>&1; then \
 		{ apt-get update -q >/dev/null 2>&1; apt-get install -y -q chromium >/dev/null 2>&1; } \
-		|| echo "chromium not installed: tests/test_dashboard_browser.py will skip"; fi
+		|| echo "chromium not installed: tests/server/test_dashboard_browser.py will skip"; fi
 	touch $(STAMP)
 
 serve: $(STAMP)

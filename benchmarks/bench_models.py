@@ -39,7 +39,7 @@ def qwen3_0_6b_random(dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Pat
     out = cache_dir() / f"qwen3-0.6b-random-{str(dtype).split('.')[-1]}"
     if (out / "model.safetensors").is_file():
         return out
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "helpers"))
     from tokenizer_factory import build_tokenizer_dir
 
     torch.manual_seed(seed)
@@ -101,7 +101,7 @@ def moe_random(shape: str, layers: int, seed: int = 0, **override: Any) -> Path:
     out = cache_dir() / f"{shape}-{layers}l-random-bf16{'-' + tag if tag else ''}"
     if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
         return out
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "helpers"))
     from tokenizer_factory import build_tokenizer_dir
 
     torch.manual_seed(seed)

@@ -145,7 +145,7 @@ def translation_cost(repeat: int = 200) -> dict[str, tuple[float, float]]:
     validation and translation; the OpenAI door's is its validation alone), for this benchmark's request
     and for one with 16 Claude-Code-sized tools (tests/dialect_server.claude_code_tools); mean of
     ``repeat`` runs."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
     from dialect_server import claude_code_tools
 
     from glassbox.server import anthropic_request, ollama_request, responses_request

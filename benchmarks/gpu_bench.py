@@ -432,7 +432,7 @@ def part_kernels(args: argparse.Namespace) -> dict[str, Any]:
     for batch, ctx in ((1, 1024), (1, 16384), (8, 1024), (64, 1024), (256, 1024)):
         res[f"decode_b{batch}_ctx{ctx}"] = decode_case(batch, ctx)
     # keys per tile: 64 (the default for 128 dims) compiles to 80 registers on sm_90, 32 to 64, 16 to 56
-    # (tests/triton_aot.py); all without a spill. Which is fastest is a measurement.
+    # (tests/helpers/triton_aot.py); all without a spill. Which is fastest is a measurement.
     for block_n in (16, 32):
         for batch, ctx in ((1, 16384), (256, 1024)):
             res[f"decode_b{batch}_ctx{ctx}_block_n{block_n}"] = decode_case(batch, ctx, block_n)

@@ -26,7 +26,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
         .whl/*.whl >>"$OUT/session.log" 2>&1 || log "wheel install failed"
     export PYTHONPATH=/tmp/site
 fi
-export PYTHONPATH=src:tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=src:tests:tests/helpers${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 {
     nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem,driver_version,power.limit \
         --format=csv
@@ -41,14 +41,14 @@ log "environment: $(tail -2 "$OUT/session.log" | head -1)"
 # took more than 150 s on an H100 (25 kernel tests and one engine parity test in 150 s; a parity test, three
 # engines each compiling and capturing, ~40-60 s): TESTS="node ids" picks the tests a short lease runs.
 # The default: the engine tests that have not passed on a GPU yet, the failed llama parity first (the
-# attention kernels' 25 cases passed on 2026-11-26; TESTS="tests/test_gpu.py ..." runs everything).
-G=tests/test_gpu.py
+# attention kernels' 25 cases passed on 2026-11-26; TESTS="tests/engine/test_gpu.py ..." runs everything).
+G=tests/engine/test_gpu.py
 FIRST="$G::test_gpu_float32_greedy_parity[llama] $G::test_gpu_bf16_logprobs_within_tolerance \
 $G::test_graphs_and_eager_agree_bf16 $G::test_memory_budget_respects_utilization \
-tests/test_triton_block_linear.py::test_cuda_engine_matches_the_cpu tests/test_triton_block_linear.py::test_split_k_partial_sums \
-tests/test_triton_fp8_linear.py tests/test_triton_fp4_linear.py tests/test_triton_kquant_linear.py tests/test_triton_block_moe.py \
+tests/kernels/test_triton_block_linear.py::test_cuda_engine_matches_the_cpu tests/kernels/test_triton_block_linear.py::test_split_k_partial_sums \
+tests/kernels/test_triton_fp8_linear.py tests/kernels/test_triton_fp4_linear.py tests/kernels/test_triton_kquant_linear.py tests/kernels/test_triton_block_moe.py \
 $G::test_eager_launches_never_synchronize $G::test_prompt_logprobs_on_the_triton_path \
-$G::test_speculative_decoding_on_the_triton_path $G::test_gpu_float32_greedy_parity tests/test_gpu_tp.py"
+$G::test_speculative_decoding_on_the_triton_path $G::test_gpu_float32_greedy_parity tests/engine/test_gpu_tp.py"
 t=$(left ${TESTS_S:-180})
 timeout -s INT -k 15 "$t" python3 -m pytest -v -o addopts= --tb=short -rfE -p no:cacheprovider --timeout 90 \
     --durations 20 ${TESTS:-$FIRST} >"$OUT/tests.log" 2>&1

@@ -4,7 +4,7 @@ before), on bf16 matrices of Qwen3-30B-A3B's routed experts (gate_up 1536 x 2048
 matrices a MoE quantizes by the hundred) and of a dense 4096 x 4096 layer. The two paths take turns for
 ``--rounds`` rounds (this machine's speed drifts); per path the median over rounds of the weights quantized
 per second (packing into the kernels' layout included), at 1 and 2 threads. Both give the same bytes
-(tests/test_quantization.py).
+(tests/quant/test_quantization.py).
 
     PYTHONPATH=src .venv/bin/python benchmarks/quantize_speed.py [--rounds 5] [--out FILE]
 """

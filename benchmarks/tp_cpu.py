@@ -24,7 +24,7 @@ import torch
 def build(root: Path, hidden: int, layers: int) -> Path:
     import transformers as tf
 
-    sys_path = Path(__file__).resolve().parents[1] / "tests"
+    sys_path = Path(__file__).resolve().parents[1] / "tests" / "helpers"
     import sys
 
     sys.path.insert(0, str(sys_path))

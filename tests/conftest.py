@@ -1,4 +1,5 @@
-"""Test-wide: tests/ on sys.path (the helper modules), and the one server the server tests share."""
+"""Test-wide: tests/ and its folders on sys.path (the factories in helpers/, and tests that reuse another's
+references), and the one server the server tests share."""
 
 import pathlib
 import sys
@@ -7,14 +8,16 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
+_TESTS = pathlib.Path(__file__).parent
+for _folder in [_TESTS, *sorted(p for p in _TESTS.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))]:
+    sys.path.insert(0, str(_folder))
 
 
 @pytest.fixture(scope="session")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A `glassbox serve` process on the tiny model that test_server.py and test_server_api.py share
-    (flags in test_server_harness.start_shared_server); stopped when the session ends."""
-    from test_server_harness import start_shared_server
+    (flags in server_harness.start_shared_server); stopped when the session ends."""
+    from server_harness import start_shared_server
 
     server = start_shared_server(tmp_path_factory.mktemp("shared-server-logs"))
     yield server
@@ -35,7 +38,7 @@ def smollm2_reference() -> tuple[Any, Any]:
 
 @pytest.fixture(scope="session")
 def dialect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The `glassbox serve` process the API-dialect tests share (tests/dialect_server.py: a tiny model
+    """The `glassbox serve` process the API-dialect tests share (tests/helpers/dialect_server.py: a tiny model
     with a tool-rendering template, Hermes tools, qwen3 reasoning, an API key); stopped at the end."""
     from dialect_server import start_dialect_server
 

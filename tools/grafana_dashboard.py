@@ -2,7 +2,7 @@
 
 Each panel is a PromQL query on the names server/metrics.py registers (``glassbox:`` prefix); the data
 source is a dashboard variable, so the file imports into any Grafana with a Prometheus data source.
-tests/test_dashboard.py checks that every metric a query names is one the server exposes.
+tests/server/test_dashboard.py checks that every metric a query names is one the server exposes.
 
 Usage::
 

@@ -16,7 +16,7 @@ import torch
 from glassbox.layers.kv_quant import row_width
 from glassbox.models.model_config import ModelConfig
 
-# the widest head the Triton attention kernels are compiled and checked for (tests/test_triton_compile.py)
+# the widest head the Triton attention kernels are compiled and checked for (tests/kernels/test_triton_compile.py)
 TRITON_MAX_HEAD_DIM = 256
 
 

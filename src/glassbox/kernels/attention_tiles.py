@@ -1,9 +1,9 @@
 """Tile shapes of the triton attention kernels (kernels/triton_attention.py) per GPU architecture.
 
 Chosen from the compiled cubins' figures (registers per thread, stack frame, shared memory), read with no
-GPU by tests/triton_aot.py, which compiles each launch as Triton's JIT specializes it on the device; every
+GPU by tests/helpers/triton_aot.py, which compiles each launch as Triton's JIT specializes it on the device; every
 choice below compiles without a register spill and within the target's shared memory (an H100 lets a
-block opt in to 227 KiB, a DGX Spark 99 KiB), and tests/test_triton_compile.py holds that for every launch
+block opt in to 227 KiB, a DGX Spark 99 KiB), and tests/kernels/test_triton_compile.py holds that for every launch
 configuration. Measured with Triton 3.6 and 3.9, bf16 prefill, registers (stack bytes when it spilled):
 
 | target | head dim | 128 x 64, 8 warps | 128 x 32, 8 warps | 64 x 32, 8 warps |

@@ -15,7 +15,7 @@ first context split only, so the split decode's log-sum-exp merge counts it once
 
 The @triton.jit functions' parameters carry no annotations: Triton's compiler reads them from the source
 and rejects any that is not a constexpr (``typing.Any`` included), which the interpreter does not check;
-tests/test_triton_compile.py compiles every launch configuration for real GPU targets to catch that.
+tests/kernels/test_triton_compile.py compiles every launch configuration for real GPU targets to catch that.
 """
 
 from __future__ import annotations

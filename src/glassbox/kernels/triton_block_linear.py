@@ -31,7 +31,7 @@ decode dot kernel (2-16 rows) is issue-bound at roughly half the bandwidth (a DG
 either far from it). Estimates from the SASS, not measurements: benchmarks/gpu_bench.py's block_kernels
 part times them. Tiles (``GEMV_TILES``, ``mm_tiles``) compile for sm_90 and sm_121 in every variant
 (bits, offsets, bias, bf16/float16/float32) without a spill and within shared memory
-(tests/triton_linear_launches.py's sweep; a subset in tests/test_triton_compile.py), registers:
+(tests/helpers/triton_linear_launches.py's sweep; a subset in tests/kernels/test_triton_compile.py), registers:
 | kernel, tiles (rows x weight rows) | sm_90 (H100) | sm_121 (DGX Spark) | shared memory |
 |---|---|---|---|
 | GEMV, 1 x 32, 4 warps | 94-167 | 96-160 | 8 KiB |
@@ -50,7 +50,7 @@ Q5_K (8), a block's scale d sc and offset -dmin m formed in float32 from its 6-b
 super-block's float16 d and dmin (``_block_scale``, ``_block_offset``; the super-block arrays are tiled so
 that a block's super-block sits at its position >> 3); 6 Q6_K (8 bits, codes less 32), an int8 scale per
 half block (two a block, at 2 x the block's position + the half: a step's bytes lie in one half). Register
-figures of the K-quant variants (tests/triton_linear_launches.py ... kquant): within the table's ranges
+figures of the K-quant variants (tests/helpers/triton_linear_launches.py ... kquant): within the table's ranges
 but the 128 x 128 Q4_K dot tiles on sm_121 (246). As in triton_attention.py, the @triton.jit parameters
 carry no annotations (the compiler rejects any that is not a constexpr), and a helper with returns for
 several constexpr kinds returns from if/elif/else branches (the compiler types every return it reaches).

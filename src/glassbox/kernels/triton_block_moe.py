@@ -13,7 +13,7 @@ the up rows of its expert (two accumulators), adds the biases, applies the activ
 or interleaved rows) and stores the model's dtype; ``_down_kernel`` runs those rows by the expert's down
 rows, adds the bias and scales by the routing weight; one sum over each token's k rows (torch). An expert
 no pair chose is never read. Checked against the experts' dequantized weights on triton_moe's float
-kernels and ``MoEExperts.reference`` under Triton's interpreter (tests/test_triton_block_moe.py).
+kernels and ``MoEExperts.reference`` under Triton's interpreter (tests/kernels/test_triton_block_moe.py).
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def block_moe_tiles(
     """Decode batches (16 rows per expert or fewer on average): 16-row blocks by 32 weight rows, the block
     linears' decode steps; more rows 64-row blocks by 64 (32 for gate_up on a DGX Spark, sm_121: its two
     accumulators at 64 spilled there); float32 (the tests' exact dot) small tiles. Compiled for sm_90 and
-    sm_121 without spills (tests/test_triton_compile_moe.py)."""
+    sm_121 without spills (tests/kernels/test_triton_compile_moe.py)."""
     if dtype.itemsize > 2:
         return BlockMoeTiles(16, 32, 32, 32, 8, 1)
     if pairs <= 16 * num_experts:

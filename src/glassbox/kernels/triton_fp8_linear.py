@@ -15,7 +15,7 @@ Beside ``torch._scaled_mm`` (W8A8, quant/fp8/quantize.py): these kernels keep th
 CPU runs, for decode rows (where both read the same bytes and no activation is rounded), for block scales
 (which row-wise ``_scaled_mm`` cannot carry), float32/float16 activations and devices without FP8 tensor
 cores (compute capability below 8.9); quant/fp8/linear.py picks per call. They are checked under Triton's
-interpreter (tests/test_triton_fp8_linear.py) and compiled for sm_90 and sm_121 (tests/test_triton_compile.py).
+interpreter (tests/kernels/test_triton_fp8_linear.py) and compiled for sm_90 and sm_121 (tests/kernels/test_triton_compile.py).
 """
 
 from __future__ import annotations

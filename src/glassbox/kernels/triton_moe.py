@@ -21,8 +21,8 @@ captures them:
    routing weight (float32), stored in the model's dtype at the pair's row of a (T k, H) buffer.
 
 Then one sum over each token's k rows (torch). The tiles per row count and architecture are
-:func:`moe_tiles` (compiled for sm_90 and sm_121 without spills by tests/test_triton_compile_moe.py).
-Checked against ``MoEExperts.reference`` under Triton's interpreter (tests/test_triton_moe.py).
+:func:`moe_tiles` (compiled for sm_90 and sm_121 without spills by tests/kernels/test_triton_compile_moe.py).
+Checked against ``MoEExperts.reference`` under Triton's interpreter (tests/kernels/test_triton_moe.py).
 """
 
 from __future__ import annotations

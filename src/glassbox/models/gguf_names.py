@@ -3,7 +3,7 @@
 llama.cpp's converter (convert_hf_to_gguf.py, gguf-py's ``MODEL_TENSORS`` / ``TENSOR_NAMES``) names a
 layer's tensors ``blk.N.<part>.weight|bias``; :func:`hf_tensor_name` maps them to the names glassbox's models
 load (models/llama.py, models/moe.py, models/gpt_oss.py), and :func:`gguf_tensor_name` back (what the writers
-use: tests/gguf_factory.py, benchmarks/gguf_export.py, benchmarks/moe_gguf.py). Torch- and gguf-free.
+use: tests/helpers/gguf_factory.py, benchmarks/gguf_export.py, benchmarks/moe_gguf.py). Torch- and gguf-free.
 
 Mixture-of-experts files hold each layer's routed experts stacked, one 3-D tensor per projection:
 ``ffn_gate_exps`` / ``ffn_up_exps`` (E, I, H) and ``ffn_down_exps`` (E, H, I) in PyTorch order (gpt-oss adds

@@ -7,7 +7,7 @@ weight (a Q4_K_M file's Q6_K attn_v beside Q4_K q and k: a ConcatLinear) runs as
 The per-op forward (models/llama_native.py) calls ~10 kernels per layer from Python, 5-20 us each of
 ctypes, allocation and checks: on SmolLM2-135M's 30 thin layers that is a quarter of a batch-1 step. The
 step here chains the same kernels in the same order in C, so its output is the per-op forward's, bit for
-bit (tests/test_native_step.py). Everything static (weights, norms, caches, rotary tables) is checked and
+bit (tests/kernels/test_native_step.py). Everything static (weights, norms, caches, rotary tables) is checked and
 laid out once, at binding, in ctypes structures that mirror cpu_step.c's; a step passes only its
 activations and index tensors (checked by ``cpu_ops.check_step`` in the caller).
 """

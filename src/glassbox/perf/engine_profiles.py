@@ -1,9 +1,9 @@
 """Engine profiles: the efficiencies and fixed costs that separate a real engine from the roofline.
 
-Each real profile is fitted on BRIEF.md's DGX Spark measurements (tests/test_perf_calibration.py
+Each real profile is fitted on BRIEF.md's DGX Spark measurements (tests/perf/test_perf_calibration.py
 redoes the fit and checks these constants against it); ``ideal`` is the ceiling (every efficiency 1,
 no overheads). ``glassbox`` (its CUDA path) is fitted on its own H100 measurements
-(benchmarks/plan_vs_gpu.py; tests/test_perf_gpu_calibration.py checks them), ``glassbox-cpu`` on a CPU's.
+(benchmarks/plan_vs_gpu.py; tests/perf/test_perf_gpu_calibration.py checks them), ``glassbox-cpu`` on a CPU's.
 """
 
 from __future__ import annotations
