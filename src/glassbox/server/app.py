@@ -1,23 +1,20 @@
 """The FastAPI app: OpenAI-compatible routes, health, Prometheus metrics, (de)tokenize.
 
 ``build_app(async_engine, settings, metrics)`` returns an app whose lifespan starts and stops the engine
-thread. A pure-ASGI gate in front answers 503 while shutting down and 401 without the API key; with
---allowed-origins, Starlette's CORS middleware sits in front of the gate.
+thread. The gate in front (server/gate.py) answers 503 while shutting down and 401 without the API key;
+with --allowed-origins, Starlette's CORS middleware sits in front of the gate.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from glassbox.engine.async_embedder import AsyncEmbedder
 from glassbox.engine.async_engine import AsyncEngine
@@ -28,7 +25,8 @@ from glassbox.server.completions import create_completion
 from glassbox.server.dashboard import DATA_PATHS, dashboard_key, install_dashboard
 from glassbox.server.embed_service import EmbeddingService
 from glassbox.server.embeddings import install_embedding_routes
-from glassbox.server.errors import bad_request, error_response_for, install_error_handlers
+from glassbox.server.errors import bad_request, install_error_handlers
+from glassbox.server.gate import add_gate
 from glassbox.server.metrics import ServerMetrics
 from glassbox.server.ollama_embed import install_ollama_embed_routes
 from glassbox.server.protocol import (
@@ -46,13 +44,9 @@ from glassbox.server.protocol import (
     TokenizeResponse,
 )
 from glassbox.server.request_limits import install_request_limits
-from glassbox.server.state import GateState, ServerSettings, ServerState
+from glassbox.server.state import ServerSettings, ServerState
 from glassbox.server.tools import check_tools
 from glassbox.tokenizer.request_text import decode_in_pieces
-
-# paths that need the API key when one is set (health, metrics, the schema, Ollama's / and version stay open)
-_GUARDED = ("/v1/", "/tokenize", "/detokenize", "/rerank", "/api/")
-_OPEN = ("/api/version",)
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -62,59 +56,6 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 _SSE: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "JSON, or server-sent events when stream"}
 }
-
-
-class _Gate:
-    """503 for everything but /metrics while draining; 401 on guarded paths without the API key."""
-
-    def __init__(self, app: ASGIApp, state: GateState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path: str = scope["path"]
-        app = scope.get("app")
-        if self.state.draining and path != "/metrics":
-            headers = {"Retry-After": "5"}
-            response = error_response_for(app, path, 503, "the server is shutting down", headers=headers)
-            await response(scope, receive, send)
-            return
-        key = self.state.settings.api_key
-        data = path in DATA_PATHS  # the dashboard's data: the key may also come as its cookie or ?api_key=
-        if (
-            key
-            and (data or (path.startswith(_GUARDED) and path not in _OPEN))
-            and not (_authorized(scope, key) or (data and dashboard_key(scope, key)))
-        ):
-            how = "'Authorization: Bearer <key>', 'x-api-key: <key>'" + (
-                ", the cookie glassbox_api_key or ?api_key=" if data else ""
-            )
-            response = error_response_for(
-                app,
-                path,
-                401,
-                f"missing or wrong API key (send {how})",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
-def _authorized(scope: Scope, key: str) -> bool:
-    """The key as OpenAI's ``Authorization: Bearer`` or Anthropic's ``x-api-key`` (either may be sent)."""
-    for name, value in scope.get("headers", []):
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), key.encode()):
-                return True
-        elif name == b"x-api-key" and secrets.compare_digest(value.strip(), key.encode()):
-            return True
-    return False
 
 
 def build_app(
@@ -150,14 +91,7 @@ def build_app(
     app.state.glassbox = state
     install_error_handlers(app)
     install_request_limits(app, settings.max_request_bytes)  # inside the gate
-    app.add_middleware(_Gate, state=state)
-    if settings.allowed_origins:  # outside the gate: preflights need no key, and 401/503 carry the headers
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.allowed_origins,
-            allow_methods=settings.allowed_methods,
-            allow_headers=settings.allowed_headers,
-        )
+    add_gate(app, state, settings, data_paths=frozenset(DATA_PATHS), data_key=dashboard_key)
 
     @app.get("/health", response_model=HealthResponse, responses=_errors(503))
     async def health() -> JSONResponse:

@@ -11,15 +11,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from glassbox.engine.async_embedder import AsyncEmbedder
-from glassbox.server.app import _Gate
 from glassbox.server.embed_service import EmbeddingService
 from glassbox.server.embeddings import install_embedding_routes
 from glassbox.server.errors import ApiError, install_error_handlers, shown
+from glassbox.server.gate import add_gate
 from glassbox.server.ollama_embed import install_ollama_embed_routes, ollama_error
 from glassbox.server.request_limits import install_request_limits
 from glassbox.server.state import ServerSettings
@@ -68,14 +67,7 @@ def build_embedding_app(embedder: AsyncEmbedder, settings: ServerSettings) -> Fa
     app.state.glassbox = state
     install_error_handlers(app)
     install_request_limits(app, settings.max_request_bytes)  # inside the gate
-    app.add_middleware(_Gate, state=state)
-    if settings.allowed_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.allowed_origins,
-            allow_methods=settings.allowed_methods,
-            allow_headers=settings.allowed_headers,
-        )
+    add_gate(app, state, settings)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,14 +21,13 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from glassbox.perf.hardware import GIB
 from glassbox.server import router_ollama
-from glassbox.server.errors import ApiError, error_response_for, install_error_handlers, register_error_body
+from glassbox.server.errors import ApiError, install_error_handlers, register_error_body
+from glassbox.server.gate import add_gate
 from glassbox.server.router import LOADED, Router, Served
 from glassbox.server.router_dashboard import add_dashboard_routes
 from glassbox.server.router_metrics import RouterMetrics
@@ -37,7 +35,6 @@ from glassbox.server.router_proxy import forward
 
 MAX_BODY_BYTES = 64 << 20  # a request body the router reads before forwarding it
 _GUARDED = ("/v1/", "/api/", "/models", "/tokenize", "/detokenize", "/rerank")
-_OPEN = ("/api/version",)
 
 
 @dataclass(frozen=True)
@@ -75,49 +72,6 @@ class RouterState:
 
     def abort_all(self) -> None:  # the children abort theirs when they get SIGTERM (router.shutdown)
         asyncio.get_running_loop().create_task(self.router.shutdown())
-
-
-class _Gate:
-    """503 while draining (not /metrics); 401 without the API key on the guarded paths."""
-
-    def __init__(self, app: ASGIApp, state: RouterState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path: str = scope["path"]
-            key = self.state.settings.api_key
-            refusal: tuple[int, str, str | None, dict[str, str]] | None = None
-            if self.state.draining and path != "/metrics":
-                refusal = (503, "the server is shutting down", None, {"Retry-After": "5"})
-            elif key and path.startswith(_GUARDED) and path not in _OPEN and not _authorized(scope, key):
-                how = "send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
-                refusal = (
-                    401,
-                    f"missing or wrong API key ({how})",
-                    "invalid_api_key",
-                    {"WWW-Authenticate": "Bearer"},
-                )
-            if refusal is not None:
-                status, message, code, headers = refusal
-                response = error_response_for(
-                    scope.get("app"), path, status, message, code=code, headers=headers
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def _authorized(scope: Scope, key: str) -> bool:
-    for name, value in scope.get("headers", []):
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), key.encode()):
-                return True
-        elif name == b"x-api-key" and secrets.compare_digest(value.strip(), key.encode()):
-            return True
-    return False
 
 
 def _ollama_error(status: int, message: str, param: str | None, code: str | None) -> dict[str, Any]:
@@ -162,10 +116,7 @@ def build_router_app(router: Router, settings: GateSettings, metrics: RouterMetr
     install_error_handlers(app)
     register_error_body(app, "/api/", _ollama_error)
     register_error_body(app, "/v1/messages", _anthropic_error)
-    app.add_middleware(_Gate, state=state)
-    if settings.allowed_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins,
-                           allow_methods=settings.allowed_methods, allow_headers=settings.allowed_headers)  # fmt: skip
+    add_gate(app, state, settings, guarded=_GUARDED)
 
     def card(m: Served) -> dict[str, Any]:
         return {"id": m.name, "object": "model", "created": created, "owned_by": "glassbox",

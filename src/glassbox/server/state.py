@@ -8,7 +8,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from glassbox import __version__
 from glassbox.config import EngineConfig
@@ -43,13 +43,6 @@ class ServerSettings:
     # hostile input (server/request_limits.py, server/chat_prompt.py)
     special_tokens_in_user_text: bool = False
     max_request_bytes: int = 16 << 20
-
-
-class GateState(Protocol):
-    """What the app's gate (server/app.py ``_Gate``) reads of a server: draining, and the API key."""
-
-    draining: bool
-    settings: ServerSettings
 
 
 def system_fingerprint(model: str, device: str, config: EngineConfig, version: str = __version__) -> str:
