@@ -17,6 +17,7 @@ from glassbox.models.facts import ModelFacts
 from glassbox.models.families import engine_family
 from glassbox.quant.blocks.ct_int_config import ct_int_spec
 from glassbox.quant.config import group_quant, quant_method
+from glassbox.quant.fp4.checkpoint import nvfp4_spec
 from glassbox.quant.fp8.config import fp8_spec
 
 # canonical dtype names (glassbox.dtypes) <-> torch
@@ -50,6 +51,7 @@ class ModelConfig(ModelFacts):
         # compressed-tensors integer experts: quant/expert_parts.py
         qc = facts.quantization_config
         held = method in (None, "mxfp4") or fp8_spec(qc) is not None or group_quant(qc) is not None
+        held = held or nvfp4_spec(qc) is not None  # ModelOpt NVFP4 experts: quant/fp4/checkpoint.py
         if method is not None and facts.hybrid is not None:  # not checked against a reference yet
             raise ValueError(f"{method}-quantized hybrid ({facts.model_type}) checkpoints are not read yet")
         if method is not None and family.fused:  # their readers do not cut yet

@@ -9,7 +9,8 @@ nibble of byte i), ``P.weight_scale`` float8_e4m3fn (N, K/16), ``P.weight_scale_
 per-tensor scale) and ``P.input_scale`` float32 (the activations' scale for NVFP4 x NVFP4 GEMMs: glassbox
 runs the weights only, with activations in bf16/float32 or its own int8 blocks, so it is not read).
 Layers without ``weight_scale`` (the excluded ones: lm_head, routers, ...) load as float tensors.
-Mixture-of-experts NVFP4 checkpoints are refused (models/model_config.py).
+A mixture-of-experts checkpoint's routed experts (``...experts.E.gate_proj`` etc., one NVFP4 linear each)
+are held by MoE layer (quant/expert_parts.py); under tensor parallelism they are refused (quant/fp4/shards.py).
 
 gpt-oss's MXFP4 (``quant_method`` "mxfp4"): each MoE layer's experts store ``E.gate_up_proj_blocks``
 (E, 2I, H/32, 16) uint8, ``E.gate_up_proj_scales`` (E, 2I, H/32) E8M0, and the same for ``down_proj``
@@ -32,6 +33,7 @@ from safetensors import safe_open
 
 from glassbox.models.safetensors_files import weight_files
 from glassbox.quant.config import quant_method
+from glassbox.quant.expert_parts import sort_experts
 from glassbox.quant.fp4.weights import FP4Weights, from_nvfp4, mxfp4_experts
 from glassbox.quant.held_experts import HeldExperts
 
@@ -126,18 +128,21 @@ class SafetensorsFiles:
         return names
 
 
-def read_nvfp4(model_dir: Path, spec: NVFP4Spec) -> tuple[dict[str, FP4Weights], Tensors]:
-    """(the NVFP4 linears as packed weights by HF weight name, the other tensors one at a time)."""
+def read_nvfp4(model_dir: Path, spec: NVFP4Spec) -> tuple[dict[str, FP4Weights | HeldExperts], Tensors]:
+    """(the NVFP4 linears as packed weights by HF weight name and each MoE layer's routed experts, stored
+    one linear per expert and projection, held by module name (quant/expert_parts.py; on CUDA stacked for
+    the fused block MoE as MXFP4's are); the other tensors one at a time)."""
     files = weight_files(model_dir)
-    kept = {}
+    layers = {}
     with ExitStack() as stack:
         f = SafetensorsFiles(stack, files)
         quantized = sorted(k.removesuffix(".weight_scale") for k in f.where if k.endswith(".weight_scale"))
         for prefix in quantized:
             names = [f"{prefix}.{part}" for part in PARTS[:3] if f"{prefix}.{part}" in f.where]
             parts = {n.rpartition(".")[2]: f.tensor(n) for n in names}
-            kept[f"{prefix}.weight"] = layer_weights(spec, parts, prefix)
-    return kept, _floats(files, {f"{p}.{part}" for p in quantized for part in PARTS})
+            layers[prefix] = layer_weights(spec, parts, prefix)
+    dense, held, _ = sort_experts(layers, True, "NVFP4")
+    return {**dense, **held}, _floats(files, {f"{p}.{part}" for p in quantized for part in PARTS})
 
 
 def _floats(files: list[Path], skip: set[str]) -> Tensors:
