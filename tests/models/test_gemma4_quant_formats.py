@@ -39,6 +39,8 @@ PROMPTS = [list(range(3, 80)), [9, 8, 7], [5]]
 # than one scale group of either format (32 input channels for CT int g32, 16 for NVFP4): 32 here.
 PER_LAYER = {"dense": {"hidden_size_per_layer_input": 32}, "moe": {}}
 
+NVFP4_QC = modelopt_qc(ignore=["lm_head", "*router*"])  # as ModelOpt exports it: LM head and routers excluded
+
 Quantize = Callable[[torch.Tensor, int], tuple[dict[str, torch.Tensor], torch.Tensor]]
 
 
@@ -117,7 +119,9 @@ def _kept_everywhere(model: torch.nn.Module, kept: type) -> None:
         if layer.experts is not None:
             assert len(layer.experts.linears) == layer.experts.num_experts
             for pair in layer.experts.linears:
-                assert all(isinstance(m, kept) or all(isinstance(p, kept) for p in m.parts) for m in pair)
+                for m in pair:
+                    parts = [m] if isinstance(m, kept) else list(getattr(m, "parts", []))
+                    assert parts and all(isinstance(p, kept) for p in parts), type(m).__name__
 
 
 def _runs_as(qdir: Path, ddir: Path, kept: type) -> LLM:
@@ -132,16 +136,19 @@ def _runs_as(qdir: Path, ddir: Path, kept: type) -> LLM:
     return llm
 
 
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the module: each tiny model is built once, each checkpoint written once."""
+    return tmp_path_factory.mktemp("g4-quant")
+
+
 # W4A16 in groups of 32 on both models; W8A16 per channel on the MoE; W8A8's int8 weights on the dense one
 CT_CASES = [("dense", "w4a16-g32-asym"), ("moe", "w4a16-g32-asym"), ("moe", "w8a16-channel-asym"),
             ("dense", "w8a8-int")]  # fmt: skip
 
 
 @pytest.mark.parametrize(("kind", "case"), CT_CASES)
-def test_compressed_tensors_int_runs_as_its_decompressed_weights(
-    tmp_path_factory: pytest.TempPathFactory, kind: str, case: str
-) -> None:
-    root = tmp_path_factory.mktemp(f"g4-ct-{kind}-{case}")
+def test_compressed_tensors_int_runs_as_its_decompressed_weights(root: Path, kind: str, case: str) -> None:
     qc = quant_config(case, ignore=["lm_head", "re:.*router.*"])
     qdir, ddir = quantized_gemma4(root, kind, case, _ct(case), qc)
     llm = _runs_as(qdir, ddir, BlockQuantLinear)
@@ -150,24 +157,20 @@ def test_compressed_tensors_int_runs_as_its_decompressed_weights(
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_modelopt_nvfp4_runs_as_its_dequantized_weights(
-    tmp_path_factory: pytest.TempPathFactory, kind: str
-) -> None:
-    root = tmp_path_factory.mktemp(f"g4-nvfp4-{kind}")
-    qc = modelopt_qc(ignore=["lm_head", "*router*"])
-    qdir, ddir = quantized_gemma4(root, kind, "nvfp4", _nvfp4, qc)
+def test_modelopt_nvfp4_runs_as_its_dequantized_weights(root: Path, kind: str) -> None:
+    qdir, ddir = quantized_gemma4(root, kind, "nvfp4", _nvfp4, NVFP4_QC)
     llm = _runs_as(qdir, ddir, FP4Linear)
     assert llm.engine.executor.block_formats == ["NVFP4"]
 
 
-def test_nvfp4_experts_refused_under_tensor_parallelism(tmp_path: Path) -> None:
+def test_nvfp4_experts_refused_under_tensor_parallelism(root: Path) -> None:
     """A rank's shard reader has no cut of NVFP4 experts yet: the load stops naming the first expert."""
     from glassbox.engine.checkpoint import open_checkpoint
     from glassbox.models.model_config import ModelConfig
     from glassbox.models.sources import resolve_model
     from glassbox.quant.fp4.shards import sharded_fp4
 
-    qdir, _ = quantized_gemma4(tmp_path, "moe", "nvfp4", _nvfp4, modelopt_qc(ignore=["lm_head", "*router*"]))
+    qdir, _ = quantized_gemma4(root, "moe", "nvfp4", _nvfp4, NVFP4_QC)
     ckpt = open_checkpoint(resolve_model(str(qdir)))
     match = r"size 2: model\.layers\.0\.experts\.0\.down_proj: NVFP4 routed experts are not read under tensor"
     with pytest.raises(ValueError, match=match):
