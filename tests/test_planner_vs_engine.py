@@ -1,27 +1,40 @@
 """The planner (glassbox-cpu) against the engine's own measured prefill, TTFT and decode of the demo model on
-this machine, with the probe taken in the same test (perf/cpu_clock.py).
+this machine, each round of measurements beside a probe taken in the same process just before it
+(perf/cpu_clock.py).
 
 Both sides are timed in CPU time on one thread: the engine's calls in this process's CPU time (its steps in
-proportion to their wall time) and the probe per CPU-second of its thread, so a loaded machine (load 5-12
-on 2 cores where this was written) slows neither side's figures by its time-slicing.
+proportion to their wall time) and the probe per CPU-second of its thread. Even so a loaded machine moves
+both (neighbours evict the caches and share the memory bus: the probe's bf16 rate per CPU-second ranged
+0.34-1.03 TFLOP/s over one run at load 4-7, benchmarks/results/planner-cpu-fit-2026-11-28.md), so each
+round's cells are planned on that round's probe and a cell's figure is the median over rounds of
+plan / measured.
 
 Why the bounds hold on any x86 CPU, loaded or not:
 - STRUCTURE (the terms the plan says dominate, and where it says they switch) holds whatever the speed:
-  TTFT is the prefill step (the engine adds no per-request host work before it: request_overhead_s ~0;
-  the step's record also holds ~1 ms of post-processing after the token, hence max(1 ms, 15%));
-  a 16-token prompt of the demo model is mostly the per-op forward's host work (plan: > 50% host) and
-  costs at most 2x a 32-token one, while 1,024 tokens cost > 4x 64 (plan: FLOPs and activation passes
-  dominate); prefill time rises with the prompt on both sides.
-- NUMBERS within a factor of ``FACTOR`` = 2.25 of measured: run-to-run, the engine's own CPU time for the
-  same cells varied up to 1.5x on this machine under load (benchmarks/results/planner-cpu-fit-2026-11-28.md:
-  the largest held-out cell error, 50%), and the profile's efficiencies are shares of the probe's rates,
-  which differ by CPU: the decode stream's share of the read probe was 0.78 on the 2-core EPYC of
-  2026-11-22 and 1.14 on this Xeon (1.46x). 1.5 x 1.5 = 2.25. The issue this guards against was a
-  planner off by 4.2-5.8x on this model (TTFT and TPOT with no host terms).
+  TTFT is the prefill step (the engine adds ~1 ms of host work beside it: request_overhead_s; the step's
+  record also holds ~1 ms of post-processing after the token, hence max(1 ms, 15%)); a 16-token prompt of
+  the demo model is mostly the per-op forward's host work (plan: > 50% host) and costs at most 2x a
+  32-token one, while 1,024 tokens cost > 4x 64 (plan: FLOPs, copies and activation passes dominate);
+  prefill time rises with the prompt on both sides.
+- NUMBERS: plan / measured within ``FIT x CPU x spread`` (and 1 / that):
+  FIT = 1.5: the fitted profile's largest error on the demo model's prefill and TTFT cells, in the fit
+  run (+-25%) and on a second run held out (+-45%) (planner-cpu-fit-2026-11-28.md);
+  CPU = 1.4: what transfers to another x86 CPU is the probe (the efficiencies are shares of its read and
+  bf16 matmul rates, the host terms scale with its small-op time) and the AMX switch (perf/cpu_terms.py
+  for_this_cpu); the decode stream's share of the read probe was 0.78 on the 2-core AVX-512 EPYC without
+  AMX of 2026-11-22 (benchmarks/results/plan-vs-measured-2026-11-22.json) and 1.07 on this Xeon: 1.37;
+  spread: this process's own max / min of the cell's CPU time over the rounds (>= 1): the load's effect
+  on the engine that the probe did not see.
+  Decode of the demo model reads 11.5 MB of weights a step, resident in the last-level cache, where the
+  plan charges the probe's DRAM rate (512 MiB read): its upper bound also carries this process's measured
+  ratio of the read rate over a weight-sized tensor to the probe's (no cache term in the cost model).
+  The issue this guards against was a planner off by 4.2-5.8x on this model (TTFT and TPOT with no host
+  terms).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,16 +42,30 @@ from typing import Any
 import pytest
 
 from glassbox.perf.cost_model import prefill_cost, step_cost
-from glassbox.perf.cpu_clock import probe, spec
+from glassbox.perf.cpu_clock import probe, rates, spec
 from glassbox.perf.cpu_terms import for_this_cpu
 from glassbox.perf.engine_profiles import PROFILES
 from glassbox.perf.model_presets import load_model_facts
 from glassbox.perf.quant import resolve_scheme
 
-FACTOR = 2.25  # see the module docstring
+FIT, CPU = 1.5, 1.4  # see the module docstring
 PROMPTS = (16, 32, 64, 256, 1024)
 DECODE_PROMPT, DECODE_TOKENS = 64, 24
-ROUNDS = 3  # the least CPU time of each cell over the rounds: the least disturbed
+ROUNDS = 3
+
+
+def _cache_ratio(weight_bytes: float, budget_s: float = 0.3) -> float:
+    """Read rate over a tensor of ``weight_bytes`` (re-read: cache-resident where it fits) over the rate
+    over 512 MiB, both per CPU-second of this thread (>= 1)."""
+    import torch
+
+    from glassbox.perf.cpu_clock import READ_BYTES
+
+    small = torch.ones(int(weight_bytes) // 4, dtype=torch.float32)
+    big = torch.ones(READ_BYTES // 4, dtype=torch.float32)
+    near = rates(small.sum, small.numel() * 4.0, budget_s)[1]
+    far = rates(big.sum, READ_BYTES, budget_s)[1]
+    return max(1.0, near / far)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +84,6 @@ def measured() -> Iterator[dict[str, Any]]:
         )
         g = torch.Generator().manual_seed(0)
         vocab = llm.engine.model_config.vocab_size
-        out: dict[str, Any] = {"prefill": {}, "ttft": {}, "decode": [], "probes": []}
 
         def timed(n: int, max_tokens: int) -> tuple[Any, float, list[Any]]:
             ids = torch.randint(3, vocab, (n,), generator=g).tolist()
@@ -70,23 +96,21 @@ def measured() -> Iterator[dict[str, Any]]:
             return res, share, list(llm.engine.step_records)
 
         timed(16, 2)  # warm-up: kernels built, buffers allocated
+        rounds = []
         for _ in range(ROUNDS):
-            out["probes"].append(probe(0.6))
+            r: dict[str, Any] = {"hw": spec([probe(0.6)], "cpu"), "prefill": {}, "ttft": {}}
             for n in PROMPTS:
                 res, share, records = timed(n, 1)
-                step = next(r.duration_s for r in records if r.num_prefill_tokens == n)
-                out["prefill"].setdefault(n, []).append(step * share)
-                out["ttft"].setdefault(n, []).append(res.metrics.ttft_s * share)
+                step = next(rec.duration_s for rec in records if rec.num_prefill_tokens == n)
+                r["prefill"][n] = step * share
+                r["ttft"][n] = res.metrics.ttft_s * share
             _, share, records = timed(DECODE_PROMPT, DECODE_TOKENS + 1)
-            out["decode"] += [
-                r.duration_s / r.num_decode_tokens * share for r in records if r.phase == "decode"
-            ]
-        yield {
-            "prefill": {n: min(v) for n, v in out["prefill"].items()},
-            "ttft": {n: min(v) for n, v in out["ttft"].items()},
-            "decode": sorted(out["decode"])[len(out["decode"]) // 2],
-            "hw": spec(out["probes"], "cpu"),
-        }
+            r["decode"] = statistics.median(
+                rec.duration_s / rec.num_decode_tokens * share for rec in records if rec.phase == "decode"
+            )
+            rounds.append(r)
+        facts = load_model_facts(str(DEMO_MODEL_DIR))
+        yield {"rounds": rounds, "cache_ratio": _cache_ratio(facts.total_params * 2.0)}
     finally:
         torch.set_num_threads(threads)
         mp.undo()
@@ -109,13 +133,31 @@ def _plan(hw: Any) -> dict[str, Any]:
     }
 
 
+def _cells(rounds: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Per cell name, each round's (plan on that round's probe, measured)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for r in rounds:
+        plan = _plan(r["hw"])
+        for key in ("prefill", "ttft"):
+            for n in PROMPTS:
+                out.setdefault(f"{key} {n}", []).append((plan[key][n], r[key][n]))
+        out.setdefault("decode", []).append((plan["decode"], r["decode"]))
+    return out
+
+
 def test_structure_matches(measured: dict[str, Any]) -> None:
-    plan = _plan(measured["hw"])
-    m, p = measured["prefill"], plan["prefill"]
+    rounds = measured["rounds"]
+    m = {n: min(r["prefill"][n] for r in rounds) for n in PROMPTS}  # the least disturbed round
+    # TTFT - step of the same call, in its least disturbed round (a preemption between the request's arrival
+    # and its step adds wall time to TTFT alone)
+    gap = {n: min(abs(r["ttft"][n] - r["prefill"][n]) for r in rounds) for n in PROMPTS}
+    plan = _plan(rounds[0]["hw"])
+    p = plan["prefill"]
+    eng = PROFILES["glassbox-cpu"]
     for n in PROMPTS:  # TTFT is the prefill step on both sides: the step's record also holds its
         # post-processing after the first token (detokenizing, stop checks: ~1 ms of CPU on this machine)
-        assert abs(measured["ttft"][n] - m[n]) <= max(1e-3, 0.15 * m[n])
-        assert plan["ttft"][n] == pytest.approx(p[n], abs=1e-4)
+        assert gap[n] <= max(1e-3, 0.15 * m[n])
+        assert plan["ttft"][n] == pytest.approx(p[n] + eng.request_overhead_s, abs=1e-9)
     assert plan["host"][16] > 0.5 * p[16]  # the plan: a short prompt is mostly host work ...
     assert p[32] < 2 * p[16] and m[32] < 2 * m[16]  # ... so doubling it costs far less than double
     assert p[1024] > 4 * p[64] and m[1024] > 4 * m[64]  # a long prompt is arithmetic: it grows with n
@@ -124,11 +166,13 @@ def test_structure_matches(measured: dict[str, Any]) -> None:
 
 
 def test_numbers_within_the_derived_factor(measured: dict[str, Any]) -> None:
-    plan = _plan(measured["hw"])
-    report = []
-    for key in ("prefill", "ttft"):
-        for n in PROMPTS:
-            report.append((f"{key} {n}", plan[key][n], measured[key][n]))
-    report.append(("decode / token", plan["decode"], measured["decode"]))
-    bad = [(k, p, m) for k, p, m in report if not 1 / FACTOR <= p / m <= FACTOR]
-    assert not bad, f"plan / measured outside x{FACTOR} (seconds of CPU time): {bad}; probe {measured['hw']}"
+    bad, seen = [], []
+    for name, pairs in _cells(measured["rounds"]).items():
+        ratio = statistics.median(p / m for p, m in pairs)
+        spread = max(m for _, m in pairs) / min(m for _, m in pairs)
+        lo = 1 / (FIT * CPU * spread)
+        hi = FIT * CPU * spread * (measured["cache_ratio"] if name == "decode" else 1.0)
+        seen.append((name, round(ratio, 2), round(lo, 2), round(hi, 2)))
+        if not lo <= ratio <= hi:
+            bad.append(seen[-1])
+    assert not bad, f"plan / measured (median over rounds) outside [lo, hi]: {bad}; all: {seen}"

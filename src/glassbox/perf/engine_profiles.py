@@ -137,26 +137,28 @@ PROFILES: dict[str, EngineProfile] = {
         ),
         EngineProfile(
             "glassbox-cpu",
-            # benchmarks/planner_cpu_fit.py on plan_vs_trace.py's run of 2026-11-28 (CPU time, 1 thread):
-            # shares are of the probe's read rate (torch sum: slower than the kernels' streaming here) and
-            # bf16 matmul rate (AMX), both per CPU-second, taken in the same run
-            eta_bw=1.155,
-            eta_flops=0.627,
-            eta_attn=0.158,
+            # benchmarks/planner_cpu_fit.py on plan_vs_trace.py's run of 2026-11-28 16:44 (CPU time, 1 thread,
+            # load 4-7): shares are of the probe's read rate (torch sum over 512 MiB) and bf16 matmul rate (AMX),
+            # both per CPU-second, taken in the same run; host terms at that run's small-op time (host_op_s),
+            # scaled by the op time of the hardware planned on (perf/cpu_clock.py)
+            eta_bw=1.068,
+            eta_flops=0.773,
+            eta_attn=0.115,
             moe_flops_factor=0.5,
-            step_overhead_s=5e-6,
+            step_overhead_s=4.5e-6,
             overlap=False,
-            request_overhead_s=0.0,
+            request_overhead_s=0.00121,
             max_batched_tokens=2048,
             max_num_seqs=256,
             runtime_gib=0.5,
             kv_row_scales=True,
             prompt_prep_bytes_per_weight=8.0,  # the design's copies (perf/cpu_terms.py), not fitted
-            dequant_tail_bytes_per_value=201.6,
-            tile_flops_share=0.308,
-            prompt_layer_overhead_s=1.37e-3,
-            block_gemv_factor=0.600,
-            activation_passes=14.4,
+            dequant_tail_bytes_per_value=213.3,
+            tile_flops_share=0.147,
+            prompt_layer_overhead_s=1.142e-3,
+            block_gemv_factor=0.502,
+            activation_passes=53.1,
+            host_op_s=6.195e-6,
             fitted_on="benchmarks/planner_cpu_fit.py on glassbox's own runs on a 2-core Xeon with AMX (2026-11-28, "
             "one thread, CPU time, probe in the same run): SmolLM2-135M Q4_1 GGUF, the demo model and a "
             "Qwen3-0.6B-shaped bf16 model, prefill of 16-1,024 tokens, TTFT and decode "
