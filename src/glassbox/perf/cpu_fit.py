@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -175,8 +176,6 @@ def fit(run: dict[str, Any], fit_cells: Sequence[Cell], base: EngineProfile | No
 
 def merge(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Several runs as one: each model's figures the median over the runs that measured it, every probe."""
-    import statistics
-
     if len(runs) == 1:
         return dict(runs[0])
     models: dict[str, list[dict[str, Any]]] = {}
