@@ -27,7 +27,7 @@ def test_terms_add_up_to_the_step(engine: str) -> None:
         assert parts == pytest.approx(t["compute_s"])
         busy = max(t["memory_s"], t["compute_s"]) if t["overlapped"] else t["memory_s"] + t["compute_s"]
         host = t["step_overhead_s"] + t["layer_overhead_s"] + t["seq_overhead_s"]
-        assert t["seconds"] == pytest.approx(busy + host + t["comm_s"])
+        assert t["seconds"] == pytest.approx(busy + t["prompt_prep_s"] + host + t["comm_s"])
         assert t["seq_overhead_s"] == pytest.approx(2e-5 * len(batch))
 
 

@@ -77,7 +77,12 @@ def test_probe_keeps_each_figures_own_time(monkeypatch: pytest.MonkeyPatch, tmp_
     spec = probe_local("cpu", "bfloat16", **QUICK)
     assert spec.measured and spec.name == "local"
     rec = json.loads(path.read_text())
-    assert rec["version"] == probe.CACHE_VERSION and set(rec["figures"]) == {"read_gbs", "tflops_bf16"}
+    assert rec["version"] == probe.CACHE_VERSION
+    assert set(rec["figures"]) == {"read_gbs", "tflops_bf16", "op_us"}  # op_us: the host's small-op time
+    assert (
+        spec.extra["op_s"] == pytest.approx(rec["figures"]["op_us"]["value"] * 1e-6)
+        and spec.extra["op_s"] > 0
+    )
     read = rec["figures"]["read_gbs"]
     assert spec.bandwidth_gbs == read["value"] == pytest.approx(max(read["reps"]), abs=1e-3)
     assert read["value"] > 0 and len(read["reps"]) == probe.REPS

@@ -77,6 +77,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="seed of prompts and arrivals (default: random, so that a server's prefix cache "
         "never holds the prompts of an earlier benchmark; the report records it)",
     )
+    benchy = p.add_argument_group("llama-benchy table (bench/benchy.py)")
+    benchy.add_argument(
+        "--depth",
+        default=None,
+        help="context depths, e.g. 0,4096,16384: llama-benchy's pp/tg table instead (c requests at once per "
+        "--concurrency level, each depth + --prompt-tokens (default 2048) fresh tokens, --output-tokens "
+        "(default 32) out)",
+    )
+    benchy.add_argument("--runs", type=int, default=3, help="with --depth: runs per test (default 3)")
+    benchy.add_argument(
+        "--latency-mode",
+        default="api",
+        choices=["api", "generation", "none"],
+        help="with --depth: what est_ppt subtracts (GET /v1/models, a one-token request, or nothing)",
+    )
     wl = p.add_argument_group("workload")
     wl.add_argument("--prompt-tokens", type=int, default=None, help="prompt length in tokens (default 256)")
     wl.add_argument("--output-tokens", type=int, default=None, help="output length in tokens (default 128)")
@@ -259,6 +274,10 @@ def run(args: argparse.Namespace) -> int:
     from glassbox.bench.runner import run_plan
     from glassbox.bench.stats import parse_slo, summarize
 
+    if args.depth is not None:
+        from glassbox.bench.benchy_cli import run_depths
+
+        return run_depths(args)
     slo = parse_slo(args.slo)
     plan, meta, prediction = build(args)
     err = Console(stderr=True)

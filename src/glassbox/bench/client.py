@@ -42,6 +42,7 @@ class RequestResult:
     ok: bool
     start: float = 0.0  # time.perf_counter() when sent
     ttft_s: float | None = None
+    ttfr_s: float | None = None  # to the first chunk with a choice, content or not (llama-benchy's ttfr)
     e2e_s: float | None = None
     itl_s: list[float] = field(default_factory=list)  # gaps between content chunks
     prompt_tokens: int | None = None
@@ -153,6 +154,8 @@ async def _stream(
                 cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
                 if isinstance(cached, int):
                     res.cached_prompt_tokens = cached
+            if chunk.get("choices") and res.ttfr_s is None:
+                res.ttfr_s = now - res.start
             for choice in chunk.get("choices") or []:
                 if choice.get("finish_reason"):
                     res.finish_reason = str(choice["finish_reason"])

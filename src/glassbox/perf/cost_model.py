@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from glassbox.models.facts import ModelFacts
+from glassbox.perf.cpu_terms import prompt_path
 from glassbox.perf.engine_profiles import EngineProfile
 from glassbox.perf.hardware import HardwareSpec
 from glassbox.perf.quant import QuantScheme
@@ -100,6 +101,7 @@ def step_cost(
     ranks = engine.tp.size  # each rank holds 1/ranks of every group but the norms
 
     # Bytes: weights once per step, each group at its format's kernel efficiency.
+    path = prompt_path(facts, quant, engine, work, logit_rows is not None and logit_rows > len(work))
     weight_s, weight_bytes = 0.0, 0.0
     groups = {g: float(facts.params[g]) for g in (*_DENSE_GROUPS, "lm_head")}
     groups["embed"] = float(min(tokens, facts.vocab_size) * facts.embedding_row_params)  # gathered rows only
@@ -109,20 +111,24 @@ def step_cost(
         fmt = quant.format_for(group)
         nbytes = count * fmt.bytes_per_weight / (1 if group == "norms" else ranks)
         weight_bytes += nbytes
-        weight_s += nbytes / (bw * (fmt.decode_kernel_factor if engine.kernel_factors else 1.0))
+        factor = fmt.decode_kernel_factor if engine.kernel_factors else 1.0
+        if fmt.family == "blocks" and not path.python_layers:  # the int8 GEMV kernel (CPU decode rows)
+            factor *= engine.block_gemv_factor
+        weight_s += nbytes / (bw * factor)
     kv_read = sum(facts.kv_bytes(c, kv_bytes_per_element) for _, c in work)
     kv_write = sum(facts.kv_bytes(c + n, kv_bytes_per_element) for n, c in work) - kv_read
     state = 2.0 * seqs * facts.state_bytes_per_seq / ranks  # recurrent state read and written back
     other_bytes = (kv_read + max(kv_write, 0.0)) * kv_share(facts, ranks) + state
-    if engine.prompt_prep_bytes_per_weight and max(n for n, _ in work) > engine.prompt_prep_rows:
-        dense = sum(facts.params[g] for g in _DENSE_GROUPS) + facts.params["lm_head"]
-        other_bytes += dense * engine.prompt_prep_bytes_per_weight / ranks  # the prompt GEMMs' weight copy
     memory_s = weight_s + other_bytes / bw
+    # the prompt GEMMs' weight copies: passes of their own before the GEMMs, never overlapped with them
+    prep_bytes = (path.prep_bytes + path.tail_bytes + path.activation_bytes) / ranks
+    prep_s = prep_bytes / bw
 
     # FLOPs: linear layers at their compute dtype, scans at bf16, attention at bf16 with the engine's
     # attention efficiency (eta_attn; flash attention at long context is a GEMM, near the GEMM rate).
     def rate(fmt: WeightFormat, experts: bool = False) -> float:
-        return hw.peak_flops(compute_dtype(fmt, hw, engine, experts)) * engine.eta_flops
+        tiles = engine.tile_flops_share if path.tile_rows and fmt.is_16bit else 1.0  # glassbox's CPU tiles
+        return hw.peak_flops(compute_dtype(fmt, hw, engine, experts)) * engine.eta_flops * tiles
 
     dense_flops = 2.0 * tokens * sum(facts.params[g] for g in _DENSE_GROUPS)
     expert_flops = 2.0 * tokens * facts.experts_per_token * facts.moe_layers * facts.params_per_expert
@@ -140,18 +146,25 @@ def step_cost(
     }
     compute_s = sum(parts.values())
     flops = (dense_flops + expert_flops + head_flops + attn_flops + scan_flops) / ranks
+    op_s = hw.extra.get("op_s") if engine.host_op_s else None  # host terms at this machine's op speed
+    slow = op_s / engine.host_op_s if op_s else 1.0  # (perf/cpu_clock.py)
     host = {
-        "step_overhead_s": engine.step_overhead_s,
-        "layer_overhead_s": engine.layer_overhead_s * facts.num_layers,
-        "seq_overhead_s": engine.seq_overhead_s * seqs,
+        "step_overhead_s": engine.step_overhead_s * slow,
+        "layer_overhead_s": (
+            engine.layer_overhead_s * facts.num_layers + engine.prompt_layer_overhead_s * path.python_layers
+        )
+        * slow,
+        "seq_overhead_s": engine.seq_overhead_s * seqs * slow,
     }
     overhead = sum(host.values())
     busy = max(memory_s, compute_s) if engine.overlap else memory_s + compute_s
     comm = step_comm_s(facts, engine.tp, tokens, seqs if logit_rows is None else logit_rows)
-    seconds = busy + overhead + comm
+    seconds = busy + prep_s + overhead + comm
     terms = {
         "weight_bytes": weight_bytes,
         "kv_state_bytes": other_bytes,
+        "prompt_prep_bytes": prep_bytes,
+        "prompt_prep_s": prep_s,
         "memory_s": memory_s,
         "linear_flops": (dense_flops + head_flops) / ranks,
         "expert_flops": expert_flops / ranks,
@@ -164,8 +177,9 @@ def step_cost(
         "seconds": seconds,
     }
     return StepCost(
-        seconds, memory_s, compute_s, overhead, weight_bytes + other_bytes, flops, tokens, comm, terms
-    )
+        seconds, memory_s + prep_s, compute_s, overhead, weight_bytes + other_bytes + prep_bytes, flops, tokens,
+        comm, terms,
+    )  # fmt: skip
 
 
 def step_time(

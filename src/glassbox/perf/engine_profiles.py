@@ -44,9 +44,21 @@ class EngineProfile:
     kv_row_scales: an fp8/int8 KV cache keeps a float32 scale per token and head (glassbox's layout);
         else one scale per tensor (vLLM's fp8), 1 byte per element.
     tp: tensor parallelism (ranks, link); a step's time is one rank's share plus its all-reduces.
-    prompt_prep_bytes_per_weight: bytes moved per dense weight to prepare a prompt step's GEMM (glassbox on
-        a CPU with AMX: bf16 tiles untiled into a temporary for oneDNN, read 2 + write 2 bytes), charged at
-        eta_bw on steps with a sequence of more than ``prompt_prep_rows`` new tokens; 0: none.
+    prompt_prep_bytes_per_weight: bytes moved per dense weight (not the LM head) to prepare a prompt step's
+        GEMM, charged at eta_bw (glassbox-cpu: perf/cpu_terms.py): bf16 tiles past ``prompt_prep_rows`` rows
+        on a CPU with AMX, block weights on any prompt step; 0: none.
+    dequant_tail_bytes_per_value: block weights' values dequantized in scalar code on a prompt step (past
+        each row's last whole 512-value chunk), each charged as this many bytes at eta_bw.
+    tile_flops_share: glassbox's bf16 tiles (prompt steps of up to ``prompt_prep_rows`` rows) reach this
+        share of eta_flops x the bf16 peak (AVX-512 dot products beside AMX's GEMMs).
+    prompt_layer_overhead_s: per layer on steps with prompt rows: the per-op forward's Python dispatch
+        (glassbox-cpu: decode steps run the layer stack in one native call instead).
+    block_gemv_factor: block weights' int8 decode kernel streams at this share of eta_bw.
+    host_op_s: the probe's time for one small op where the host terms (step, layer, sequence overheads) were
+        fitted: on hardware whose spec carries its own (``extra["op_s"]``: perf/cpu_clock.py) they scale by
+        the ratio; 0: never scaled.
+    activation_passes: the per-op forward's passes over a prompt step's activations per layer, each
+        (hidden + MLP width) bf16 values per token, at eta_bw (perf/cpu_terms.py).
     """
 
     name: str
@@ -71,6 +83,12 @@ class EngineProfile:
     kv_row_scales: bool = False
     prompt_prep_bytes_per_weight: float = 0.0
     prompt_prep_rows: int = 32
+    dequant_tail_bytes_per_value: float = 0.0
+    tile_flops_share: float = 1.0
+    prompt_layer_overhead_s: float = 0.0
+    block_gemv_factor: float = 1.0
+    activation_passes: float = 0.0
+    host_op_s: float = 0.0
     fitted_on: str = ""
     tp: TensorParallel = field(default_factory=TensorParallel)  # ranks and their link (perf/tensor_parallel)
 
@@ -88,6 +106,11 @@ class EngineProfile:
             seq_overhead_s=0.0,
             request_overhead_s=0.0,
             kernel_factors=False,
+            prompt_layer_overhead_s=0.0,
+            dequant_tail_bytes_per_value=0.0,
+            tile_flops_share=1.0,
+            block_gemv_factor=1.0,
+            activation_passes=0.0,
         )
 
 
@@ -114,20 +137,32 @@ PROFILES: dict[str, EngineProfile] = {
         ),
         EngineProfile(
             "glassbox-cpu",
-            eta_bw=0.78,
-            eta_flops=0.84,
+            # benchmarks/planner_cpu_fit.py on plan_vs_trace.py's run of 2026-11-28 16:44 (CPU time, 1 thread,
+            # load 4-7): shares are of the probe's read rate (torch sum over 512 MiB) and bf16 matmul rate (AMX),
+            # both per CPU-second, taken in the same run; host terms at that run's small-op time (host_op_s),
+            # scaled by the op time of the hardware planned on (perf/cpu_clock.py)
+            eta_bw=1.068,
+            eta_flops=0.773,
+            eta_attn=0.115,
             moe_flops_factor=0.5,
-            step_overhead_s=0.0,
-            layer_overhead_s=60e-6,
+            step_overhead_s=4.5e-6,
             overlap=False,
-            request_overhead_s=0.002,
+            request_overhead_s=0.00121,
             max_batched_tokens=2048,
             max_num_seqs=256,
             runtime_gib=0.5,
             kv_row_scales=True,
-            prompt_prep_bytes_per_weight=4.0,  # bf16 prompts untiled per step (docs/models.md: bf16 prompts)
-            fitted_on="benchmarks/plan_vs_measured.py on a 2-core AVX-512 EPYC: Qwen3-0.6B-shaped bf16 decode "
-            "and prefill at batch 1 and the demo model's decode (glassbox's C kernels around oneDNN-packed linears)",
+            prompt_prep_bytes_per_weight=8.0,  # the design's copies (perf/cpu_terms.py), not fitted
+            dequant_tail_bytes_per_value=213.3,
+            tile_flops_share=0.147,
+            prompt_layer_overhead_s=1.142e-3,
+            block_gemv_factor=0.502,
+            activation_passes=53.1,
+            host_op_s=6.195e-6,
+            fitted_on="benchmarks/planner_cpu_fit.py on glassbox's own runs on a 2-core Xeon with AMX (2026-11-28, "
+            "one thread, CPU time, probe in the same run): SmolLM2-135M Q4_1 GGUF, the demo model and a "
+            "Qwen3-0.6B-shaped bf16 model, prefill of 16-1,024 tokens, TTFT and decode "
+            "(benchmarks/results/planner-cpu-fit-2026-11-28.md)",
         ),
         EngineProfile(
             "vllm",

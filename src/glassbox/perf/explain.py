@@ -3,7 +3,8 @@ they ran at, host overheads, collectives), from the same ``step_cost`` the figur
 
 prefill sums its chunks' terms; decode is one step at the run's mean context; TTFT is prefill plus the
 request overhead. Within a step: seconds = max(memory_s, compute_s) (overlapped engines) or their sum
-(CPU), + step/layer/sequence overheads + comm_s.
+(CPU), + prompt_prep_s (glassbox-cpu's weight copies before a prompt's GEMMs: perf/cpu_terms.py)
++ step/layer/sequence overheads + comm_s.
 """
 
 from __future__ import annotations

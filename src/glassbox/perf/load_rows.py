@@ -43,6 +43,9 @@ def _settings(req: PlanRequest, s: Setup, memory: MemoryPlan) -> tuple[SimSettin
     return settings, slots
 
 
+settings_for = _settings  # its public name (perf/benchy_plan.py)
+
+
 def _step_fn(req: PlanRequest, s: Setup):  # type: ignore[no-untyped-def]
     base = s.step_time_fn()
     ctx = req.context_tokens

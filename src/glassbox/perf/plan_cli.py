@@ -33,10 +33,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--engine", default="glassbox", help=f"efficiency profile: {', '.join(ENGINE_CHOICES)}")
     p.add_argument(
-        "--prompt-tokens", type=int, default=1024, help="new prompt tokens per request (default 1024)"
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help="new prompt tokens per request (default 1024; with --depth llama-benchy's pp, 2048)",
     )
     p.add_argument(
-        "--output-tokens", type=int, default=256, help="generated tokens per request (default 256)"
+        "--output-tokens",
+        type=int,
+        default=None,
+        help="generated tokens per request (default 256; with --depth llama-benchy's tg, 32)",
+    )
+    p.add_argument(
+        "--depth",
+        default=None,
+        help="context depths, e.g. 0,4096,16384: print llama-benchy's pp/tg table predicted (c requests "
+        "at once per --concurrency level, each depth + --prompt-tokens fresh tokens), as `glassbox bench "
+        "--depth` measures it",
     )
     p.add_argument("--context", type=int, default=0, help="tokens already in the KV cache before the request")
     p.add_argument("--concurrency", default="1,4,16", help="comma list of concurrent users (default 1,4,16)")
@@ -96,14 +109,18 @@ def _float_list(text: str, flag: str) -> tuple[float, ...]:
         raise ValueError(f"{flag} must be a comma list of numbers, got {text!r}") from None
 
 
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
     return PlanRequest(
         model=args.model,
         hardware=args.hardware,
         quant=args.quant,
         engine=args.engine,
-        prompt_tokens=args.prompt_tokens,
-        output_tokens=args.output_tokens,
+        prompt_tokens=_or(args.prompt_tokens, 2048 if getattr(args, "depth", None) else 1024),
+        output_tokens=_or(args.output_tokens, 32 if getattr(args, "depth", None) else 256),
         context_tokens=args.context,
         concurrency=_int_list(args.concurrency, "--concurrency"),
         rates=_float_list(args.rate, "--rate"),
@@ -120,6 +137,10 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``glassbox plan``; returns the exit status."""
+    if getattr(args, "depth", None) is not None:
+        from glassbox.perf.benchy_plan import run_depths
+
+        return run_depths(args, request_from_args(args))
     try:
         result = plan(request_from_args(args))
     except ValueError as exc:

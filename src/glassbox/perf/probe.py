@@ -176,6 +176,17 @@ def measure_matmul(device: str = "cpu", dtype: str = "bf16", budget_s: float = 1
     return 2.0 * n**3 / best / 1e12
 
 
+def measure_op_us(budget_s: float = 0.2) -> float:
+    """Microseconds of wall time per small op (an in-place add on 256 floats) dispatched from Python: what
+    the engine's host work costs here (the profiles' host terms scale by it: perf/cpu_clock.py)."""
+    import torch
+
+    from glassbox.perf.cpu_clock import rates
+
+    small = torch.zeros(256)
+    return 1e6 / rates(lambda: small.add_(1.0), 1.0, budget_s)[0]
+
+
 def measure_figure(
     name: str, device: str, threads: int, budget_s: float = 1.0, working_set: int | None = None
 ) -> dict[str, Any]:
@@ -190,6 +201,8 @@ def measure_figure(
             value = max(reps)
         elif name.startswith("tflops_"):
             value = measure_matmul(device, name.removeprefix("tflops_"), 1.5 * budget_s)
+        elif name == "op_us":  # one small op dispatched from Python: the host's speed (perf/cpu_clock.py)
+            value = measure_op_us(0.2 * budget_s)
         else:
             raise ValueError(f"unknown probe figure {name!r}")
     load = machine_load.load_record(start, machine_load.sample(), loadavg)
@@ -264,7 +277,7 @@ def probe_local(
     figures: dict[str, Any] = rec["figures"]
     quiet: bool | None = None
     changed = False
-    for name in ("read_gbs", f"tflops_{key}"):
+    for name in ("read_gbs", f"tflops_{key}", *(("op_us",) if device == "cpu" else ())):
         reason = remeasure_reason(figures.get(name), time.time(), threads, max_age_s)
         if reason == "busy":
             if quiet is None:
@@ -338,12 +351,15 @@ def spec_from_record(rec: dict[str, Any], max_age_s: float = MAX_AGE_S) -> Hardw
     figure would count writes and their allocation too), every
     cached dtype's FLOP/s; ``extra`` keeps each figure (time, threads, load, repetitions) and the
     warnings a report prints."""
-    figures = {n: f for n, f in rec["figures"].items() if n == "read_gbs" or n.startswith("tflops_")}
+    figures = {
+        n: f for n, f in rec["figures"].items() if n in ("read_gbs", "op_us") or n.startswith("tflops_")
+    }
     now = time.time()
     warnings = [w for name, fig in figures.items() for w in figure_warnings(name, fig, now, max_age_s)]
     tflops = {
         n.removeprefix("tflops_"): float(f["value"]) for n, f in figures.items() if n.startswith("tflops_")
     }
+    op = {"op_s": float(figures["op_us"]["value"]) * 1e-6} if "op_us" in figures else {}
     read = figures["read_gbs"]
     timing = ", ".join(
         f"{'bandwidth' if n == 'read_gbs' else n.removeprefix('tflops_')} at {f['measured_at']}"
@@ -363,6 +379,7 @@ def spec_from_record(rec: dict[str, Any], max_age_s: float = MAX_AGE_S) -> Hardw
             "read_gbs": read["value"],
             "figures": figures,
             "warnings": warnings,
+            **op,
         },
     )
 
