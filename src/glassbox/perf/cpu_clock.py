@@ -5,7 +5,7 @@ On a shared machine the wall clock measures the neighbours as much as the hardwa
 quarter of a core reads a quarter of the bytes a second. Per CPU-second of its own thread, the same probe
 reads what the core does while it runs (still lowered by neighbours that share the memory bus and caches,
 far less than by the time-slicing). glassbox-cpu is fitted and checked on CPU-time figures of both the
-probe and the engine (perf/cpu_fit.py, benchmarks/plan_vs_trace.py, tests/test_planner_vs_engine.py), so a
+probe and the engine (perf/cpu_fit.py, benchmarks/plan_vs_trace.py, tests/perf/test_planner_vs_engine.py), so a
 fit holds when the load changes; the wall-clock figures are kept beside them.
 
 Host work (Python dispatching small kernels) slows with the machine too, and not as bandwidth does: the

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_server_harness import free_port
+from server_harness import free_port
 
 from glassbox.bench.benchy_table import BenchyTest, Timeline, markdown, peak_rate, rows
 from glassbox.cli import main
