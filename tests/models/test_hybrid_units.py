@@ -243,9 +243,7 @@ def test_the_activation_profile_runs_a_hybrid_model(tmp_path: Path) -> None:
     d = build_hybrid_model("nemotron_h", tmp_path)
     mc = ModelConfig.from_facts(facts_from_dir(d))
     model = build_model(mc, None, torch.float32, torch.device("cpu"))
-    profile_prefill(
-        model, mc, 40, 16, torch.float32, mc.head_dim, "torch", torch.float32, torch.device("cpu")
-    )
+    profile_prefill(model, mc, 40, 16, torch.float32, "torch", torch.float32, torch.device("cpu"))
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler: the PyTorch ops run")
