@@ -104,6 +104,20 @@ FORMATS: dict[str, WeightFormat] = {
             ggml_types=("Q6_K",), gguf=True, decode_kernel_factor=0.8,
         ),
         WeightFormat(
+            "iq4_xs", "blocks", 4.25, "int8",
+            "GGUF IQ4_XS: 256-value super-blocks of 8 x 32 IQ4_NL indices, 6-bit sub-block scales",
+            ggml_types=("IQ4_XS",), gguf=True, decode_kernel_factor=0.8, triton=False,
+        ),
+        WeightFormat(
+            "q3_k", "blocks", 3.4375, "int8", "GGUF Q3_K: 256-value super-blocks of 16 x 16 3-bit, 6-bit scales",
+            ggml_types=("Q3_K",), gguf=True, decode_kernel_factor=0.8, triton=False,
+        ),
+        WeightFormat(
+            "q2_k", "blocks", 2.625, "int8",
+            "GGUF Q2_K: 256-value super-blocks of 16 x 16 2-bit, 4-bit scales and mins",
+            ggml_types=("Q2_K",), gguf=True, decode_kernel_factor=0.8, triton=False,
+        ),
+        WeightFormat(
             "q4_k_m", "blocks", 4.85, "int8",
             "GGUF's Q4_K_M file mix: Q4_K, with Q6_K for the output and half of attn_v/ffn_down (~4.85 bpw)",
             gguf=True, decode_kernel_factor=0.8,
