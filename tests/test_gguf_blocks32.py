@@ -20,7 +20,7 @@ from lowbit_factory import quantize_lowbit
 from test_quantization import _int8_activation_reference, block_gemv_f32, needs_kernels
 from tiny_models import greedy_continuation
 
-from glassbox import LLM, SamplingParams
+from glassbox import LLM, RequestOutput, SamplingParams
 from glassbox.engine.checkpoint import open_checkpoint
 from glassbox.kernels.native import library
 from glassbox.models.llama_native import NativeForward
@@ -164,32 +164,35 @@ def test_kept_float32_model_matches_transformers(model_file: Path, reference: li
         assert [lp[t] for lp, t in zip(out.logprobs, toks, strict=True)] == pytest.approx(lps, abs=1e-4)
 
 
+def assert_close_to(ours: list[RequestOutput], ref: list[RequestOutput], tol: float = 0.25) -> None:
+    """Greedy paths of two engines on the same weights in different arithmetic (int8 activations and bf16
+    roundings: logits ~1% apart): while the tokens agree their logprobs are within ``tol``; where they part,
+    the reference's own choice was a near tie (its logprob within ``tol`` of ours)."""
+    for a, b in zip(ours, ref, strict=True):
+        assert a.logprobs is not None and b.logprobs is not None
+        for j, t in enumerate(b.token_ids):
+            if a.token_ids[j] != t:
+                assert b.logprobs[j][t] - b.logprobs[j].get(a.token_ids[j], -1e9) < tol, (j, a.token_ids, t)
+                break
+            assert abs(a.logprobs[j][t] - b.logprobs[j][t]) < tol
+
+
 @needs_kernels
-def test_bf16_engine_keeps_the_blocks_as_the_dequantized_one_runs(model_file: Path, reference: list) -> None:
+def test_bf16_engine_keeps_the_blocks_as_the_dequantized_one_runs(model_file: Path) -> None:
     """bf16 as served: the blocks kept, decode steps on the int8-activation kernel; against the engine on the
-    same file dequantized at load (--quantization none keeps nothing: a bf16 model) and transformers: the
-    first token the same, logprobs close while the greedy paths agree (a random tiny model's logits are
-    near ties, which int8 activations may break either way)."""
+    same file dequantized at load (--quantization none keeps nothing: a bf16 model) close (a random tiny
+    model's logits are near ties, which either arithmetic may break its way)."""
     llm = LLM(str(model_file), dtype="bfloat16", device="cpu", max_model_len=128)
     ex = llm.engine.executor
     assert ex.block_formats == ["IQ4_NL", "Q5_0", "Q5_1", "Q8_0"]
     assert all(isinstance(w, BlockWeights) for w in block_weights(ex.model))
-    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=1)
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=5)
     outs = llm.generate(PROMPTS, params)
     ran = [m for m in ex.model.modules() if isinstance(m, BlockQuantLinear) and m._call is not None]
     assert ran, "no kept layer ran the GEMV kernel"
     dense = LLM(str(model_file), dtype="bfloat16", device="cpu", max_model_len=128, quantization="none")
     assert dense.engine.executor.block_formats == []
-    deq = [(o.token_ids, [lp[t] for lp, t in zip(o.logprobs or [], o.token_ids, strict=True)]) for o in
-           dense.generate(PROMPTS, params)]  # fmt: skip
-    for ref in (reference, deq):
-        for out, (toks, lps) in zip(outs, ref, strict=True):
-            assert out.token_ids[0] == toks[0]
-            assert out.logprobs is not None
-            for j, t in enumerate(toks):
-                if out.token_ids[: j + 1] != toks[: j + 1]:
-                    break
-                assert abs(out.logprobs[j][t] - lps[j]) < 0.25
+    assert_close_to(outs, dense.generate(PROMPTS, params))
 
 
 @needs_kernels

@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 from gguf_factory import Spec, random_blocks, write_model
 from lowbit_factory import quantize_lowbit
+from test_gguf_blocks32 import assert_close_to
 from test_gguf_kquant import _int8_activation_reference, kquant_gemv
 from tiny_models import greedy_continuation
 
@@ -145,18 +146,17 @@ def test_kept_float32_model_matches_transformers(model_file: Path, reference: li
 
 
 @needs_kernels
-def test_bf16_engine_keeps_them_and_the_one_call_step_runs_them(model_file: Path, reference: list) -> None:
+def test_bf16_engine_keeps_them_and_the_one_call_step_runs_them(model_file: Path) -> None:
     """bf16 as served: the blocks kept, decode steps on the int8-activation kernel, through the one-call step
-    (kernels/cpu_step.c) as through the per-op forward (the same kernels: the same bits); against the
-    dequantized engine (--quantization none) and transformers the first token the same and logprobs close
-    while the greedy paths agree (a random tiny model's logits are near ties)."""
+    (kernels/cpu_step.c) as through the per-op forward (the same kernels: the same bits); close to the
+    dequantized engine (--quantization none: test_gguf_blocks32.assert_close_to)."""
     llm = LLM(str(model_file), dtype="bfloat16", device="cpu", max_model_len=128)
     ex = llm.engine.executor
     assert ex.block_formats == ["IQ4_XS", "Q2_K", "Q3_K"]
     assert all(isinstance(w, KQuantWeights) for w in block_weights(ex.model))
     forward = ex.forward
     assert isinstance(forward, NativeForward) and forward.step is not None
-    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=1)
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=5)
 
     def run(engine: LLM) -> list[tuple[list[int], list[float]]]:
         outs = engine.generate(PROMPTS, params)
@@ -170,10 +170,4 @@ def test_bf16_engine_keeps_them_and_the_one_call_step_runs_them(model_file: Path
     assert stepped == run(llm)
     dense = LLM(str(model_file), dtype="bfloat16", device="cpu", max_model_len=128, quantization="none")
     assert dense.engine.executor.block_formats == []
-    for ref in (reference, run(dense)):
-        for (ours, our_lps), (toks, lps) in zip(stepped, ref, strict=True):
-            assert ours[0] == toks[0]
-            for j in range(len(toks)):
-                if ours[: j + 1] != toks[: j + 1]:
-                    break
-                assert abs(our_lps[j] - lps[j]) < 0.25
+    assert_close_to(llm.generate(PROMPTS, params), dense.generate(PROMPTS, params))

@@ -82,27 +82,35 @@ static void row_generic(const uint8_t *w, const uint16_t *d, const uint16_t *o, 
 }
 
 #ifdef GB_VNNI
-/* A row's blocks past the last whole chunk (rw.wt ..., in order, an even count from b0) against one
- * activation row: sum_b dx d ip + o cx, with 256-bit VNNI per pair of blocks. */
-static inline float tail_vnni(const block_row *rw, float c, i64 Kp, int bits, const int8_t *a, const float *dx,
-                              const float *cx, i64 b0) {
-    const i64 nb = Kp / 32;
-    float total = 0.0f;
-    for (i64 b = b0; b < nb; b += 2) {
-        const i64 i = b - b0;
+/* A row's blocks past the last whole chunk (rw.wt ..., in order, an even count below 16 from b0) against one
+ * activation row: a vector whose lanes sum to sum_b dx d ip + o cx. Each pair of blocks in one 512-bit VNNI
+ * product (lanes 0-7 block b, 8-15 block b + 1), times its blocks' scales dx d; the offsets' o cx in one. */
+static inline __attribute__((always_inline)) __m512 tail_vnni(const block_row *rw, float c, i64 Kp, int bits,
+                                                              const int8_t *a, const float *dx, const float *cx,
+                                                              i64 b0) {
+    const i64 nt = Kp / 32 - b0;
+    const __mmask16 km = (__mmask16)((1u << nt) - 1u);
+    const __m512 dv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, rw->dt));
+    const __m512 sv = _mm512_mul_ps(dv, _mm512_maskz_loadu_ps(km, dx + b0));
+    __m512 ov;
+    if (rw->ot)
+        ov = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, rw->ot));
+    else if (rw->zt)
+        ov = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(km, rw->zt))),
+                           _mm512_sub_ps(_mm512_setzero_ps(), dv));
+    else
+        ov = _mm512_mul_ps(dv, _mm512_set1_ps(c));
+    __m512 acc = _mm512_mul_ps(ov, _mm512_maskz_loadu_ps(km, cx + b0));
+    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    for (i64 i = 0; i < nt; i += 2) {
         __m256i c0, c1;
         tail_pair(rw->wt + i * 4 * code_width(bits), bits, &c0, &c1); /* a pair's 8 * width bytes */
-        const __m256i i0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c0, _mm256_loadu_si256((const __m256i *)(a + b * 32)));
-        const __m256i i1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c1, _mm256_loadu_si256((const __m256i *)(a + b * 32 + 32)));
-        const __m256i h = _mm256_hadd_epi32(i0, i1); /* lanes: i0 pairs (0-1, 4-5), i1 pairs (2-3, 6-7) */
-        const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        const int32_t ip0 = _mm_extract_epi32(q, 0) + _mm_extract_epi32(q, 1);
-        const int32_t ip1 = _mm_extract_epi32(q, 2) + _mm_extract_epi32(q, 3);
-        const float d0 = h2f(rw->dt[i]), d1 = h2f(rw->dt[i + 1]);
-        const float o0 = block_offset(rw->ot, rw->zt, c, i, d0), o1 = block_offset(rw->ot, rw->zt, c, i + 1, d1);
-        total += dx[b] * d0 * (float)ip0 + o0 * cx[b] + dx[b + 1] * d1 * (float)ip1 + o1 * cx[b + 1];
+        const __m512i cc = _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
+        const __m512i ip = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cc, _mm512_loadu_si512((const void *)(a + (b0 + i) * 32)));
+        const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(pair, _mm512_set1_epi32((int)i)), sv);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), s, acc);
     }
-    return total;
+    return acc;
 }
 
 /* y[m] for one weight row: whole chunks in vectors (codes unpacked once for all M rows; one int32 lane per
@@ -134,9 +142,12 @@ static void row_dot_vnni(const block_row *rw, float c, i64 Kp, int bits, const i
             off[m] = _mm512_fmadd_ps(ov, _mm512_loadu_ps(cx + m * nb + b), off[m]);
         }
     }
-    for (i64 m = 0; m < M; m++)
-        y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m], off[m])) +
-               tail_vnni(rw, c, Kp, bits, qx + m * Kp, dx + m * nb, cx + m * nb, chunks * CHUNK);
+    for (i64 m = 0; m < M; m++) {
+        __m512 total = _mm512_add_ps(acc[m], off[m]);
+        if (chunks * CHUNK < nb)
+            total = _mm512_add_ps(total, tail_vnni(rw, c, Kp, bits, qx + m * Kp, dx + m * nb, cx + m * nb, chunks * CHUNK));
+        y[m] = _mm512_reduce_add_ps(total);
+    }
 }
 
 /* One activation row against the 16 rows of a whole tile (tile base pointers w, d, o, z): y[r] for its row r
@@ -184,12 +195,12 @@ static inline __attribute__((always_inline)) void rows16_m1(const uint8_t *w, co
             acc[r] = _mm512_fmadd_ps(ov, cxv, acc[r]);
         }
     }
-    _mm512_storeu_ps(y, sum_lanes16(acc));
     if (chunks * CHUNK < nb) /* blocks past the last whole chunk */
         for (int r = 0; r < 16; r++) {
             const block_row rw = row_at(w, d, o, z, 16, Kp, bits, r); /* the tile alone: 16 rows */
-            y[r] += tail_vnni(&rw, c, Kp, bits, qx, dx, cx, chunks * CHUNK);
+            acc[r] = _mm512_add_ps(acc[r], tail_vnni(&rw, c, Kp, bits, qx, dx, cx, chunks * CHUNK));
         }
+    _mm512_storeu_ps(y, sum_lanes16(acc));
 }
 #endif
 
