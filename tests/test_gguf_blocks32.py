@@ -34,8 +34,9 @@ from glassbox.quant.formats import kept_ggml_types
 
 TYPES = [Q.Q5_0, Q.Q5_1, Q.IQ4_NL]
 # N not a multiple of 16 (tiles of 16 rows, then a short one); K of one block (padded to 64), of tail pairs
-# only, of whole 16-block chunks only, and of chunks then tail pairs
-SHAPES = [(1, 32), (17, 96), (16, 512), (37, 1088)]
+# only, of whole 16-block chunks only, of chunks then a tail pair, and of a chunk then six tail pairs (896:
+# Qwen2.5-0.5B's hidden, the rows llama.cpp's Q4_K_M writes as Q5_0)
+SHAPES = [(1, 32), (17, 96), (16, 512), (37, 1088), (19, 896)]
 BITS = {Q.Q5_0: 5.5, Q.Q5_1: 6.0, Q.IQ4_NL: 4.5}  # the file's own
 
 
