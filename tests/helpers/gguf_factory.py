@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from kquant_factory import K_QUANTIZABLE, quantize_k
+from lowbit_factory import LOWBIT_QUANTIZABLE, quantize_lowbit
 from tiny_models import greedy_continuation
 
 from glassbox import SamplingParams
@@ -162,6 +163,8 @@ def encode_tensor(values: np.ndarray, qtype: Q, rng: np.random.Generator) -> tup
         return gguf.quants.quantize(values, qtype), qtype
     if qtype in K_QUANTIZABLE:
         return quantize_k(values, qtype), qtype
+    if qtype in LOWBIT_QUANTIZABLE:
+        return quantize_lowbit(values, qtype), qtype
     return random_blocks(qtype, *values.shape, rng), qtype
 
 

@@ -136,7 +136,7 @@ def block_gemv_f32(w: BlockWeights, x: torch.Tensor, generic: bool = False) -> t
     out = torch.empty(m, w.out_features)
     fn = lib.gb_gemv_blocks_generic if generic else lib.gb_gemv_blocks
     fn(
-        *w.pointers(), None, w.out_features, kp, w.bits,
+        *w.pointers(), None, w.out_features, kp, w.kernel_bits,
         qx.data_ptr(), dx.data_ptr(), cx.data_ptr(), m, out.data_ptr(), w.out_features, 0, 2,
     )  # fmt: skip
     return out

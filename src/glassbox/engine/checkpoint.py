@@ -60,7 +60,7 @@ class Checkpoint:
         kept: dict[str, Kept] = {}
         skip: set[str] = set()
         if keep_blocks:
-            types = set(kept_ggml_types("blocks"))
+            types = set(kept_ggml_types("blocks", triton=not cpu))
             for name, ggml_type, raw, shape in gguf.stored_tensors(types):
                 kept[name] = gguf_matrix(ggml_type, raw, shape)
             skip = set(kept)
@@ -80,7 +80,7 @@ def gguf_experts(gguf: GGUFCheckpoint, whole: bool = False) -> tuple[dict[str, H
     """Each MoE layer's stacked experts kept in their GGML types where the CPU kernels run those
     (quant/formats.py ``kept_ggml_types``), by module name, and the tensor names taken (quant/blocks/gguf_experts.py)."""
     stacked: dict[str, dict[str, list[ExpertMatrix]]] = {}
-    for name, ggml_type, raw, shape in gguf.stored_tensors(set(kept_ggml_types()), ndim=3):
+    for name, ggml_type, raw, shape in gguf.stored_tensors(set(kept_ggml_types(triton=whole)), ndim=3):
         module, _, proj = name.removesuffix(".weight").rpartition(".")
         stacked.setdefault(module, {})[proj] = [
             gguf_matrix(ggml_type, raw[e], shape[1:]) for e in range(shape[0])

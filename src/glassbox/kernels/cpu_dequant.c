@@ -6,7 +6,6 @@
 /* One row's whole chunks, dequantized into out (row of K values, dt 0 float32 / 1 bf16): for each code vector
  * p, 16 codes at a time (4 codes of 4 blocks) widened, scaled and offset per block, stored as 4-value runs. */
 static void dequant_chunks(const block_row *rw, float c, i64 chunks, int bits, void *out, int dt) {
-    const __m512i mask = _mm512_set1_epi8(15);
     for (i64 ch = 0; ch < chunks; ch++) {
         const i64 b = ch * CHUNK, mo = ch * rw->mstep;
         const uint8_t *w = rw->w + ch * rw->wstep;
@@ -21,13 +20,7 @@ static void dequant_chunks(const block_row *rw, float c, i64 chunks, int bits, v
             os[g] = _mm512_permutexvar_ps(idx, ov);
         }
         for (int p = 0; p < 8; p++) {
-            __m512i v;
-            if (bits == 4) {
-                const __m512i raw = _mm512_loadu_si512((const void *)(w + (p % 4) * 64));
-                v = p < 4 ? _mm512_and_si512(raw, mask) : _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
-            } else {
-                v = _mm512_loadu_si512((const void *)(w + p * 64));
-            }
+            const __m512i v = chunk_vector(w, bits, p);
             for (int g = 0; g < 4; g++) { /* bytes 16g..16g+15: codes 4p..4p+3 of blocks 4g..4g+3 */
                 const __m128i qg = g == 0   ? _mm512_extracti32x4_epi32(v, 0)
                                    : g == 1 ? _mm512_extracti32x4_epi32(v, 1)
@@ -59,7 +52,7 @@ static void dequant_row(const uint8_t *w, const uint16_t *d, const uint16_t *o, 
                         i64 Kp, i64 K, int bits, i64 n, void *out, int out_dt) {
     i64 first = 0; /* codes before it were written by the vector path */
 #if defined(GB_VNNI) && defined(__AVX512BF16__)
-    const i64 chunks = Kp / 32 / CHUNK, nb = Kp / 32, row_bytes = bits == 4 ? Kp / 2 : Kp;
+    const i64 chunks = Kp / 32 / CHUNK, nb = Kp / 32, row_bytes = code_row_bytes(Kp, bits);
     first = chunks * CHUNK * 32 <= K ? chunks * CHUNK * 32 : 0;
     if (first > 0) {
         const i64 n1 = (n / TILE + 1) * TILE, next = N - n1 < TILE ? N - n1 : TILE; /* the next tile's rows */

@@ -65,14 +65,16 @@ static void row_generic(const uint8_t *codes, const uint8_t *meta, int kind, i64
             const uint8_t *mt = meta + kq_at(n, sb, N, nsb, mb, kind);
             const int8_t *a = qx + m * K + sb * SB;
             const i64 b0 = m * nb + sb * 8; /* this super-block's first activation block */
-            for (i64 j = 0; j < LANES; j += (kind == 6 ? 1 : 2)) { /* a lane (Q6_K) or a sub-block of two */
-                const i64 width = kind == 6 ? 16 : 32;
+            const int lane = kq_step(kind) == 1;
+            for (i64 j = 0; j < LANES; j += (lane ? 1 : 2)) { /* a lane or (Q4_K, Q5_K) a sub-block of two */
+                const i64 width = lane ? 16 : 32;
                 int32_t ip = 0;
                 for (i64 r = 16 * j; r < 16 * j + width; r++) ip += code_of(rec, kind, r) * a[lane_pos(r)];
                 float S, O;
                 lane_scale(mt, kind, j, &S, &O);
-                if (kind == 6)
-                    total += (float)(ip - 32 * sx[2 * b0 + j]) * (S * dx[b0 + j / 2]);
+                if (lane) /* O: Q2_K's min, times the lane's activation sum */
+                    total += (float)(ip - code_offset(kind) * sx[2 * b0 + j]) * (S * dx[b0 + j / 2]) +
+                             O * (dx[b0 + j / 2] * (float)sx[2 * b0 + j]);
                 else
                     total += (float)ip * (S * dx[b0 + j / 2]) + O * cx[b0 + j / 2];
             }
@@ -82,15 +84,18 @@ static void row_generic(const uint8_t *codes, const uint8_t *meta, int kind, i64
 }
 
 #ifdef GB_VNNI
-/* lane j: sum over its 16 values of q qx (exact int32), less 32 sx for Q6_K */
-static inline __m512i lane_dots(const __m512i V[4], const int8_t *a, int kind, const int32_t *sx) {
+/* lane j: sum over its 16 values of q qx (exact int32), less c sx for the codes' offset c (code_offset) */
+static inline __attribute__((always_inline)) __m512i lane_dots(const __m512i V[4], const int8_t *a, int kind,
+                                                               const int32_t *sx) {
     __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), V[0], _mm512_loadu_si512((const void *)a));
     __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), V[1], _mm512_loadu_si512((const void *)(a + 64)));
     s0 = _mm512_dpbusd_epi32(s0, V[2], _mm512_loadu_si512((const void *)(a + 128)));
     s1 = _mm512_dpbusd_epi32(s1, V[3], _mm512_loadu_si512((const void *)(a + 192)));
     const __m512i s = _mm512_add_epi32(s0, s1);
-    if (kind != 6) return s;
-    return _mm512_sub_epi32(s, _mm512_slli_epi32(_mm512_loadu_si512((const void *)sx), 5));
+    if (!code_offset(kind)) return s;
+    const __m512i sxv = _mm512_loadu_si512((const void *)sx);
+    if (kind == 6) return _mm512_sub_epi32(s, _mm512_slli_epi32(sxv, 5));
+    return _mm512_sub_epi32(s, _mm512_mullo_epi32(sxv, _mm512_set1_epi32(code_offset(kind))));
 }
 
 /* Q4_K/Q5_K, super-blocks sb and sb + 1 (``two``: whether the second exists) of one weight row against one
@@ -121,14 +126,18 @@ static inline __m512 lane_dx(const float *dx) {
 static inline __attribute__((always_inline)) void tile16_m1(const uint8_t *codes, const uint8_t *meta, int kind, i64 K, const int8_t *qx,
                       const float *dx, const float *cx, const int32_t *sx, float *y) {
     const i64 nsb = K / SB, cb = code_bytes(kind), mb = meta_bytes(kind);
-    const i64 step = kind == 6 ? 1 : 2, full = nsb / step * step; /* super-blocks in whole steps */
+    const i64 step = kq_step(kind), full = nsb / step * step; /* super-blocks in whole steps */
+    const int lane = step == 1; /* per-lane scales (all but Q4_K, Q5_K) */
     __m512 acc[16];
     for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
     for (i64 sb = 0; sb < nsb; sb += step) {
-        const int two = kind != 6 && sb + 1 < nsb;
+        const int two = !lane && sb + 1 < nsb;
         const __mmask16 k = two ? 0xFFFF : 0x00FF;
-        const __m512 dxv = kind == 6 ? lane_dx(dx + sb * 8) : _mm512_maskz_loadu_ps(k, dx + sb * 8);
-        const __m512 cxv = kind == 6 ? dxv : _mm512_maskz_loadu_ps(k, cx + sb * 8);
+        const __m512 dxv = lane ? lane_dx(dx + sb * 8) : _mm512_maskz_loadu_ps(k, dx + sb * 8);
+        /* Q2_K: per lane dx sx (its mins' factor); Q4_K/Q5_K: per sub-block cx */
+        const __m512 cxv = kind == 2   ? _mm512_mul_ps(dxv, _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(sx + sb * LANES))))
+                           : lane ? dxv
+                                  : _mm512_maskz_loadu_ps(k, cx + sb * 8);
         const int8_t *a = qx + sb * SB;
         for (int r = 0; r < 16; r++) {
             const i64 at = sb < full ? sb * 16 + r * step : full * 16 + r; /* in super-blocks */
@@ -136,12 +145,13 @@ static inline __attribute__((always_inline)) void tile16_m1(const uint8_t *codes
             for (i64 q = 0; q < cb * step; q += 64) /* cpu_common.h */
                 _mm_prefetch((const char *)(rec + GB_PREFETCH_AHEAD + q), _MM_HINT_T0);
             __m512 S, O;
-            if (kind == 6) {
+            if (lane) {
                 __m512i V[4];
                 unpack_sb(rec, kind, V);
                 lane_scales(mt, kind, &S, &O);
                 const __m512i ip = lane_dots(V, a, kind, sx + sb * LANES);
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), _mm512_mul_ps(S, dxv), acc[r]);
+                if (kind == 2) acc[r] = _mm512_fmadd_ps(O, cxv, acc[r]);
             } else {
                 pair_scales(mt, two, &S, &O);
                 const __m512i ip = pair_dots(rec, kind, two, a);
@@ -160,7 +170,7 @@ static inline __attribute__((always_inline)) void row_vnni(const uint8_t *codes,
     const kq_row row = kq_row_at(codes, meta, kind, N, nsb, n);
     __m512 acc[64];
     for (i64 m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
-    if (kind == 6) {
+    if (kq_step(kind) == 1) { /* per-lane scales */
         for (i64 sb = 0; sb < nsb; sb++) {
             __m512i V[4];
             unpack_sb(kq_codes(&row, sb, cb), kind, V);
@@ -169,7 +179,12 @@ static inline __attribute__((always_inline)) void row_vnni(const uint8_t *codes,
             for (i64 m = 0; m < M; m++) {
                 const i64 b0 = m * nb + sb * 8;
                 const __m512i ip = lane_dots(V, qx + m * K + sb * SB, kind, sx + 2 * b0);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), _mm512_mul_ps(S, lane_dx(dx + b0)), acc[m]);
+                const __m512 dxl = lane_dx(dx + b0);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), _mm512_mul_ps(S, dxl), acc[m]);
+                if (kind == 2) { /* the mins: O dx sx per lane */
+                    const __m512 sxf = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(sx + 2 * b0)));
+                    acc[m] = _mm512_fmadd_ps(O, _mm512_mul_ps(dxl, sxf), acc[m]);
+                }
             }
         }
     } else {
@@ -211,8 +226,14 @@ static void gemv_kq(const uint8_t *codes, const uint8_t *meta, int kind, const f
                 tile16_m1(c, mt, 4, K, qx, dx, cx, sx, y);
             else if (kind == 5)
                 tile16_m1(c, mt, 5, K, qx, dx, cx, sx, y);
-            else
+            else if (kind == 6)
                 tile16_m1(c, mt, 6, K, qx, dx, cx, sx, y);
+            else if (kind == 12)
+                tile16_m1(c, mt, 12, K, qx, dx, cx, sx, y);
+            else if (kind == 3)
+                tile16_m1(c, mt, 3, K, qx, dx, cx, sx, y);
+            else
+                tile16_m1(c, mt, 2, K, qx, dx, cx, sx, y);
         } else
 #endif
             for (i64 r = 0; r < rows; r++) {

@@ -7,14 +7,22 @@
 #define SB 256 /* values per super-block */
 #define LANES 16 /* 16-value lanes per super-block */
 
-static inline i64 code_bytes(int kind) { return kind == 4 ? 128 : kind == 5 ? 160 : 192; }
-static inline i64 meta_bytes(int kind) { return kind == 6 ? 18 : 16; }
+/* kind: 4, 5, 6 Q4_K, Q5_K, Q6_K; 2, 3, 12 Q2_K, Q3_K, IQ4_XS (quant/blocks/kquant_low.py has their records) */
+static inline i64 code_bytes(int kind) {
+    return kind == 2 ? 64 : kind == 3 ? 96 : kind == 5 ? 160 : kind == 6 ? 192 : 128;
+}
+static inline i64 meta_bytes(int kind) { return kind == 2 ? 20 : kind == 3 ? 14 : kind == 12 ? 8 : kind == 6 ? 18 : 16; }
+/* Super-blocks per GEMV step: Q4_K/Q5_K two (their sub-blocks of 32 fill a vector), the others one. */
+static inline i64 kq_step(int kind) { return kind == 4 || kind == 5 ? 2 : 1; }
+/* c in W = S (q - c) + O: the codes' offset (Q6_K 32, Q3_K 4, IQ4_XS 128: its table's values + 128). */
+static inline int code_offset(int kind) { return kind == 6 ? 32 : kind == 3 ? 4 : kind == 12 ? 128 : 0; }
+static const int8_t IQ4_XS_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 /* Super-block sb of row n (of N rows of nsb) in the tiled codes or meta (``bytes`` per super-block): tiles
  * of 16 rows (cpu_quant.h tiled_index) whose segments are one GEMV step, Q4_K/Q5_K two super-blocks, Q6_K
  * one; with an odd count, Q4_K/Q5_K's last super-block follows the pairs, row after row. */
 static inline i64 kq_at(i64 n, i64 sb, i64 N, i64 nsb, i64 bytes, int kind) {
-    const i64 step = kind == 6 ? 1 : 2;
+    const i64 step = kq_step(kind);
     return tiled_index(n, sb * bytes, N, nsb * bytes, step * bytes, nsb / step * step * bytes);
 }
 
@@ -26,7 +34,7 @@ typedef struct {
 } kq_row;
 
 static inline kq_row kq_row_at(const uint8_t *codes, const uint8_t *meta, int kind, i64 N, i64 nsb, i64 n) {
-    const i64 step = kind == 6 ? 1 : 2, cb = code_bytes(kind), mb = meta_bytes(kind);
+    const i64 step = kq_step(kind), cb = code_bytes(kind), mb = meta_bytes(kind);
     const i64 R = N - n / TILE * TILE < TILE ? N - n / TILE * TILE : TILE;
     kq_row x;
     x.full = nsb / step * step;
@@ -58,7 +66,12 @@ static inline i64 lane_pos(i64 r) {
 
 static inline int code_of(const uint8_t *rec, int kind, i64 r) {
     const i64 pos = lane_pos(r), p = pos / 64, i = pos % 64;
+    if (kind == 2 || kind == 3) { /* 2 bits of byte i (bits 2p), Q3_K's third from mask p */
+        const int q = (rec[i] >> (2 * p)) & 3;
+        return kind == 2 ? q : q | (((rec[64 + p * 8 + i / 8] >> (i % 8)) & 1) << 2);
+    }
     int q = (rec[(p / 2) * 64 + i] >> (4 * (p % 2))) & 15;
+    if (kind == 12) return IQ4_XS_VALUES[q] + 128;
     if (kind == 5) q |= ((rec[128 + p * 8 + i / 8] >> (i % 8)) & 1) << 4;
     if (kind == 6) {
         q |= ((rec[128 + 2 * p * 8 + i / 8] >> (i % 8)) & 1) << 4;
@@ -85,8 +98,25 @@ static inline void scale_min(const uint8_t *p, i64 s, int *sc, int *m) {
     }
 }
 
-/* Lane j's scale S and offset O (O = 0 for Q6_K, whose codes are offset by -32 instead). */
+/* Lane j's scale S and offset O (O = 0 where the codes are offset instead: code_offset). */
 static inline void lane_scale(const uint8_t *mt, int kind, i64 j, float *S, float *O) {
+    *O = 0.0f;
+    if (kind == 2) { /* byte j: low nibble the scale, high the min */
+        *S = half_at(mt + 16) * (float)(mt[j] & 15);
+        *O = -(half_at(mt + 18) * (float)(mt[j] >> 4));
+        return;
+    }
+    if (kind == 3) { /* 6 bits: the low nibble in byte j % 8 (high nibble for j >= 8), the top 2 in byte 8 + j % 4 */
+        const int sc = ((mt[j % 8] >> (4 * (j / 8))) & 15) | (((mt[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
+        *S = half_at(mt + 12) * (float)(sc - 32);
+        return;
+    }
+    if (kind == 12) { /* sub-block s = j / 2: its low nibble in byte 4 + s / 2, its top 2 bits at 2 s of the uint16 */
+        const i64 s = j / 2;
+        const int ls = ((mt[4 + s / 2] >> (4 * (s % 2))) & 15) | ((((mt[2] | (mt[3] << 8)) >> (2 * s)) & 3) << 4);
+        *S = half_at(mt) * (float)(ls - 32);
+        return;
+    }
     if (kind == 6) {
         *S = half_at(mt + 16) * (float)(int8_t)mt[j];
         *O = 0.0f;
@@ -99,14 +129,33 @@ static inline void lane_scale(const uint8_t *mt, int kind, i64 j, float *S, floa
 }
 
 #ifdef GB_VNNI
-/* One super-block's codes as the 4 byte vectors V0..V3 (lane order). */
-static inline void unpack_sb(const uint8_t *rec, int kind, __m512i V[4]) {
+/* One super-block's codes as the 4 byte vectors V0..V3 (lane order), unsigned (IQ4_XS: its values + 128). */
+static inline __attribute__((always_inline)) void unpack_sb(const uint8_t *rec, int kind, __m512i V[4]) {
+    if (kind == 2 || kind == 3) {
+        const __m512i x = _mm512_loadu_si512((const void *)rec), m3 = _mm512_set1_epi8(3);
+        V[0] = _mm512_and_si512(x, m3);
+        V[1] = _mm512_and_si512(_mm512_srli_epi16(x, 2), m3);
+        V[2] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m3);
+        V[3] = _mm512_and_si512(_mm512_srli_epi16(x, 6), m3);
+        if (kind == 3)
+            for (int p = 0; p < 4; p++) {
+                uint64_t bits;
+                memcpy(&bits, rec + 64 + 8 * p, 8);
+                V[p] = _mm512_mask_add_epi8(V[p], _cvtu64_mask64(bits), V[p], _mm512_set1_epi8(4));
+            }
+        return;
+    }
     const __m512i m15 = _mm512_set1_epi8(15);
     const __m512i n0 = _mm512_loadu_si512((const void *)rec), n1 = _mm512_loadu_si512((const void *)(rec + 64));
     V[0] = _mm512_and_si512(n0, m15);
     V[1] = _mm512_and_si512(_mm512_srli_epi16(n0, 4), m15);
     V[2] = _mm512_and_si512(n1, m15);
     V[3] = _mm512_and_si512(_mm512_srli_epi16(n1, 4), m15);
+    if (kind == 12) {
+        const __m128i t = _mm_add_epi8(_mm_loadu_si128((const __m128i *)IQ4_XS_VALUES), _mm_set1_epi8(-128));
+        for (int p = 0; p < 4; p++) V[p] = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t), V[p]);
+        return;
+    }
     if (kind == 4) return;
     const __m512i b4 = _mm512_set1_epi8(16), b5 = _mm512_set1_epi8(32);
     for (int p = 0; p < 4; p++) {
@@ -124,8 +173,15 @@ static inline void unpack_sb(const uint8_t *rec, int kind, __m512i V[4]) {
 }
 
 /* The 16 lanes' scales S and offsets O of one super-block (see lane_scale). */
-static inline void lane_scales(const uint8_t *mt, int kind, __m512 *S, __m512 *O) {
+static inline __attribute__((always_inline)) void lane_scales(const uint8_t *mt, int kind, __m512 *S, __m512 *O) {
     uint16_t h;
+    if (kind == 2 || kind == 3 || kind == 12) { /* lane by lane */
+        float s[16], o[16];
+        for (int j = 0; j < 16; j++) lane_scale(mt, kind, j, s + j, o + j);
+        *S = _mm512_loadu_ps(s);
+        *O = _mm512_loadu_ps(o);
+        return;
+    }
     if (kind == 6) {
         memcpy(&h, mt + 16, 2);
         const __m128i sc = _mm_loadu_si128((const __m128i *)mt);

@@ -31,8 +31,8 @@ static void dequant_sb(const uint8_t *rec, const uint8_t *mt, int kind, void *ou
             const int j = 4 * L + i;
             __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lane128(u[i], L)));
             __m512 f;
-            if (kind == 6)
-                f = _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(32.0f)), _mm512_set1_ps(s[j]));
+            if (code_offset(kind)) /* (q - c) S: exact, as GGML's */
+                f = _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps((float)code_offset(kind))), _mm512_set1_ps(s[j]));
             else
                 f = _mm512_fmadd_ps(q, _mm512_set1_ps(s[j]), _mm512_set1_ps(o[j]));
             if (dt) {
@@ -77,7 +77,7 @@ void gb_dequant_kquant(const uint8_t *codes, const uint8_t *meta, int kind, i64 
                 float S, O;
                 lane_scale(mt, kind, r / 16, &S, &O);
                 const int q = code_of(rec, kind, r);
-                store_out(out, at0 + r, kind == 6 ? S * (float)(q - 32) : S * (float)q + O, dt);
+                store_out(out, at0 + r, code_offset(kind) ? S * (float)(q - code_offset(kind)) : S * (float)q + O, dt);
             }
         }
     }

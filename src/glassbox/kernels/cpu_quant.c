@@ -1,5 +1,5 @@
-/* glassbox CPU kernels for weights kept in 32-value blocks of 4 or 8 bits (GGUF Q4_0, Q4_1, Q8_0, and
- * --quantization int4/int8), compiled with cpu_kernels.c by glassbox/kernels/native.py.
+/* glassbox CPU kernels for weights kept in 32-value blocks of 4, 5 or 8 bits (GGUF Q4_0, Q4_1, Q8_0, Q5_0,
+ * Q5_1, IQ4_NL, and --quantization int4/int8), compiled with cpu_kernels.c by glassbox/kernels/native.py.
  *
  * One weight layout for every format (repacked at load by quant/blocks/weights.py): row n of K values
  * (K padded to Kp, a multiple of 64) holds unsigned codes q, and per 32-value block b a float16 scale
@@ -7,7 +7,10 @@
  * stored (float16, Q4_1: the block's min m), or -z[n,b] d[n,b] for an integer zero code z (uint8, GPTQ and AWQ:
  * W = d (q - z) exactly, -z d computed in float32), or c d[n,b] for one constant c (neither stored):
  *   Q4_0 and int4: q in 0..15, c = -8.   Q8_0 and int8: q = s + 128 (s the int8), c = -128.
- * So a Q4_0 row costs 4.5 bits per weight, Q4_1 5, Q8_0 8.5: the file's own sizes.
+ *   Q5_0: q in 0..31, c = -16.   IQ4_NL: q = T[i] + 128 for a 4-bit index i into GGML's table T, c = -128.
+ * So a Q4_0 row costs 4.5 bits per weight, Q4_1 5, Q8_0 8.5, Q5_0 5.5, Q5_1 6, IQ4_NL 4.5: the file's own sizes.
+ * 5-bit codes are stored as 4-bit ones plus their fifth bits in masks (cpu_quant.h code_at, chunk_vector);
+ * IQ4_NL's indices as 4-bit codes, looked up with a byte shuffle when unpacked.
  * Codes come in chunks of 16 blocks (512 codes), interleaved so that one 64-byte vector holds 4 codes of
  * each of the 16 blocks: vector p, lane j (4 bytes) = block j's codes 4p .. 4p+3. 8-bit: a chunk is vectors
  * 0..7 (512 bytes). 4-bit: 4 vectors of 64 bytes whose low nibbles are vectors 0..3 and high nibbles 4..7
@@ -79,35 +82,35 @@ static void row_generic(const uint8_t *w, const uint16_t *d, const uint16_t *o, 
 }
 
 #ifdef GB_VNNI
-/* A row's blocks past the last whole chunk (rw.wt ..., in order, an even count from b0) against one
- * activation row: sum_b dx d ip + o cx, with 256-bit VNNI per pair of blocks. */
-static inline float tail_vnni(const block_row *rw, float c, i64 Kp, int bits, const int8_t *a, const float *dx,
-                              const float *cx, i64 b0) {
-    const i64 nb = Kp / 32;
-    const __m256i mask = _mm256_set1_epi8(15);
-    float total = 0.0f;
-    for (i64 b = b0; b < nb; b += 2) {
-        const i64 i = b - b0;
+/* A row's blocks past the last whole chunk (rw.wt ..., in order, an even count below 16 from b0) against one
+ * activation row: a vector whose lanes sum to sum_b dx d ip + o cx. Each pair of blocks in one 512-bit VNNI
+ * product (lanes 0-7 block b, 8-15 block b + 1), times its blocks' scales dx d; the offsets' o cx in one. */
+static inline __attribute__((always_inline)) __m512 tail_vnni(const block_row *rw, float c, i64 Kp, int bits,
+                                                              const int8_t *a, const float *dx, const float *cx,
+                                                              i64 b0) {
+    const i64 nt = Kp / 32 - b0;
+    const __mmask16 km = (__mmask16)((1u << nt) - 1u);
+    const __m512 dv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, rw->dt));
+    const __m512 sv = _mm512_mul_ps(dv, _mm512_maskz_loadu_ps(km, dx + b0));
+    __m512 ov;
+    if (rw->ot)
+        ov = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, rw->ot));
+    else if (rw->zt)
+        ov = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(km, rw->zt))),
+                           _mm512_sub_ps(_mm512_setzero_ps(), dv));
+    else
+        ov = _mm512_mul_ps(dv, _mm512_set1_ps(c));
+    __m512 acc = _mm512_mul_ps(ov, _mm512_maskz_loadu_ps(km, cx + b0));
+    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    for (i64 i = 0; i < nt; i += 2) {
         __m256i c0, c1;
-        if (bits == 4) { /* 32 bytes per pair: low nibbles block b, high b + 1 */
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(rw->wt + i * 16));
-            c0 = _mm256_and_si256(v, mask);
-            c1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-        } else {
-            c0 = _mm256_loadu_si256((const __m256i *)(rw->wt + i * 32));
-            c1 = _mm256_loadu_si256((const __m256i *)(rw->wt + i * 32 + 32));
-        }
-        const __m256i i0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c0, _mm256_loadu_si256((const __m256i *)(a + b * 32)));
-        const __m256i i1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c1, _mm256_loadu_si256((const __m256i *)(a + b * 32 + 32)));
-        const __m256i h = _mm256_hadd_epi32(i0, i1); /* lanes: i0 pairs (0-1, 4-5), i1 pairs (2-3, 6-7) */
-        const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        const int32_t ip0 = _mm_extract_epi32(q, 0) + _mm_extract_epi32(q, 1);
-        const int32_t ip1 = _mm_extract_epi32(q, 2) + _mm_extract_epi32(q, 3);
-        const float d0 = h2f(rw->dt[i]), d1 = h2f(rw->dt[i + 1]);
-        const float o0 = block_offset(rw->ot, rw->zt, c, i, d0), o1 = block_offset(rw->ot, rw->zt, c, i + 1, d1);
-        total += dx[b] * d0 * (float)ip0 + o0 * cx[b] + dx[b + 1] * d1 * (float)ip1 + o1 * cx[b + 1];
+        tail_pair(rw->wt + i * 4 * code_width(bits), bits, &c0, &c1); /* a pair's 8 * width bytes */
+        const __m512i cc = _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
+        const __m512i ip = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cc, _mm512_loadu_si512((const void *)(a + (b0 + i) * 32)));
+        const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(pair, _mm512_set1_epi32((int)i)), sv);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), s, acc);
     }
-    return total;
+    return acc;
 }
 
 /* y[m] for one weight row: whole chunks in vectors (codes unpacked once for all M rows; one int32 lane per
@@ -118,20 +121,11 @@ static void row_dot_vnni(const block_row *rw, float c, i64 Kp, int bits, const i
     const i64 chunks = nb / CHUNK;
     __m512 acc[64], off[64];
     for (i64 m = 0; m < M; m++) acc[m] = off[m] = _mm512_setzero_ps();
-    const __m512i mask = _mm512_set1_epi8(15);
     for (i64 ch = 0; ch < chunks; ch++) {
         const i64 b = ch * CHUNK;
         const uint8_t *w = rw->w + ch * rw->wstep;
         __m512i codes[8];
-        if (bits == 4) {
-            for (int q = 0; q < 4; q++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(w + q * 64));
-                codes[q] = _mm512_and_si512(v, mask);
-                codes[q + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
-            }
-        } else {
-            for (int p = 0; p < 8; p++) codes[p] = _mm512_loadu_si512((const void *)(w + p * 64));
-        }
+        for (int p = 0; p < 8; p++) codes[p] = chunk_vector(w, bits, p);
         const i64 mo = ch * rw->mstep;
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rw->d + mo)));
         const __m512 ov = block_offsets16(rw->o ? rw->o + mo : NULL, rw->z ? rw->z + mo : NULL, c, 0, dv);
@@ -148,18 +142,22 @@ static void row_dot_vnni(const block_row *rw, float c, i64 Kp, int bits, const i
             off[m] = _mm512_fmadd_ps(ov, _mm512_loadu_ps(cx + m * nb + b), off[m]);
         }
     }
-    for (i64 m = 0; m < M; m++)
-        y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m], off[m])) +
-               tail_vnni(rw, c, Kp, bits, qx + m * Kp, dx + m * nb, cx + m * nb, chunks * CHUNK);
+    for (i64 m = 0; m < M; m++) {
+        __m512 total = _mm512_add_ps(acc[m], off[m]);
+        if (chunks * CHUNK < nb)
+            total = _mm512_add_ps(total, tail_vnni(rw, c, Kp, bits, qx + m * Kp, dx + m * nb, cx + m * nb, chunks * CHUNK));
+        y[m] = _mm512_reduce_add_ps(total);
+    }
 }
 
 /* One activation row against the 16 rows of a whole tile (tile base pointers w, d, o, z): y[r] for its row r
  * (per-row horizontal sums done together at the end). The tile is read front to back: chunk by chunk, in
- * each its 16 rows' codes one after another (and their scales, offsets), then the rows' tail blocks. */
-static void rows16_m1(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 Kp,
+ * each its 16 rows' codes one after another (and their scales, offsets), then the rows' tail blocks.
+ * Inlined where ``bits`` is a constant (gemv). */
+static inline __attribute__((always_inline)) void rows16_m1(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, i64 Kp,
                       int bits, const int8_t *qx, const float *dx, const float *cx, float *y) {
     const i64 nb = Kp / 32, chunks = nb / CHUNK;
-    const i64 cb = bits == 4 ? 256 : 512; /* code bytes per chunk */
+    const i64 cb = chunk_bytes(bits); /* code bytes per chunk */
     const __m512i mask = _mm512_set1_epi8(15);
     __m512 acc[16];
     for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
@@ -184,11 +182,10 @@ static void rows16_m1(const uint8_t *w, const uint16_t *d, const uint16_t *o, co
                     s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(v1, 4), mask),
                                              _mm512_loadu_si512((const void *)(a + q * 64 + 320)));
                 }
-            } else {
+            } else { /* 8 bits; 5 bits and IQ4_NL's table (cpu_quant.h chunk_vector) */
                 for (int p = 0; p < 8; p += 2) {
-                    s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512((const void *)(wr + p * 64)),
-                                             _mm512_loadu_si512((const void *)(a + p * 64)));
-                    s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512((const void *)(wr + p * 64 + 64)),
+                    s0 = _mm512_dpbusd_epi32(s0, chunk_vector(wr, bits, p), _mm512_loadu_si512((const void *)(a + p * 64)));
+                    s1 = _mm512_dpbusd_epi32(s1, chunk_vector(wr, bits, p + 1),
                                              _mm512_loadu_si512((const void *)(a + p * 64 + 64)));
                 }
             }
@@ -198,12 +195,12 @@ static void rows16_m1(const uint8_t *w, const uint16_t *d, const uint16_t *o, co
             acc[r] = _mm512_fmadd_ps(ov, cxv, acc[r]);
         }
     }
-    _mm512_storeu_ps(y, sum_lanes16(acc));
     if (chunks * CHUNK < nb) /* blocks past the last whole chunk */
         for (int r = 0; r < 16; r++) {
             const block_row rw = row_at(w, d, o, z, 16, Kp, bits, r); /* the tile alone: 16 rows */
-            y[r] += tail_vnni(&rw, c, Kp, bits, qx, dx, cx, chunks * CHUNK);
+            acc[r] = _mm512_add_ps(acc[r], tail_vnni(&rw, c, Kp, bits, qx, dx, cx, chunks * CHUNK));
         }
+    _mm512_storeu_ps(y, sum_lanes16(acc));
 }
 #endif
 
@@ -213,7 +210,7 @@ static void rows16_m1(const uint8_t *w, const uint16_t *d, const uint16_t *o, co
 static void gemv(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c, const float *bias, i64 N, i64 Kp,
                  int bits, const int8_t *qx, const float *dx, const float *cx, i64 M, void *out, i64 out_stride,
                  int out_dt, int threads, int generic) {
-    const i64 row_bytes = bits == 4 ? Kp / 2 : Kp;
+    const i64 row_bytes = code_row_bytes(Kp, bits);
     const i64 nb = Kp / 32;
     const i64 tiles = (N + TILE - 1) / TILE;
 #pragma omp parallel for schedule(static) num_threads(threads) if (N * Kp >= (1 << 16))
@@ -221,9 +218,18 @@ static void gemv(const uint8_t *w, const uint16_t *d, const uint16_t *o, const u
         const i64 n0 = t * TILE, rows = N - n0 < TILE ? N - n0 : TILE;
         float y[64 * TILE];
 #ifdef GB_VNNI
-        if (!generic && M == 1 && rows == TILE) { /* batch 1, a whole tile */
-            rows16_m1(w + n0 * row_bytes, d + n0 * nb, o ? o + n0 * nb : NULL, z ? z + n0 * nb : NULL, c, Kp, bits,
-                      qx, dx, cx, y);
+        if (!generic && M == 1 && rows == TILE) { /* batch 1, a whole tile: each format's own code */
+            const uint8_t *wt = w + n0 * row_bytes;
+            const uint16_t *dt = d + n0 * nb, *ot = o ? o + n0 * nb : NULL;
+            const uint8_t *zt = z ? z + n0 * nb : NULL;
+            if (bits == 4)
+                rows16_m1(wt, dt, ot, zt, c, Kp, 4, qx, dx, cx, y);
+            else if (bits == 5)
+                rows16_m1(wt, dt, ot, zt, c, Kp, 5, qx, dx, cx, y);
+            else if (bits == (4 | GB_NL))
+                rows16_m1(wt, dt, ot, zt, c, Kp, 4 | GB_NL, qx, dx, cx, y);
+            else
+                rows16_m1(wt, dt, ot, zt, c, Kp, 8, qx, dx, cx, y);
         } else
 #endif
             for (i64 r = 0; r < rows; r++) {

@@ -31,6 +31,16 @@ static inline float h2f(uint16_t h) { /* IEEE half to float, exact */
 
 #define CHUNK 16 /* blocks per interleaved chunk: 512 codes */
 
+/* ``bits`` as the kernels take it: the code width (4, 5 or 8) in the low 4 bits, and GB_NL where 4-bit codes
+ * are indices into IQ4_NL's table of 16 int8 values, the code then being the value + 128 (so the offset is
+ * -128 d, as Q8_0's). A chunk's codes take 64 * width bytes: 5 bits are 4-bit nibbles as stored at 4 bits
+ * (256 bytes), then 8 masks of 64 bits, mask p holding bit 4 of the codes of vector p (see cpu_quant.c). */
+#define GB_NL 16
+static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static inline int code_width(int bits) { return bits & 15; }
+static inline i64 chunk_bytes(int bits) { return 64 * code_width(bits); }
+static inline i64 code_row_bytes(i64 Kp, int bits) { return Kp * code_width(bits) / 8; }
+
 /* Where code k of a row lives (see the layout above): its byte, times 2 plus the nibble (1: high) for 4 bits. */
 static inline i64 code_index(i64 k, i64 Kp, int bits) {
     const i64 b = k / 32, pos = k % 32, chunks = Kp / 32 / CHUNK;
@@ -65,7 +75,7 @@ typedef struct {
 
 static inline block_row row_at(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, i64 N,
                                i64 Kp, int bits, i64 n) {
-    const i64 nb = Kp / 32, chunks = nb / CHUNK, cb = bits == 4 ? 256 : 512, row_bytes = bits == 4 ? Kp / 2 : Kp;
+    const i64 nb = Kp / 32, chunks = nb / CHUNK, cb = chunk_bytes(bits), row_bytes = code_row_bytes(Kp, bits);
     const i64 t = n / TILE, r = n % TILE, R = N - t * TILE < TILE ? N - t * TILE : TILE;
     const i64 wa = t * TILE * row_bytes, ma = t * TILE * nb, mt = ma + chunks * CHUNK * R + r * (nb - chunks * CHUNK);
     block_row x;
@@ -96,12 +106,26 @@ static inline void store_out(void *out, i64 i, float v, int dt) {
         ((float *)out)[i] = v;
 }
 
-/* Code k of row n of the tiled weights w (N rows), element by element (the plain-C paths). */
+/* Code k of row n of the tiled weights w (N rows), element by element (the plain-C paths): 5 bits take their
+ * nibble where 4 bits have it (a chunk 320 bytes apart, a tail pair 40) and bit 4 from the masks after it. */
 static inline int code_at(const uint8_t *w, i64 N, i64 n, i64 k, i64 Kp, int bits) {
-    const i64 cb = bits == 4 ? 256 : 512, cut = Kp / 32 / CHUNK * cb, L = bits == 4 ? Kp / 2 : Kp;
-    if (bits == 8) return w[tiled_index(n, code_index(k, Kp, 8), N, L, cb, cut)];
-    const i64 i = code_index(k, Kp, 4), at = tiled_index(n, i >> 1, N, L, cb, cut);
-    return (i & 1) ? (w[at] >> 4) : (w[at] & 15);
+    const i64 cb = chunk_bytes(bits), chunks = Kp / 32 / CHUNK, cut = chunks * cb, L = code_row_bytes(Kp, bits);
+    if (code_width(bits) == 8) return w[tiled_index(n, code_index(k, Kp, 8), N, L, cb, cut)];
+    const i64 i = code_index(k, Kp, 4);
+    i64 byte = i >> 1, high = -1; /* the byte of its nibble; the bit (byte * 8 + bit) of its fifth bit */
+    if (code_width(bits) == 5 && k < chunks * CHUNK * 32) {
+        const i64 ch = byte / 256, v = code_index(k, Kp, 8) % 512; /* byte v % 64 of vector v / 64 */
+        byte = ch * 320 + byte % 256;
+        high = (ch * 320 + 256 + (v / 64) * 8) * 8 + v % 64;
+    } else if (code_width(bits) == 5) {
+        const i64 tail = k - chunks * CHUNK * 32, pair = cut + (tail / 64) * 40;
+        byte = pair + tail % 32;
+        high = (pair + 32) * 8 + tail % 64;
+    }
+    const uint8_t b = w[tiled_index(n, byte, N, L, cb, cut)];
+    int q = (i & 1) ? (b >> 4) : (b & 15);
+    if (high >= 0) q |= ((w[tiled_index(n, high >> 3, N, L, cb, cut)] >> (high & 7)) & 1) << 4;
+    return (bits & GB_NL) ? IQ4_NL_VALUES[q] + 128 : q;
 }
 
 /* Where block b of row n's scale (offset, zero code) lies in the tiled per-block arrays. */
@@ -125,6 +149,50 @@ static inline __m512 block_offsets16(const uint16_t *o, const uint8_t *z, float 
         return _mm512_mul_ps(zf, _mm512_sub_ps(_mm512_setzero_ps(), dv));
     }
     return _mm512_mul_ps(dv, _mm512_set1_ps(c));
+}
+
+/* Code vector p (0..7) of a chunk whose codes start at w: its 64 codes, 4 of each of the chunk's 16 blocks
+ * (cpu_quant.c), unsigned bytes. Inlined where ``bits`` is a constant. */
+static inline __attribute__((always_inline)) __m512i chunk_vector(const uint8_t *w, int bits, int p) {
+    if (code_width(bits) == 8) return _mm512_loadu_si512((const void *)(w + p * 64));
+    const __m512i raw = _mm512_loadu_si512((const void *)(w + (p % 4) * 64)), m15 = _mm512_set1_epi8(15);
+    __m512i v = _mm512_and_si512(p < 4 ? raw : _mm512_srli_epi16(raw, 4), m15);
+    if (code_width(bits) == 5) {
+        uint64_t high;
+        memcpy(&high, w + 256 + 8 * p, 8);
+        v = _mm512_mask_add_epi8(v, _cvtu64_mask64(high), v, _mm512_set1_epi8(16));
+    }
+    if (bits & GB_NL) {
+        const __m128i t = _mm_add_epi8(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES), _mm_set1_epi8(-128));
+        v = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t), v);
+    }
+    return v;
+}
+
+/* A tail pair's codes (blocks b and b + 1 past the last whole chunk, at w: 4 bits 32 bytes, 5 bits 40, 8 bits
+ * 64) as two vectors of 32 unsigned codes in value order. */
+static inline void tail_pair(const uint8_t *w, int bits, __m256i *c0, __m256i *c1) {
+    if (code_width(bits) == 8) {
+        *c0 = _mm256_loadu_si256((const __m256i *)w);
+        *c1 = _mm256_loadu_si256((const __m256i *)(w + 32));
+        return;
+    }
+    const __m256i v = _mm256_loadu_si256((const __m256i *)w), m15 = _mm256_set1_epi8(15);
+    *c0 = _mm256_and_si256(v, m15);
+    *c1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15);
+    if (code_width(bits) == 5) {
+        uint64_t high;
+        memcpy(&high, w + 32, 8);
+        const __m256i b4 = _mm256_set1_epi8(16);
+        *c0 = _mm256_mask_add_epi8(*c0, (__mmask32)(uint32_t)high, *c0, b4);
+        *c1 = _mm256_mask_add_epi8(*c1, (__mmask32)(uint32_t)(high >> 32), *c1, b4);
+    }
+    if (bits & GB_NL) {
+        const __m128i t = _mm_add_epi8(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES), _mm_set1_epi8(-128));
+        const __m256i t2 = _mm256_broadcastsi128_si256(t);
+        *c0 = _mm256_shuffle_epi8(t2, *c0);
+        *c1 = _mm256_shuffle_epi8(t2, *c1);
+    }
 }
 
 /* Lane r of the result: the sum of the 16 lanes of v[r] (16 vectors in, one out: a tree of permute-adds);

@@ -129,11 +129,12 @@ def sharded_gguf(
         stacked: dict[str, dict[str, list[ExpertMatrix]]] = {}  # MoE module -> projection -> experts
         for name, t, window in _parts(gguf):
             kind = t.tensor_type.name
-            if kind in kept_ggml_types("blocks") and len(t.shape) == 2:
+            # the types every device's kernels run (a rank does not know its device here)
+            if kind in kept_ggml_types("blocks", triton=True) and len(t.shape) == 2:
                 raw, shape = read_shard(gguf, name, t, cfg, rank, world, window)
                 kept[name] = gguf_matrix(kind, raw, shape)
                 taken.add(name)
-            elif kind in kept_ggml_types() and len(t.shape) == 3:
+            elif kind in kept_ggml_types(triton=True) and len(t.shape) == 3:
                 raw, shape = read_shard(gguf, name, t, cfg, rank, world)
                 module, _, proj = name.removesuffix(".weight").rpartition(".")
                 stacked.setdefault(module, {})[proj] = [

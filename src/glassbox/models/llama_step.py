@@ -73,7 +73,7 @@ def block_linear(w: BlockWeights, bias: int | None = None) -> StepLinear:
     """Block weights (rows in tiles, quant/blocks/weights.py) as cpu_step.c reads a linear."""
     codes, scales, offsets, zeros, factor = w.pointers()
     return StepLinear(
-        codes, scales, offsets, zeros, bias, w.out_features, w.in_features, w.padded, factor, w.bits, 0
+        codes, scales, offsets, zeros, bias, w.out_features, w.in_features, w.padded, factor, w.kernel_bits, 0
     )
 
 

@@ -40,6 +40,7 @@ class WeightFormat:
     # the share of an engine's weight-streaming bandwidth a decode kernel keeps for this format (1.0: plain
     # loads; K-quants spend ALU time unpacking 6-bit scales per super-block)
     decode_kernel_factor: float = 1.0
+    triton: bool = True  # its GGUF tensors run CUDA's Triton kernels (else CUDA dequantizes them at load)
 
     @property
     def bytes_per_weight(self) -> float:
@@ -76,6 +77,21 @@ FORMATS: dict[str, WeightFormat] = {
             gguf=True,
         ),
         WeightFormat(
+            "q5_0", "blocks", 5.5, "int8",
+            "GGUF Q5_0: 32 5-bit + one fp16 scale = 22 bytes / 32 weights (Q4_K's fallback for rows not of 256)",
+            ggml_types=("Q5_0",), bits=5, gguf=True, triton=False,
+        ),
+        WeightFormat(
+            "q5_1", "blocks", 6.0, "int8",
+            "GGUF Q5_1: 32 5-bit + fp16 scale and min = 24 bytes / 32 weights (Q5_K's fallback)",
+            ggml_types=("Q5_1",), bits=5, asymmetric=True, gguf=True, triton=False,
+        ),
+        WeightFormat(
+            "iq4_nl", "blocks", 4.5, "int8",
+            "GGUF IQ4_NL: 32 4-bit indices into 16 non-linear int8 values + one fp16 scale = 18 bytes / 32",
+            ggml_types=("IQ4_NL",), bits=4, gguf=True, triton=False,
+        ),
+        WeightFormat(
             "q4_k", "blocks", 4.5, "int8", "GGUF Q4_K: 256-value super-blocks of 8 x 32, 6-bit sub-scales",
             ggml_types=("Q4_K",), gguf=True, decode_kernel_factor=0.8,
         ),
@@ -86,6 +102,20 @@ FORMATS: dict[str, WeightFormat] = {
         WeightFormat(
             "q6_k", "blocks", 6.5625, "int8", "GGUF Q6_K: 256-value super-blocks of 16 x 16, 8-bit sub-scales",
             ggml_types=("Q6_K",), gguf=True, decode_kernel_factor=0.8,
+        ),
+        WeightFormat(
+            "iq4_xs", "blocks", 4.25, "int8",
+            "GGUF IQ4_XS: 256-value super-blocks of 8 x 32 IQ4_NL indices, 6-bit sub-block scales",
+            ggml_types=("IQ4_XS",), gguf=True, decode_kernel_factor=0.8, triton=False,
+        ),
+        WeightFormat(
+            "q3_k", "blocks", 3.4375, "int8", "GGUF Q3_K: 256-value super-blocks of 16 x 16 3-bit, 6-bit scales",
+            ggml_types=("Q3_K",), gguf=True, decode_kernel_factor=0.8, triton=False,
+        ),
+        WeightFormat(
+            "q2_k", "blocks", 2.625, "int8",
+            "GGUF Q2_K: 256-value super-blocks of 16 x 16 2-bit, 4-bit scales and mins",
+            ggml_types=("Q2_K",), gguf=True, decode_kernel_factor=0.8, triton=False,
         ),
         WeightFormat(
             "q4_k_m", "blocks", 4.85, "int8",
@@ -149,9 +179,15 @@ def at_load_formats() -> tuple[str, ...]:
     return tuple(f.name for f in FORMATS.values() if f.at_load is not None)
 
 
-def kept_ggml_types(family: str | None = None) -> frozenset[str]:
-    """The GGML types a GGUF file's tensors stay in (of one format family, or all)."""
-    return frozenset(t for f in FORMATS.values() if family in (None, f.family) for t in f.ggml_types)
+def kept_ggml_types(family: str | None = None, triton: bool = False) -> frozenset[str]:
+    """The GGML types a GGUF file's tensors stay in (of one format family, or all; with ``triton``, only
+    those CUDA's Triton kernels run)."""
+    return frozenset(
+        t
+        for f in FORMATS.values()
+        if family in (None, f.family) and (f.triton or not triton)
+        for t in f.ggml_types
+    )
 
 
 def format_of_ggml(ggml_type: str) -> WeightFormat | None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from glassbox.quant.blocks import kquant
-from glassbox.quant.blocks.weights import from_gguf
+from glassbox.quant.blocks import gguf32, kquant
 from glassbox.quant.formats import format_of_ggml
 from glassbox.quant.fp4.weights import from_ggml_mxfp4
 from glassbox.quant.held_experts import ExpertMatrix, HeldExperts
@@ -21,7 +20,7 @@ def gguf_matrix(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> Expe
         raise ValueError(f"GGML type {ggml_type} is not kept in its blocks")
     if fmt.family == "fp4":
         return from_ggml_mxfp4(raw, shape)
-    return (kquant.from_gguf if ggml_type in kquant.KQUANT_TYPES else from_gguf)(ggml_type, raw, shape)
+    return (kquant.from_gguf if ggml_type in kquant.KQUANT_TYPES else gguf32.from_gguf)(ggml_type, raw, shape)
 
 
 def held_gguf_experts(

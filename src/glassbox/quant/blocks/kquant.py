@@ -1,4 +1,4 @@
-"""GGUF K-quant weights (Q4_K, Q5_K, Q6_K) kept as stored: 256-value super-blocks with integer sub-block
+"""GGUF K-quant weights (Q4_K, Q5_K, Q6_K; Q2_K, Q3_K and IQ4_XS: quant/blocks/kquant_low.py) kept as stored: 256-value super-blocks with integer sub-block
 scales, repacked at load into the lane order kernels/cpu_kquant.c reads (its header has the layout).
 
 Per super-block, ``codes`` holds the unsigned codes (4, 5 or 6 bits) and ``meta`` the scales as the file
@@ -20,14 +20,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from glassbox.quant.blocks import kquant_low
 from glassbox.quant.blocks.tiles import from_tiles, gather_rows, to_tiles
 
 SUPER = 256  # values per super-block
-_KIND = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
-_FILE_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # per super-block in GGUF
+_KIND = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, **kquant_low.KINDS}
+_FILE_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, **kquant_low.FILE_BYTES}  # per super-block in GGUF
 KQUANT_TYPES = tuple(_FILE_BYTES)  # the GGML types this layout reads
-CODE_BYTES = {4: 128, 5: 160, 6: 192}  # per super-block here (cpu_kquant.h: code_bytes)
-META_BYTES = {4: 16, 5: 16, 6: 18}  # the GGML block's d, dmin and scales
+CODE_BYTES = {4: 128, 5: 160, 6: 192, **kquant_low.CODE_BYTES}  # per super-block here (cpu_kquant.h)
+META_BYTES = {4: 16, 5: 16, 6: 18, **kquant_low.META_BYTES}  # the GGML block's d, dmin and scales
 
 
 def _library() -> ctypes.CDLL | None:
@@ -114,9 +115,16 @@ class KQuantWeights:
         return KQuantParts(q, d, dmin, sc.to(torch.uint8).view(n, -1), mn.to(torch.uint8).view(n, -1))
 
     def unpacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(codes (N, K) int32 in value order, less 32 for Q6_K; per 16-value lane the scale S and offset
-        O (N, K/16) float32): W = S q + O."""
-        return self.parts().unpacked()
+        """(codes (N, K) int32 in value order, less 32 for Q6_K (kquant_low: less Q3_K's 4, IQ4_XS's table
+        values); per 16-value lane the scale S and offset O (N, K/16) float32): W = S q + O."""
+        if self.kind not in kquant_low.CODE_BYTES:
+            return self.parts().unpacked()
+        n, nsb = self.out_features, self.in_features // SUPER
+        rec = from_tiles(self.codes, *_segments(self.kind, nsb, CODE_BYTES)).view(n, nsb, -1).int()
+        v = kquant_low.lane_codes(self.kind, rec)  # (n, nsb, 4, 64): V_p byte 4 j + t, value 16 j + 4 p + t
+        q = v.view(n, nsb, 4, 16, 4).permute(0, 1, 3, 2, 4).reshape(n, -1)
+        meta = from_tiles(self.meta, *_segments(self.kind, nsb, META_BYTES)).view(n, nsb, -1)
+        return kquant_low.lane_values(self.kind, q, meta)
 
     def dequantize_reference(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(N, K) in ``dtype``: S q + O in float32, rounded once (PyTorch ops)."""
@@ -153,8 +161,8 @@ class KQuantWeights:
 
 def _segments(kind: int, nsb: int, per: dict[int, int]) -> tuple[int, int]:
     """(segment, cut) of the tiles (quant/blocks/tiles.py) of a row of ``nsb`` super-blocks of ``per[kind]``
-    bytes: a segment is a GEMV step, two super-blocks for Q4_K/Q5_K, one for Q6_K (cpu_kquant.h kq_at)."""
-    step = 1 if kind == 6 else 2
+    bytes: a segment is a GEMV step, two super-blocks for Q4_K/Q5_K, one for the others (cpu_kquant.h kq_at)."""
+    step = 2 if kind in (4, 5) else 1
     return step * per[kind], nsb // step * step * per[kind]
 
 
@@ -195,17 +203,23 @@ def from_gguf(ggml_type: str, raw: np.ndarray, shape: tuple[int, ...]) -> KQuant
         raise ValueError(f"{ggml_type} rows of {k} values are not whole super-blocks of {SUPER}")
     kind, nsb = _KIND[ggml_type], k // SUPER
     blocks = np.ascontiguousarray(raw).reshape(n, nsb, _FILE_BYTES[ggml_type])
-    q = _codes_in_order(ggml_type, blocks)
+    low_kind = kind in kquant_low.CODE_BYTES
+    q = (kquant_low.codes_in_order if low_kind else _codes_in_order)(ggml_type, blocks)
     v = q.reshape(n, nsb, 16, 4, 4).transpose(0, 1, 3, 2, 4).reshape(n, nsb, 4, 64)  # V_p, byte 4 j + t
     low = v & 15
     parts: list[np.ndarray] = [low[:, :, 0] | (low[:, :, 1] << 4), low[:, :, 2] | (low[:, :, 3] << 4)]
-    if kind == 5:
+    if low_kind:
+        parts = [kquant_low.lane_record(kind, v)]
+    elif kind == 5:
         parts += [np.packbits((v[:, :, p] >> 4) & 1, axis=-1, bitorder="little") for p in range(4)]
     elif kind == 6:
         for p in range(4):
             parts += [np.packbits((v[:, :, p] >> b) & 1, axis=-1, bitorder="little") for b in (4, 5)]
     codes = np.concatenate(parts, axis=-1).reshape(n, -1)
-    meta = blocks[..., 192:210] if kind == 6 else blocks[..., 0:16]  # as stored
+    if low_kind:
+        meta = kquant_low.meta_of(ggml_type, blocks)
+    else:
+        meta = blocks[..., 192:210] if kind == 6 else blocks[..., 0:16]  # as stored
     return KQuantWeights(
         to_tiles(
             torch.from_numpy(np.ascontiguousarray(codes, dtype=np.uint8)), *_segments(kind, nsb, CODE_BYTES)

@@ -180,7 +180,7 @@ class BlockQuantLinear(nn.Module):
             else:
                 self._call = (
                     lib.gb_linear_blocks,
-                    (*w.pointers(), self._bias_ptr, self.out_features, w.padded, w.bits),
+                    (*w.pointers(), self._bias_ptr, self.out_features, w.padded, w.kernel_bits),
                 )
         fn, weight_args = self._call
         m = x.shape[0]

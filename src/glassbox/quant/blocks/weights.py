@@ -1,5 +1,6 @@
-"""Weights kept in 32-value blocks of 4 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 files as stored, GPTQ and
-AWQ checkpoints (quant/blocks/gptq_awq.py), and ``--quantization int4|int8`` of a 16/32-bit checkpoint.
+"""Weights kept in 32-value blocks of 4, 5 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 files as stored (Q5_0, Q5_1
+and IQ4_NL too: quant/blocks/gguf32.py), GPTQ and AWQ checkpoints (quant/blocks/gptq_awq.py), and
+``--quantization int4|int8`` of a 16/32-bit checkpoint.
 
 Every format is repacked at load into one layout (``BlockWeights``, read by kernels/cpu_quant.c):
 unsigned codes q, and per block b of row n a float16 scale d and an offset o, W[n, k] = d[n, b] q[n, k] +
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from glassbox.quant.blocks.codes5 import split_high_bits, with_high_bits
 from glassbox.quant.blocks.tiles import from_tiles, gather_rows, to_tiles
 
 if TYPE_CHECKING:
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
 
 BLOCK = 32
 GROUP = 64  # Kp (the padded row length) is a multiple of it
+NL = 16  # in the kernels' ``bits``: 4-bit codes index IQ4_NL's table (kernels/cpu_quant.h GB_NL)
+# IQ4_NL's 16 values (GGML's kvalues_iq4nl): a code c means IQ4_NL_VALUES[c] + 128, the offset -128 d
+IQ4_NL_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
 _BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # per 32-value block
 
 
@@ -59,6 +64,12 @@ class BlockWeights:
     label: str  # the format, for logs and the trace ("Q4_1", "int4", "GPTQ int4 g128", ...)
     tiled_zeros: torch.Tensor | None = None
     perm: torch.Tensor | None = None
+    nonlinear: bool = False  # 4-bit codes index IQ4_NL's table (the values + 128: ``unpacked_codes``)
+
+    @property
+    def kernel_bits(self) -> int:
+        """``bits`` as the C kernels take it: 4, 5 or 8, plus NL for IQ4_NL's table (cpu_quant.h)."""
+        return self.bits | (NL if self.nonlinear else 0)
 
     @property
     def out_features(self) -> int:
@@ -83,7 +94,7 @@ class BlockWeights:
     def _segments(self, codes: bool) -> tuple[int, int]:
         """(segment, cut) of the codes' or the per-block arrays' tiles."""
         chunks = self.padded // BLOCK // CHUNK
-        seg = (256 if self.bits == 4 else 512) if codes else CHUNK
+        seg = 64 * self.bits if codes else CHUNK  # a chunk's code bytes: 256, 320 or 512
         return seg, chunks * seg
 
     def _rows(self, t: torch.Tensor | None, ids: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -124,10 +135,12 @@ class BlockWeights:
         return self.codes.data_ptr(), self.tiled_scales.data_ptr(), offsets, zeros, self.offset_factor
 
     def unpacked_codes(self, ids: torch.Tensor | None = None) -> torch.Tensor:
-        """(N, Kp) uint8 codes in value order (of rows ``ids`` only if given)."""
+        """(N, Kp) uint8 codes in value order (of rows ``ids`` only if given); IQ4_NL's are its table's
+        values + 128 (1..241)."""
         seg, cut = self._segments(True)
         rows = from_tiles(self.codes, seg, cut) if ids is None else gather_rows(self.codes, ids, seg, cut)
-        return _deinterleave(rows, self.padded, self.bits)
+        codes = _deinterleave(rows, self.padded, self.bits)
+        return (IQ4_NL_VALUES + 128).to(torch.uint8)[codes.long()] if self.nonlinear else codes
 
     def dequantize_reference(
         self, dtype: torch.dtype = torch.float32, ids: torch.Tensor | None = None
@@ -147,7 +160,7 @@ class BlockWeights:
             return self.dequantize_reference(dtype)
         out = torch.empty(self.out_features, self.in_features, dtype=dtype)
         lib.gb_dequant_blocks(
-            *self.pointers(), self.out_features, self.padded, self.in_features, self.bits, out.data_ptr(),
+            *self.pointers(), self.out_features, self.padded, self.in_features, self.kernel_bits, out.data_ptr(),
             int(dtype == torch.bfloat16), torch.get_num_threads(),
         )  # fmt: skip
         return out
@@ -158,6 +171,8 @@ class BlockWeights:
         a constant factor, 1 stored offsets, 2 zero codes. Act-order's ``perm`` is the caller's to apply."""
         from glassbox.kernels.triton_block_linear import BlockArgs
 
+        if self.bits not in (4, 8) or self.nonlinear:
+            raise ValueError(f"{self.label} blocks have no Triton kernels")
         offs, zeros, d = self.tiled_offsets, self.tiled_zeros, self.tiled_scales
         kind = 1 if offs is not None else 2 if zeros is not None else 0
         held = offs if offs is not None else zeros if zeros is not None else d
@@ -204,6 +219,8 @@ def _interleave(codes: torch.Tensor, bits: int) -> torch.Tensor:
     cut = chunks * CHUNK * BLOCK
     c = codes[:, :cut].reshape(n, chunks, CHUNK, 8, 4).permute(0, 1, 3, 2, 4)  # (n, chunk, p, j, t)
     tail = codes[:, cut:]
+    if bits == 5:  # the low nibbles as 4 bits, the fifth bits in masks beside them (quant/blocks/codes5.py)
+        return with_high_bits(_interleave(codes & 15, 4), codes)
     if bits == 8:
         return torch.cat([c.reshape(n, cut), tail], dim=1)
     head = (c[:, :, :4] | (c[:, :, 4:] << 4)).reshape(n, cut // 2)
@@ -216,6 +233,9 @@ def _deinterleave(packed: torch.Tensor, kp: int, bits: int) -> torch.Tensor:
     n = packed.shape[0]
     chunks = kp // BLOCK // CHUNK
     cut = chunks * CHUNK * BLOCK
+    if bits == 5:
+        nibbles, high = split_high_bits(packed, kp)
+        return _deinterleave(nibbles, kp, 4) | (high << 4)
     if bits == 8:
         c, tail = packed[:, :cut].reshape(n, chunks, 8, CHUNK, 4), packed[:, cut:]
     else:
@@ -276,7 +296,7 @@ def tile_blocks(
         codes_t = torch.cat([codes_t, codes_t.new_zeros(n, pad, BLOCK)], dim=1)
     codes = _interleave(codes_t.reshape(n, kp), bits)
     chunks = kp // BLOCK // CHUNK
-    seg = 256 if bits == 4 else 512
+    seg = 64 * bits  # a chunk's code bytes
 
     def tiled(a: Array | None, dtype: torch.dtype) -> torch.Tensor | None:  # per-block arrays
         t = padded(a, dtype)
@@ -332,7 +352,8 @@ def concat(parts: list[BlockWeights]) -> BlockWeights | None:
     offset or input permutations differ."""
     first = parts[0]
     same_offsets = all(
-        (p.offsets is None) == (first.offsets is None)
+        p.nonlinear == first.nonlinear
+        and (p.offsets is None) == (first.offsets is None)
         and (p.zeros is None) == (first.zeros is None)
         and p.offset_factor == first.offset_factor
         for p in parts
@@ -369,4 +390,5 @@ def concat(parts: list[BlockWeights]) -> BlockWeights | None:
         labels,
         zeros,
         first.perm,
+        first.nonlinear,
     )
