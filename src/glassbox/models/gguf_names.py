@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 
+from glassbox.models.gguf_hybrid import QWEN3NEXT_EXACT_NAMES, QWEN3NEXT_LAYER_NAMES, refused_part
+
 TOP_LEVEL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -61,7 +63,19 @@ _GPT_OSS_LAYER_NAMES = {
 }
 # Phi-3: Q/K/V in one tensor, gate and up in one ffn_up of twice the FFN width (models/fused_parts.py)
 _PHI3_LAYER_NAMES = {**LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
+# Qwen3-Next (models/gguf_hybrid.py): Gated DeltaNet in ssm_* / attn_qkv / attn_gate; the MLP norm post_attention_norm
+_QWEN3NEXT_LAYER_NAMES = {
+    **{k: v for k, v in LAYER_NAMES.items() if k != "ffn_norm"},
+    **QWEN3NEXT_LAYER_NAMES,
+}
+ARCH_LAYER_NAMES = {
+    "gemma3": _GEMMA3_LAYER_NAMES,
+    "gpt-oss": _GPT_OSS_LAYER_NAMES,
+    "phi3": _PHI3_LAYER_NAMES,
+    "qwen3next": _QWEN3NEXT_LAYER_NAMES,
+}
+# tensors named whole after "blk.N." (no .weight added: llama.cpp's ssm_a), mapped to the whole HF name
+ARCH_EXACT_NAMES = {"qwen3next": QWEN3NEXT_EXACT_NAMES}
 # Hugging Face parameters named without a ".weight" (GGUF stores them as "<part>.weight")
 _BARE = frozenset({"self_attn.sinks"})
 # Tensors with no Hugging Face parameter that carry nothing the config does not already hold:
@@ -71,6 +85,7 @@ _BARE = frozenset({"self_attn.sinks"})
 _REDUNDANT = re.compile(
     r"^(rope_freqs\.weight|rope_factors_(long|short)\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$"
 )
+_ANY_LAYER_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<rest>.+)$")
 _LAYER_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<part>\w+)\.(?P<kind>weight|bias)$")
 # layouts other converters or older llama.cpp wrote, which glassbox does not read
 _REFUSED = {
@@ -97,6 +112,10 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     stem, _, kind = gguf_name.rpartition(".")
     if stem in TOP_LEVEL_NAMES and kind in ("weight", "bias"):
         return f"{TOP_LEVEL_NAMES[stem]}.{kind}"
+    whole = _ANY_LAYER_TENSOR.match(gguf_name)
+    exact = ARCH_EXACT_NAMES.get(arch, {})
+    if whole and whole["rest"] in exact:
+        return f"model.layers.{int(whole['layer'])}.{exact[whole['rest']]}"
     m = _LAYER_TENSOR.match(gguf_name)
     names = layer_names(arch)
     if m and m["part"] in names:
@@ -105,6 +124,9 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
         return f"model.layers.{int(m['layer'])}.{path}{suffix}"
     if m and m["part"] in _REFUSED:
         raise ValueError(f"GGUF tensor {gguf_name!r}: {_REFUSED[m['part']]}")
+    why = refused_part(arch, m["part"]) if m else None
+    if why is not None:
+        raise ValueError(f"GGUF tensor {gguf_name!r} of a {arch} file: {why}")
     if _OLD_EXPERT.match(gguf_name):
         raise ValueError(
             f"GGUF tensor {gguf_name!r}: experts stored one tensor each (an old llama.cpp layout) are not "
@@ -124,6 +146,9 @@ def gguf_tensor_name(hf_name: str, arch: str = "llama") -> str:
     if m is None:
         raise KeyError(hf_name)
     layer, rest = m.groups()
+    for part, hf in ARCH_EXACT_NAMES.get(arch, {}).items():
+        if hf == rest:
+            return f"blk.{layer}.{part}"
     path, kind = (rest, "weight") if rest in _BARE else rest.rpartition(".")[::2]
     for part, hf in layer_names(arch).items():
         if hf == path:
