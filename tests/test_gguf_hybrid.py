@@ -114,3 +114,11 @@ def test_unsupported_qwen3next_variants_refused(
     write_qwen3next_gguf(path, d, drop=(drop,))
     with pytest.raises(ValueError, match=message):
         LLM(model=str(path), dtype="float32")
+
+
+def test_legacy_fused_qwen3next_layout_refused() -> None:
+    """Files of early llama.cpp conversions hold in_proj_qkvz whole as ssm_in: one message naming it."""
+    from glassbox.models.gguf_names import hf_tensor_name
+
+    with pytest.raises(ValueError, match=r"blk\.0\.ssm_in\.weight.*legacy fused in_proj_qkvz"):
+        hf_tensor_name("blk.0.ssm_in.weight", "qwen3next")
