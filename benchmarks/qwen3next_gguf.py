@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gguf_compare  # noqa: E402
 from gguf_compare import speed  # noqa: E402
 from llamacpp_peer import llamacpp_version  # noqa: E402
 from moe_gguf import quantize_gguf  # noqa: E402
@@ -158,7 +159,14 @@ def main() -> int:
     ap.add_argument("--types", default="BF16,Q8_0,Q4_0")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/qwen3next-bench"))
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--llamacpp-no-amx", action="store_true",
+        help="llama.cpp in child processes with AMX denied (its AMX kernels crash on some VMs on Q8_0/Q4_0)",
+    )  # fmt: skip
+    if sys.argv[1:] == ["--peer-worker"]:
+        return gguf_compare.peer_worker()
     args = ap.parse_args()
+    gguf_compare._PEER["no_amx"] = args.llamacpp_no_amx
     args.dir.mkdir(parents=True, exist_ok=True)
     bf16 = write_shaped_gguf(
         args.dir / f"qwen3next-{args.layers}l-{args.experts}e-bf16.gguf", args.layers, args.experts
@@ -173,6 +181,8 @@ def main() -> int:
         "files": {},
     }  # fmt: skip
     out = args.out or RESULTS / f"qwen3next-gguf-{time.strftime('%Y-%m-%d')}.json"
+    if out.is_file():  # a run of other types adds to the day's file
+        result["files"] = json.loads(out.read_text())["files"]
     for kind in args.types.split(","):
         path = (
             bf16
@@ -182,7 +192,13 @@ def main() -> int:
         load = open("/proc/loadavg").read().split()[:3]
         print(f"{kind}: {path} (load {load})", flush=True)
         r = speed(path, args.rounds, args.prompt_tokens, args.decode_tokens, 4096)
-        result["files"][kind] = {"bytes": path.stat().st_size, "loadavg_before": load, **r}
+        no_amx = args.llamacpp_no_amx
+        result["files"][kind] = {
+            "bytes": path.stat().st_size,
+            "loadavg_before": load,
+            "llama_cpp_amx_denied": no_amx,
+            **r,
+        }
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
