@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from glassbox.models.families import family_of_type
+from glassbox.models.gguf_hybrid import split_linear_rows
 
 _FUSED = re.compile(
     r"^(?P<layer>model\.layers\.\d+)\.(?P<part>self_attn\.qkv_proj|mlp\.gate_up_proj)\.weight$"
@@ -33,6 +34,9 @@ def is_fused(model_type: str) -> bool:
 def fused_rows(name: str, config: dict[str, Any]) -> list[tuple[str, int, int]] | None:
     """(parameter name, first row, end row) of each part of the checkpoint tensor ``name`` of a model with
     this HF ``config``, or None where the tensor is one parameter."""
+    linear = split_linear_rows(name, config)  # a GGUF Qwen3-Next's in_proj_ba
+    if linear is not None:
+        return linear
     if not is_fused(str(config.get("model_type", ""))):
         return None
     m = _FUSED.match(name)

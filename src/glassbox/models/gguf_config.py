@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from glassbox.models.families import family_of_gguf, family_of_type, gguf_architectures
+from glassbox.models.gguf_hybrid import GATED_QUERY_ARCHITECTURES, HYBRID_GGUF_ARCHITECTURES, hybrid_fields
 from glassbox.models.gguf_moe import moe_fields
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,8 @@ def build_config(
     if context is not None:
         config["max_position_embeddings"] = int(context)
     rope_dim = int(get("rope.dimension_count", head_dim))
-    if rope_dim != head_dim and arch != "phi3":  # llama.cpp itself requires it for these architectures
+    partial = arch == "phi3" or arch in HYBRID_GGUF_ARCHITECTURES
+    if rope_dim != head_dim and not partial:  # llama.cpp itself requires it for these architectures
         raise ValueError(f"GGUF {arch} file rotates {rope_dim} of {head_dim} head dimensions; not supported")
     if rope_dim != head_dim:
         config["partial_rotary_factor"] = rope_dim / head_dim
@@ -149,7 +151,9 @@ def build_config(
     if scaling is not None:
         config["rope_scaling"] = scaling
     window = get("attention.sliding_window", None)
-    if int(get("expert_count", 0) or 0):
+    if arch in HYBRID_GGUF_ARCHITECTURES:
+        config.update(hybrid_fields(arch, get, shapes, config))
+    elif int(get("expert_count", 0) or 0):
         config.update(moe_fields(arch, get, metadata, shapes, config))
     if arch == "phi3":  # Phi-4 writes a window of 0 for none
         config["sliding_window"] = int(window) if window else None
@@ -203,13 +207,15 @@ def _head_dim(arch: str, get: Any, shapes: dict[str, tuple[int, ...]], hidden: i
     head_dim = get("attention.key_length", None)
     if head_dim is None and arch in PERMUTED_QK_ARCHITECTURES:
         head_dim = get("rope.dimension_count", None)
-    q_shape = shapes.get("blk.0.attn_q.weight")
+    q_name = next((n for n in shapes if n.endswith(".attn_q.weight")), "blk.0.attn_q.weight")  # a hybrid's
+    q_shape = shapes.get(q_name)  # first attention layer need not be layer 0
+    per_head = 2 if arch in GATED_QUERY_ARCHITECTURES else 1  # query + output gate
     if head_dim is None:
-        head_dim = q_shape[0] // heads if q_shape else hidden // heads
+        head_dim = q_shape[0] // heads // per_head if q_shape else hidden // heads
     head_dim = int(head_dim)
-    if q_shape is not None and q_shape[0] != heads * head_dim:
+    if q_shape is not None and q_shape[0] != heads * head_dim * per_head:
         raise ValueError(
-            f"blk.0.attn_q.weight has {q_shape[0]} rows, not {heads} heads x head_dim {head_dim}; "
+            f"{q_name} has {q_shape[0]} rows, not {heads} heads x head_dim {head_dim}; "
             "the GGUF metadata disagrees with its tensors"
         )
     return head_dim

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 
+from glassbox.models.gguf_hybrid import QWEN3NEXT_EXACT_NAMES, QWEN3NEXT_LAYER_NAMES, refused_part
+
 TOP_LEVEL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -83,12 +85,20 @@ _GEMMA4_LAYER_NAMES = {
     "post_norm": "post_per_layer_input_norm",
     "layer_output_scale": "layer_scalar",
 }
+# Qwen3-Next (models/gguf_hybrid.py): Gated DeltaNet in ssm_* / attn_qkv / attn_gate; the MLP norm post_attention_norm
+_QWEN3NEXT_LAYER_NAMES = {
+    **{k: v for k, v in LAYER_NAMES.items() if k != "ffn_norm"},
+    **QWEN3NEXT_LAYER_NAMES,
+}
 ARCH_LAYER_NAMES = {
     "gemma3": _GEMMA3_LAYER_NAMES,
     "gemma4": _GEMMA4_LAYER_NAMES,
     "gpt-oss": _GPT_OSS_LAYER_NAMES,
     "phi3": _PHI3_LAYER_NAMES,
+    "qwen3next": _QWEN3NEXT_LAYER_NAMES,
 }
+# tensors named whole after "blk.N." (no .weight added: llama.cpp's ssm_a), mapped to the whole HF name
+ARCH_EXACT_NAMES = {"qwen3next": QWEN3NEXT_EXACT_NAMES}
 # Hugging Face parameters named without a ".weight" (GGUF stores them as "<part>.weight")
 _BARE = frozenset({"self_attn.sinks", "layer_scalar"})
 # "blk.N.<part>.scale" tensors: (architecture, part) -> the Hugging Face parameter (named without a suffix)
@@ -100,6 +110,7 @@ _SCALES = {("gemma4", "ffn_gate_inp"): "router.scale", ("gemma4", "ffn_down_exps
 _REDUNDANT = re.compile(
     r"^(rope_freqs\.weight|rope_factors_(long|short)\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$"
 )
+_ANY_LAYER_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<rest>.+)$")
 _LAYER_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<part>\w+)\.(?P<kind>weight|bias|scale)$")
 # layouts other converters or older llama.cpp wrote, which glassbox does not read
 _REFUSED = {
@@ -126,6 +137,10 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     stem, _, kind = gguf_name.rpartition(".")
     if stem in TOP_LEVEL_NAMES and kind in ("weight", "bias"):
         return f"{TOP_LEVEL_NAMES[stem]}.{kind}"
+    whole = _ANY_LAYER_TENSOR.match(gguf_name)
+    exact = ARCH_EXACT_NAMES.get(arch, {})
+    if whole and whole["rest"] in exact:
+        return f"model.layers.{int(whole['layer'])}.{exact[whole['rest']]}"
     m = _LAYER_TENSOR.match(gguf_name)
     names = layer_names(arch)
     if m and m["kind"] == "scale" and (arch, m["part"]) in _SCALES:
@@ -136,6 +151,9 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
         return f"model.layers.{int(m['layer'])}.{path}{suffix}"
     if m and m["part"] in _REFUSED:
         raise ValueError(f"GGUF tensor {gguf_name!r}: {_REFUSED[m['part']]}")
+    why = refused_part(arch, m["part"]) if m else None
+    if why is not None:
+        raise ValueError(f"GGUF tensor {gguf_name!r} of a {arch} file: {why}")
     if _OLD_EXPERT.match(gguf_name):
         raise ValueError(
             f"GGUF tensor {gguf_name!r}: experts stored one tensor each (an old llama.cpp layout) are not "
@@ -158,6 +176,9 @@ def gguf_tensor_name(hf_name: str, arch: str = "llama") -> str:
     scale = next((part for (a, part), hf in _SCALES.items() if a == arch and hf == rest), None)
     if scale is not None:
         return f"blk.{layer}.{scale}.scale"
+    for part, hf in ARCH_EXACT_NAMES.get(arch, {}).items():
+        if hf == rest:
+            return f"blk.{layer}.{part}"
     path, kind = (rest, "weight") if rest in _BARE else rest.rpartition(".")[::2]
     for part, hf in layer_names(arch).items():
         if hf == path:

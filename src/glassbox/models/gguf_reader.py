@@ -33,6 +33,7 @@ from glassbox.models.gguf_config import (
     hf_architecture,
 )
 from glassbox.models.gguf_gemma4 import gemma4_config
+from glassbox.models.gguf_hybrid import as_hf_values, linear_row_order
 from glassbox.models.gguf_names import hf_tensor_name
 
 logger = logging.getLogger(__name__)
@@ -223,7 +224,7 @@ class GGUFCheckpoint:
             values -= np.float32(norm_offset)  # float32, as the file stores it
         if name.endswith("shared_expert_gate.weight") and values.ndim == 1:
             values = values.reshape(1, -1)  # llama.cpp reads it as a vector; Hugging Face (1, H)
-        return values
+        return as_hf_values(self.architecture, name, values)  # a hybrid's transforms (models/gguf_hybrid.py)
 
     def stored_tensors(
         self, types: set[str], ndim: int = 2
@@ -249,6 +250,7 @@ class GGUFCheckpoint:
         """The rows of tensor ``gguf_name`` (values or raw blocks) in the Hugging Face order: llama.cpp stores
         the Q and K projections of llama/mistral with their rotary rows permuted."""
         heads = self.permuted_heads(gguf_name)
+        rows = linear_row_order(self.architecture, gguf_name, rows, self.config)  # Qwen3-Next's ssm_ba
         return rows if heads is None else unpermute_rotary_rows(rows, heads)
 
     def permuted_heads(self, gguf_name: str) -> int | None:

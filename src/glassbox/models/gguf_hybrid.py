@@ -1,0 +1,133 @@
+"""GGUF files of the hybrid families under llama.cpp's names: ``qwen3next`` (Qwen3NextForCausalLM).
+
+llama.cpp's converter (convert_hf_to_gguf.py, ``Qwen3NextModel``) writes a Qwen3-Next checkpoint with these
+transforms, which the reader undoes so that every tensor equals the Hugging Face parameter:
+
+- the (1 + w) RMSNorm weights (``input_layernorm``, ``post_attention_layernorm``, ``q_norm``, ``k_norm``,
+  ``model.norm``) with the 1 added; the gated norm ``linear_attn.norm`` (plain w) unchanged;
+- ``A_log`` as ``ssm_a`` = -exp(A_log) (no ``.weight`` suffix); ``dt_bias`` as ``ssm_dt.bias``;
+- ``conv1d`` (C, 1, K) squeezed to (C, K);
+- ``in_proj_qkvz`` (per key head [q | k | v | z]) cut into ``attn_qkv`` ([all q | all k | all v]: Qwen3.5's
+  ``in_proj_qkv``) and ``attn_gate`` (all z: ``in_proj_z``); the model is therefore built with Qwen3.5's split
+  projections (:data:`SPLIT_PROJECTIONS_KEY` in its config), and ``ssm_ba`` (``in_proj_ba`` as stored, per key
+  head [b | a]) is reordered to [all b | all a] and cut into ``in_proj_b`` / ``in_proj_a`` by rows (a row
+  permutation and cut: exact for raw GGML blocks too);
+- the full-attention ``q_proj`` (per head [query | gate]) as ``attn_q`` unchanged (2 x heads x head_dim
+  rows); ``post_attention_layernorm`` as ``post_attention_norm``; experts stacked as for Qwen2-MoE.
+
+llama.cpp runs every layer as MoE (softmax top-k, renormalized; sigmoid-gated shared expert), the layers
+``(i + 1) % full_attention_interval == 0`` as attention, and rotates ``rope.dimension_count`` of each head.
+Refused with one message each: the legacy fused ``ssm_in`` layout, a layer without a router, and the other
+hybrid architectures llama.cpp writes (``qwen35``, ``qwen35moe``, ``nemotron_h``: not in the families table's
+GGUF column). Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from glassbox.models.hybrid_config import SPLIT_PROJECTIONS_KEY
+
+T = TypeVar("T")
+
+QWEN3NEXT = "qwen3next"
+HYBRID_GGUF_ARCHITECTURES = frozenset({QWEN3NEXT})
+# its attn_q holds each head's query and output gate: 2 x heads x head_dim rows
+GATED_QUERY_ARCHITECTURES = frozenset({QWEN3NEXT})
+
+# GGUF part -> Hugging Face path within a layer (beside gguf_names.LAYER_NAMES, less its ffn_norm)
+QWEN3NEXT_LAYER_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_ba": "linear_attn.in_proj_ba",  # cut into in_proj_b / in_proj_a (split_linear_rows)
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+}
+# GGUF tensor name after "blk.N." -> the whole Hugging Face name after "model.layers.N." (no suffix added)
+QWEN3NEXT_EXACT_NAMES = {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}
+
+_REFUSED_PARTS = {
+    "ssm_in": "the legacy fused in_proj_qkvz layout (ssm_in) is not read; convert the model again with a "
+    "current llama.cpp (attn_qkv + attn_gate)",
+}
+
+
+def refused_part(arch: str, part: str) -> str | None:
+    """Why a tensor part of an ``arch`` file is not read, or None."""
+    return _REFUSED_PARTS.get(part) if arch in HYBRID_GGUF_ARCHITECTURES else None
+
+
+def hybrid_fields(
+    arch: str, get: Callable[..., Any], shapes: dict[str, tuple[int, ...]], config: dict[str, Any]
+) -> dict[str, Any]:
+    """The HF config keys (Qwen3NextConfig's spelling) of a ``qwen3next`` file, as llama.cpp runs it
+    (``get(key, default)`` reads ``<arch>.<key>``; ``config``: the dense keys already read)."""
+    layers = int(config["num_hidden_layers"])
+    unrouted = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in shapes]
+    if unrouted:
+        raise ValueError(f"GGUF {arch} file has no router (ffn_gate_inp) in layers {unrouted}; llama.cpp "
+                         "runs every layer of it as MoE")  # fmt: skip
+    k_heads, v_heads = int(get("ssm.group_count")), int(get("ssm.time_step_rank"))
+    inner = int(get("ssm.inner_size"))
+    if v_heads % k_heads or inner % v_heads:
+        raise ValueError(f"GGUF {arch}: {v_heads} value heads over {k_heads} key heads, inner size {inner}")
+    interval = int(get("full_attention_interval", 4) or 4)
+    full = [(i + 1) % interval == 0 for i in range(layers)]
+    used = int(get("expert_used_count"))
+    ffn = int(config["intermediate_size"])
+    shared = int(get("expert_shared_feed_forward_length", ffn) or ffn)
+    return {
+        "linear_num_key_heads": k_heads,
+        "linear_num_value_heads": v_heads,
+        "linear_key_head_dim": int(get("ssm.state_size")),
+        "linear_value_head_dim": inner // v_heads,
+        "linear_conv_kernel_dim": int(get("ssm.conv_kernel")),
+        "full_attention_interval": interval,
+        "layer_types": ["full_attention" if f else "linear_attention" for f in full],
+        "num_experts": int(get("expert_count")),
+        "num_experts_per_tok": used,
+        "moe_intermediate_size": int(get("expert_feed_forward_length", ffn // used) or ffn // used),
+        "shared_expert_intermediate_size": shared,
+        "norm_topk_prob": True,  # qwen3next.cpp: build_moe_ffn(..., norm_w = true, ...)
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        SPLIT_PROJECTIONS_KEY: True,
+    }
+
+
+def linear_row_order(arch: str, gguf_name: str, rows: T, config: dict[str, Any]) -> T:
+    """``ssm_ba``'s rows (values or raw blocks; per key head [b (r) | a (r)], r = v/k heads) as [all b | all a]."""
+    if arch != QWEN3NEXT or not gguf_name.endswith(".ssm_ba.weight"):
+        return rows
+    arr = np.asarray(rows)
+    k = int(config["linear_num_key_heads"])
+    r = int(config["linear_num_value_heads"]) // k
+    out = arr.reshape(k, 2, r, *arr.shape[1:]).swapaxes(0, 1).reshape(arr.shape)
+    return out  # type: ignore[return-value]
+
+
+def split_linear_rows(name: str, config: dict[str, Any]) -> list[tuple[str, int, int]] | None:
+    """(parameter, first row, end row) of ``in_proj_b`` / ``in_proj_a`` in a reordered ``in_proj_ba`` of a
+    model held with split projections; None for any other tensor or model."""
+    if not config.get(SPLIT_PROJECTIONS_KEY) or not name.endswith(".linear_attn.in_proj_ba.weight"):
+        return None
+    stem, nv = name[: -len("in_proj_ba.weight")], int(config["linear_num_value_heads"])
+    return [(stem + "in_proj_b.weight", 0, nv), (stem + "in_proj_a.weight", nv, 2 * nv)]
+
+
+def as_hf_values(arch: str, name: str, values: np.ndarray) -> np.ndarray:
+    """A dequantized ``arch`` tensor as Hugging Face holds it (see the module's list of transforms)."""
+    if arch != QWEN3NEXT:
+        return values
+    if name.endswith(".A_log"):
+        return np.log(-values)  # ssm_a = -exp(A_log) < 0
+    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        return values - np.float32(1)
+    if name.endswith("conv1d.weight") and values.ndim == 2:
+        return values[:, None, :]  # (C, K) -> (C, 1, K)
+    return values

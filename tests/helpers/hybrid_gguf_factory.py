@@ -1,0 +1,121 @@
+"""Test helper: a transformers Qwen3-Next checkpoint written as a GGUF file the way llama.cpp's converter
+writes it (convert_hf_to_gguf.py ``Qwen3NextModel`` over ``Qwen2MoeModel``), with the gguf package's own
+tensor-name map (``gguf.get_tensor_name_map``), not glassbox's table: the reader is checked against the
+converter's names and transforms, not against itself.
+
+Transforms, as the converter applies them: MTP tensors dropped; ``A_log`` -> -exp(A_log); ``dt_bias`` ->
+``dt_proj.bias``; ``conv1d`` squeezed to (C, K); every ``*norm.weight`` but ``linear_attn.norm`` + 1;
+``in_proj_qkvz`` (per key head [q | k | v | z]) -> ``attn_qkv`` [all q | all k | all v] and ``attn_gate``
+[all z]; per-expert weights stacked (E, out, in). 1-D tensors, the routers and conv1d in F32 (the converter
+and llama.cpp's quantizer keep them so), the other 2-D weights in the requested type.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf_factory import add_tiny_vocab, encode_tensor
+from safetensors.numpy import load_file
+
+_F32_PARTS = ("mlp.gate.weight", "shared_expert_gate.weight", "conv1d", "A_log", "dt_bias")
+
+
+def _split_qkvz(w: np.ndarray, cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(qkv, z) rows of in_proj_qkvz (rows grouped per key head: q, k, v, z)."""
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    sizes = [dk, dk, nv // nk * dv, nv // nk * dv]
+    grouped = w.reshape(nk, sum(sizes), w.shape[1])
+    q, k, v, z = np.split(grouped, np.cumsum(sizes)[:-1], axis=1)
+    flat = [p.reshape(-1, w.shape[1]) for p in (q, k, v, z)]
+    return np.concatenate(flat[:3]), flat[3]
+
+
+def converted_tensors(state: dict[str, np.ndarray], cfg: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+    """(Hugging Face-side name the converter maps, values) after the converter's transforms."""
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    for name, t in state.items():
+        if name.startswith("mtp"):
+            continue
+        if name.endswith(".A_log"):
+            t = -np.exp(t)
+        elif name.endswith(".dt_bias"):
+            name = name.replace(".dt_bias", ".dt_proj.bias")
+        elif "conv1d" in name:
+            t = t.squeeze()
+        elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            t = t + np.float32(1)
+        if "in_proj_qkvz" in name:
+            qkv, z = _split_qkvz(t, cfg)
+            yield name.replace("in_proj_qkvz", "in_proj_qkv"), qkv  # gguf maps it to attn_qkv
+            yield name.replace("in_proj_qkvz", "in_proj_z"), z  # attn_gate
+            continue
+        parts = name.split(".")
+        if len(parts) == 8 and parts[4] == "experts":  # model.layers.N.mlp.experts.E.proj.weight
+            stem = ".".join(parts[:5] + parts[6:])
+            experts.setdefault(stem, {})[int(parts[5])] = t
+            continue
+        yield name, t
+    for stem, per_expert in experts.items():
+        yield stem, np.stack([per_expert[e] for e in range(len(per_expert))])
+
+
+def write_qwen3next_gguf(path: Path, model_dir: Path, qtype: Q = Q.F32, drop: tuple[str, ...] = ()) -> None:
+    """Write the Qwen3-Next checkpoint in ``model_dir`` as ``path`` (tensors whose GGUF name contains one of
+    ``drop`` left out: the unsupported-variant tests)."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    layers = cfg["num_hidden_layers"]
+    writer = gguf.GGUFWriter(path, "qwen3next")
+    writer.add_name("tiny-qwen3next")
+    writer.add_block_count(layers)
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    rope = cfg["rope_parameters"]
+    writer.add_rope_freq_base(float(rope["rope_theta"]))
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_expert_count(cfg["num_experts"])
+    writer.add_expert_used_count(cfg["num_experts_per_tok"])
+    writer.add_key_length(cfg["head_dim"])
+    writer.add_value_length(cfg["head_dim"])
+    writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    writer.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+    writer.add_ssm_state_size(cfg["linear_key_head_dim"])
+    writer.add_ssm_group_count(cfg["linear_num_key_heads"])
+    writer.add_ssm_time_step_rank(cfg["linear_num_value_heads"])
+    writer.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
+    writer.add_full_attention_interval(cfg.get("full_attention_interval", 4))
+    writer.add_rope_dimension_count(int(cfg["head_dim"] * rope.get("partial_rotary_factor", 0.25)))
+    add_tiny_vocab(writer, cfg["vocab_size"])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3NEXT, layers)
+    state = {k: v.astype(np.float32) for k, v in load_file(model_dir / "model.safetensors").items()}
+    rng = np.random.default_rng(0)
+    for hf, values in converted_tensors(state, cfg):
+        stem, suffix = (hf.rsplit(".", 1) + [""])[:2] if hf.endswith((".weight", ".bias")) else (hf, "")
+        mapped = names.get_name(stem)
+        assert mapped is not None, f"gguf has no name for {hf}"
+        name = f"{mapped}.{suffix}" if suffix else mapped
+        if any(d in name for d in drop):
+            continue
+        if name.endswith("ffn_gate_inp_shexp.weight"):
+            values = values.reshape(-1)  # written as {H}, as llama.cpp reads it
+        if values.ndim == 1 or any(p in hf for p in _F32_PARTS):
+            writer.add_tensor(name, np.ascontiguousarray(values))
+            continue
+        lead = values.shape[:-1]
+        want = qtype if values.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0 else Q.F32  # as llama.cpp
+        data, raw = encode_tensor(values.reshape(-1, values.shape[-1]), want, rng)  # falls back off-block
+        writer.add_tensor(name, data.reshape(*lead, -1), raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
