@@ -1,5 +1,6 @@
 """Async output (the CUDA default): a step's text work runs during the next step. Checked on the CPU
-against the same engine post-processing in its own step: every output must be identical."""
+against the same engine post-processing in its own step: every output identical, logprobs within 1e-5 (a row
+may share a step with other batch mates: see test_async_output_matches_sync)."""
 
 from __future__ import annotations
 
@@ -80,15 +81,15 @@ def test_async_output_matches_sync(model_dir: Path, num_kv_blocks: int | None) -
             assert llm.engine.scheduler.num_preemptions > 0
     sync, overlapped = results
     assert [r[3] for r in sync[0]].count("stop") >= 3  # the workload really ends on stops
-    if num_kv_blocks is None:
-        assert overlapped[0] == sync[0]
-    else:  # an async step holds a stop-ended row's blocks one step longer: other rows are preempted at
-        # other times, and a recomputed row's logits come from the prefill path (float sums in another
-        # order: ~1e-6 apart); everything else must still be identical
-        assert [r[:2] + r[3:] for r in overlapped[0]] == [r[:2] + r[3:] for r in sync[0]]
-        for a, b in zip(overlapped[0], sync[0], strict=True):
-            for x, y in zip(a[2] or [], b[2] or [], strict=True):
-                assert x.keys() == y.keys() and all(abs(x[t] - y[t]) < 1e-5 for t in x)
+    # an async step holds a stop-ended row's blocks (and its row in the batch) one step longer, so rows share
+    # steps with other batch mates: a float32 GEMM's sums over a row may run in another order for another
+    # batch height (oneDNN/MKL pick their blocking by M; without AMX they do on this model), and with
+    # preemption a recomputed row's logits come from the prefill path: ~1e-6 apart. Everything else must
+    # be identical.
+    assert [r[:2] + r[3:] for r in overlapped[0]] == [r[:2] + r[3:] for r in sync[0]]
+    for a, b in zip(overlapped[0], sync[0], strict=True):
+        for x, y in zip(a[2] or [], b[2] or [], strict=True):
+            assert x.keys() == y.keys() and all(abs(x[t] - y[t]) < 1e-5 for t in x)
     # a sequence ended by a stop string was already in the next step: that token is dropped, not counted
     assert overlapped[1:] == sync[1:]
 

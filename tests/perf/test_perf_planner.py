@@ -158,7 +158,7 @@ def test_model_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["--hardware", "tpu-v9"], "--hardware"),
         (["--hardware", "h100-sxm", "--engine", "tgi"], "--engine"),
-        (["--hardware", "h100-sxm", "--quant", "q2_k"], "--quant"),
+        (["--hardware", "h100-sxm", "--quant", "q1_z"], "--quant"),
         (["--hardware", "h100-sxm", "--concurrency", "1,x"], "--concurrency"),
         (["--hardware", "h100-sxm", "--concurrency", "0"], "--concurrency"),
         (["--hardware", "h100-sxm", "--rate", "-1"], "--rate"),
