@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +14,7 @@ from typing import Any
 
 import httpx
 from gguf_factory import smollm2_path
-from server_harness import ServerProcess, free_port
+from server_harness import ServerProcess, free_port, launch
 from store_factory import add_hf_repo, add_ollama_model
 
 from glassbox.models.sources import DEMO_MODEL_DIR
@@ -86,22 +84,7 @@ def start_router(log_dir: Path, env: dict[str, str], *flags: str, timeout: float
     log_path = log_dir / f"router-{port}.log"
     cmd = [sys.executable, "-m", "glassbox.cli", "--log-level", "INFO", "serve", "--port", str(port), "--device",
            "cpu", "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning", *flags]  # fmt: skip
-    full_env = {**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
-    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"router exited with {proc.returncode}:\n{server.log()}")
-        try:
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.stop()
-    raise RuntimeError(f"router did not come up in {timeout} s:\n{server.log()}")
+    return launch(cmd, port, log_path, env, timeout, "router")
 
 
 def status(server: ServerProcess) -> dict[str, dict[str, Any]]:

@@ -79,14 +79,22 @@ def start_server(model_dir: Path, log_dir: Path, *flags: str, timeout: float = 1
         "warning",
         *flags,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return launch(cmd, port, log_path, {}, timeout)
+
+
+def launch(
+    cmd: list[str], port: int, log_path: Path, env: dict[str, str], timeout: float, what: str = "server"
+) -> ServerProcess:
+    """Run ``cmd`` (a server on ``port``, one OpenMP thread, ``env`` over this process's) logging to
+    ``log_path``; wait until /health answers 200, else stop it and raise with its log."""
+    full_env = {**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{server.log()}")
         try:
             if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
                 return server
@@ -94,7 +102,7 @@ def start_server(model_dir: Path, log_dir: Path, *flags: str, timeout: float = 1
             pass
         time.sleep(0.2)
     server.stop()
-    raise RuntimeError(f"server did not come up in {timeout} s:\n{server.log()}")
+    raise RuntimeError(f"{what} did not come up in {timeout} s:\n{server.log()}")
 
 
 # the server test_server.py and test_server_api.py share (conftest.py's session fixture: one start)

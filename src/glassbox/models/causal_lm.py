@@ -50,3 +50,10 @@ class CausalLM(nn.Module):
         embed = self.get_submodule("model.embed_tokens")
         assert isinstance(embed, nn.Embedding)
         self.lm_head.weight = embed.weight
+
+
+def softcapped_logits(lm_head: nn.Module, hidden: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """(S, hidden) -> (S, vocab) float32 logits, soft-capped where ``cap`` is set: cap * tanh(logits / cap),
+    each logit in (-cap, cap) (Gemma's final_logit_softcapping)."""
+    logits = lm_head(hidden).float()
+    return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -26,7 +26,7 @@ from glassbox.layers.activation import get_activation
 from glassbox.layers.attention import AttentionMetadata, paged_attention, write_kv
 from glassbox.layers.norm import GemmaRMSNorm
 from glassbox.layers.rotary import RotaryEmbedding
-from glassbox.models.causal_lm import CausalLM
+from glassbox.models.causal_lm import CausalLM, softcapped_logits
 from glassbox.models.model_config import ModelConfig
 from glassbox.quant.dense.onednn import concat_linears
 
@@ -199,10 +199,7 @@ class Gemma3ForCausalLM(CausalLM):
         return self.model(input_ids, positions, kv_caches, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (S, hidden) -> (S, vocab) float32
-        logits = self.lm_head(hidden).float()
-        if self.softcap is not None:  # cap * tanh(logits / cap): each logit in (-cap, cap)
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return softcapped_logits(self.lm_head, hidden, self.softcap)
 
     def elementwise_modules(self) -> list[nn.Module]:
         return [m for m in self.modules() if isinstance(m, (GemmaRMSNorm, RotaryEmbedding, Gemma3MLP))]

@@ -22,7 +22,7 @@ from torch import nn
 
 from glassbox.layers.attention import AttentionMetadata
 from glassbox.layers.rotary import RotaryEmbedding
-from glassbox.models.causal_lm import CausalLM
+from glassbox.models.causal_lm import CausalLM, softcapped_logits
 from glassbox.models.gemma3 import ScaledEmbedding
 from glassbox.models.gemma4_layers import KV, Gemma4DecoderLayer, Gemma4RMSNorm
 from glassbox.models.llama import LlamaMLP
@@ -113,10 +113,7 @@ class Gemma4ForCausalLM(CausalLM):
         return self.model(input_ids, positions, kv_caches, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (S, hidden) -> (S, vocab) float32
-        logits = self.lm_head(hidden).float()
-        if self.softcap is not None:  # cap * tanh(logits / cap): each logit in (-cap, cap)
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return softcapped_logits(self.lm_head, hidden, self.softcap)
 
     def elementwise_modules(self) -> list[nn.Module]:
         return [m for m in self.modules() if isinstance(m, (Gemma4RMSNorm, RotaryEmbedding, LlamaMLP))]
