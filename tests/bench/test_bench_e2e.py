@@ -109,7 +109,7 @@ def test_closed_loop_counts_percentiles_throughput_and_files(
             d = r[key]
             assert set(d) == {"mean", "p50", "p90", "p99"}
             assert 0 < d["p50"] <= d["p90"] <= d["p99"], (key, d)
-        assert r["completed"] == 12 and r["failed"] == 0 and r["errors"] == {}
+        assert (r["completed"], r["failed"]) == (12, 0), (r["errors"], r["error_examples"])
         assert r["short_outputs"] == 0 and r["usage_reported"]  # ignore_eos/min_tokens honoured
         assert r["mean_prompt_tokens"] == 48  # exact prompt length, per the server's usage
         assert r["total_output_tokens"] == 12 * 24

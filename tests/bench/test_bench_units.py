@@ -235,3 +235,45 @@ def test_reports_and_plots_are_written(tmp_path: Path) -> None:
     csv_lines = (tmp_path / "out" / "results.csv").read_text().splitlines()
     assert len(csv_lines) == 5 and "ttft_s_p99" in csv_lines[0]
     assert "| w | c=4 |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def _stream_once(*events: dict[str, object]) -> RequestResult:
+    """One request against a peer server (httpx's mock transport) that streams ``events`` then [DONE]."""
+    import asyncio
+
+    import httpx
+
+    from glassbox.bench.client import RequestOptions, send_request
+    from glassbox.bench.workloads import RequestSpec
+
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+
+    def answer(_: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    async def go() -> RequestResult:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            opts = RequestOptions(base_url="http://peer", model="m")
+            return await send_request(client, RequestSpec(prompt="hi", prompt_tokens=1, max_tokens=3), opts)
+
+    return asyncio.run(go())
+
+
+def test_tokens_without_visible_text_finish_and_an_empty_stream_fails() -> None:
+    # three special tokens (skipped in detokenization): the server sends only the finishing chunk
+    finish = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 3}}
+    res = _stream_once(finish, usage)
+    assert res.ok and res.output_tokens == 3 and res.ttft_s == res.ttfr_s and res.ttft_s is not None
+    empty = _stream_once(finish, {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 0}})
+    assert not empty.ok and empty.error == "no_output"
+
+
+def test_the_client_drops_idle_connections_before_uvicorn_does() -> None:
+    # a request sent on a connection the server closes at that moment fails; uvicorn closes after 5 s idle
+    import uvicorn
+
+    from glassbox.bench.client import client_limits
+
+    expiry = client_limits().keepalive_expiry
+    assert expiry is not None and expiry < uvicorn.Config(app=None).timeout_keep_alive

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import httpx
 
 from glassbox.bench.benchy_table import BenchyTest, Timeline
-from glassbox.bench.client import RequestOptions, RequestResult, send_request
+from glassbox.bench.client import RequestOptions, RequestResult, client_limits, send_request
 from glassbox.bench.tokens import PromptBuilder
 from glassbox.bench.workloads import RequestSpec
 
@@ -89,7 +89,7 @@ async def _batch(
 async def execute(plan: BenchyPlan) -> tuple[list[BenchyTest], float]:
     """Every (depth, concurrency) test in llama-benchy's order; returns them and the latency."""
     timeout = httpx.Timeout(plan.options.timeout_s, connect=min(plan.options.timeout_s, 30.0))
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    limits = client_limits()
     rng = random.Random(plan.seed)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         latency = await measure_latency(client, plan)

@@ -22,6 +22,16 @@ from glassbox.bench.workloads import RequestSpec
 SERVER_KEYS = METRIC_KEYS  # what glassbox reports per request in ``metrics`` (engine/sequence.py)
 
 
+def client_limits() -> httpx.Limits:
+    """Connection limits for a benchmark's client: no cap on connections, and idle ones dropped after 2 s.
+
+    httpx keeps an idle connection 5 s by default, exactly uvicorn's keep-alive timeout: a request sent on a
+    connection the server is closing at that moment fails with "server disconnected". Dropping ours first
+    costs a new TCP connection after an idle gap of 2 s or more (well under a millisecond on a LAN).
+    """
+    return httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
+
+
 @dataclass
 class RequestOptions:
     """How requests are sent (the same for every request of a benchmark)."""
@@ -171,8 +181,13 @@ async def _stream(
     if not res.usage_reported:
         res.output_tokens = chunks
     if res.ttft_s is None:
-        res.error, res.error_detail = "no_output", "the stream ended without any generated text"
-        return
+        if res.output_tokens > 0 and res.finish_reason is not None and res.ttfr_s is not None:
+            # tokens were generated but none had visible text (special tokens, or bytes of an unfinished
+            # UTF-8 character): a finished request, timed from its first chunk as vLLM's client does
+            res.ttft_s = res.ttfr_s
+        else:
+            res.error, res.error_detail = "no_output", "the stream ended without any generated text"
+            return
     res.ok = True
 
 

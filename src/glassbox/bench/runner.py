@@ -12,7 +12,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from glassbox.bench.client import RequestOptions, RequestResult
+from glassbox.bench.client import RequestOptions, RequestResult, client_limits
 from glassbox.bench.loadgen import RunRecord, run_closed_loop, run_open_loop, warm_up
 from glassbox.bench.tokens import PromptBuilder
 from glassbox.bench.workloads import Workload
@@ -71,7 +71,7 @@ async def execute(
 ) -> None:
     """Run ``plan``, appending each run's record to ``records`` as it starts (so that Ctrl-C keeps it)."""
     timeout = httpx.Timeout(plan.options.timeout_s, connect=min(plan.options.timeout_s, 30.0))
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    limits = client_limits()
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
