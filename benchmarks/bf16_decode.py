@@ -98,7 +98,9 @@ def models(names: list[str]) -> dict[str, tuple[str, dict[str, Path]]]:
 VARIANTS = (("tiled", "tiled", None), ("tiled 1-step", "tiled", 1), ("onednn", "onednn", None))
 
 
-def glassbox_decoder(source: str, layout: str, tokens: int, steps: int | None) -> tuple[Decoder, dict[str, Any]]:
+def glassbox_decoder(
+    source: str, layout: str, tokens: int, steps: int | None
+) -> tuple[Decoder, dict[str, Any]]:
     os.environ["GLASSBOX_BF16_LINEAR"] = layout  # read when the weights are laid out, at load
     llm = LLM(source, dtype="bfloat16", max_num_seqs=1, enable_prefix_caching=False, num_kv_blocks=64,
               num_scheduler_steps=steps)  # fmt: skip

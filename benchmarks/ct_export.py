@@ -29,7 +29,9 @@ def export_ct(src: Path, out: Path, scheme: str) -> Path:
 
     bits, strategy, group, fmt = SCHEMES[scheme]
     weights = QuantizationArgs(num_bits=bits, type="int", symmetric=True, strategy=strategy, group_size=group)
-    act = QuantizationArgs(num_bits=8, type="int", strategy="token", dynamic=True) if scheme == "w8a8" else None
+    act = (
+        QuantizationArgs(num_bits=8, type="int", strategy="token", dynamic=True) if scheme == "w8a8" else None
+    )
     qs = QuantizationScheme(targets=["Linear"], weights=weights, input_activations=act)
     compressor = PackedQuantizationCompressor if fmt == "pack-quantized" else IntQuantizationCompressor
     out.mkdir(parents=True, exist_ok=True)

@@ -108,10 +108,20 @@ def main() -> int:
         "what": f"one {args.n} x {args.k} layer, bf16 activations, ms per call (median of rounds)",
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
-        "bytes": {"fp8-block": block.nbytes, "fp8-channel": channel.nbytes, "q8_0": q8.nbytes,
-                  "bf16": 2 * args.n * args.k},  # fmt: skip
-        "ms": {n: {m: round(statistics.median(t[0] for t in v), 4) for m, v in per.items()} for n, per in runs.items()},
-        "ms_min": {n: {m: round(statistics.median(t[1] for t in v), 4) for m, v in per.items()} for n, per in runs.items()},
+        "bytes": {
+            "fp8-block": block.nbytes,
+            "fp8-channel": channel.nbytes,
+            "q8_0": q8.nbytes,
+            "bf16": 2 * args.n * args.k,
+        },  # fmt: skip
+        "ms": {
+            n: {m: round(statistics.median(t[0] for t in v), 4) for m, v in per.items()}
+            for n, per in runs.items()
+        },
+        "ms_min": {
+            n: {m: round(statistics.median(t[1] for t in v), 4) for m, v in per.items()}
+            for n, per in runs.items()
+        },
         "rounds": args.rounds,
         "loadavg_1min": os.getloadavg()[0],
         "date": time.strftime("%Y-%m-%d %H:%M"),

@@ -106,8 +106,13 @@ def main() -> int:
                 f"{shape:>10} {fmt:5} {r['bits_per_weight']:6.3f} bpw  cold {cold:8.1f} us ({r['cold_gb_s']:5.2f} GB/s)"
                 f"  hot {hot:8.1f} us   rounds cold {r['cold_rounds_us']}"
             )
-    out = args.out or Path(__file__).resolve().parent / "results" / f"kquant-gemv-{time.strftime('%Y-%m-%d')}.json"
-    out.write_text(json.dumps({"cpu": cpu_name(), "threads": 1, "rounds": args.rounds, "results": results}, indent=1))
+    out = (
+        args.out
+        or Path(__file__).resolve().parent / "results" / f"kquant-gemv-{time.strftime('%Y-%m-%d')}.json"
+    )
+    out.write_text(
+        json.dumps({"cpu": cpu_name(), "threads": 1, "rounds": args.rounds, "results": results}, indent=1)
+    )
     print(f"wrote {out}")
     return 0
 

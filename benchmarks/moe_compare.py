@@ -401,7 +401,9 @@ def measure_gguf(shape: str, model_dir: Path, bf16: Path, args: argparse.Namespa
             entry[f"median_ratio_threads={threads}"] = statistics.median(ratios) if ratios else None
             for engine in ("glassbox", "llama_cpp"):
                 tok_s = [x[f"{engine}_b1_tok_s"] for x in rows if f"{engine}_b1_tok_s" in x]
-                entry[f"median_{engine}_b1_tok_s_threads={threads}"] = statistics.median(tok_s) if tok_s else None
+                entry[f"median_{engine}_b1_tok_s_threads={threads}"] = (
+                    statistics.median(tok_s) if tok_s else None
+                )
         out[ftype] = entry
     return out
 
@@ -427,8 +429,11 @@ def main() -> int:
                     "batch-1 bursts only")  # fmt: skip
     ap.add_argument("--glassbox-quantization", default=None, help="with --gguf: glassbox loads the bf16 "
                     "checkpoint with this --quantization (int4: Q4_0's rounding) instead of the GGUF file")  # fmt: skip
-    ap.add_argument("--llamacpp-no-amx", action="store_true",
-                    help="keep ggml off its AMX kernels (SIGILL where a VM lists AMX without enabling it)")
+    ap.add_argument(
+        "--llamacpp-no-amx",
+        action="store_true",
+        help="keep ggml off its AMX kernels (SIGILL where a VM lists AMX without enabling it)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--shape-worker", default=None, help=argparse.SUPPRESS)

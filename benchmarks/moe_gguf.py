@@ -92,7 +92,11 @@ def _plan(ck: Checkpoint, cfg: dict[str, Any], arch: str) -> Iterator[Planned]:
     ``mlp.gate``."""
 
     def same(hf: str) -> Planned:
-        return gguf_tensor_name(hf.replace(".mlp.router.", ".mlp.gate."), arch), ck.shape(hf), partial(ck.get, hf)
+        return (
+            gguf_tensor_name(hf.replace(".mlp.router.", ".mlp.gate."), arch),
+            ck.shape(hf),
+            partial(ck.get, hf),
+        )
 
     def stacked(hf: str, shape: tuple[int, ...], make: Producer) -> Planned:
         return gguf_tensor_name(hf, arch), shape, make
@@ -119,7 +123,9 @@ def _plan(ck: Checkpoint, cfg: dict[str, Any], arch: str) -> Iterator[Planned]:
         yield stacked(experts + "gate_proj.weight", (e, i2 // 2, h), partial(ck.every_other, gu, 0, True))
         yield stacked(experts + "up_proj.weight", (e, i2 // 2, h), partial(ck.every_other, gu, 1, True))
         yield stacked(experts + "down_proj.weight", (e, h, i2 // 2), partial(ck.transposed, dn))
-        yield stacked(experts + "gate_proj.bias", (e, i2 // 2), partial(ck.every_other, gu + "_bias", 0, False))
+        yield stacked(
+            experts + "gate_proj.bias", (e, i2 // 2), partial(ck.every_other, gu + "_bias", 0, False)
+        )
         yield stacked(experts + "up_proj.bias", (e, i2 // 2), partial(ck.every_other, gu + "_bias", 1, False))
         yield stacked(experts + "down_proj.bias", ck.shape(dn + "_bias"), partial(ck.get, dn + "_bias"))
 

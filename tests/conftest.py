@@ -9,7 +9,10 @@ from typing import Any
 import pytest
 
 _TESTS = pathlib.Path(__file__).parent
-for _folder in [_TESTS, *sorted(p for p in _TESTS.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))]:
+for _folder in [
+    _TESTS,
+    *sorted(p for p in _TESTS.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))),
+]:
     sys.path.insert(0, str(_folder))
 
 

@@ -195,7 +195,9 @@ def test_refusals_and_launch_plans(
 ) -> None:
     cfg = ModelConfig.from_facts(facts_from_dir(llama[0]))
     check_tp(dataclasses.replace(cfg, attention_sinks=True), 2)  # gpt-oss's sinks split by head
-    with pytest.raises(ValueError, match="NemotronHForCausalLM has no tensor-parallel split"):  # a family to come
+    with pytest.raises(
+        ValueError, match="NemotronHForCausalLM has no tensor-parallel split"
+    ):  # a family to come
         check_tp(dataclasses.replace(cfg, architecture="NemotronHForCausalLM"), 2)
     with pytest.raises(ValueError, match="expert FFN width 33"):
         check_tp(dataclasses.replace(cfg, layer_moe=(True, True), moe_intermediate_size=33), 2)

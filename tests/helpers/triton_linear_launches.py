@@ -26,7 +26,11 @@ from glassbox.kernels import triton_fp8_linear as tfl
 Launch = tuple[Any, tuple[Any, ...], dict[str, Any]]  # (kernel, args, kwargs)
 OFFSETS = ("factor", "stored", "zeros")  # Q4_0/Q8_0/int, Q4_1, GPTQ/AWQ
 FP4 = ("mxfp4", "nvfp4")  # 4-bit floats, as ``offsets`` of 4-bit launches
-KQUANTS = {"Q4_K": 4, "Q5_K": 8, "Q6_K": 8}  # GGUF K-quants (quant/blocks/kquant_triton.py) and their code bits
+KQUANTS = {
+    "Q4_K": 4,
+    "Q5_K": 8,
+    "Q6_K": 8,
+}  # GGUF K-quants (quant/blocks/kquant_triton.py) and their code bits
 KINDS = {
     "factor": 0,
     "stored": 1,

@@ -25,7 +25,9 @@ def gated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]
     from glassbox.server.state import ServerSettings
 
     path = tiny_cross_encoder(tmp_path_factory.mktemp("gate"))
-    model = open_embedding_model(EngineConfig(model=str(path), device="cpu", served_model_name="ce"), "rerank")
+    model = open_embedding_model(
+        EngineConfig(model=str(path), device="cpu", served_model_name="ce"), "rerank"
+    )
     settings = ServerSettings(api_key=KEY, allowed_origins=[ORIGIN])
     app = build_embedding_app(AsyncEmbedder(model, 4096, 64), settings)
     with TestClient(app) as client:

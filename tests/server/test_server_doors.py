@@ -110,7 +110,9 @@ def test_every_door_renders_the_same_prompt_and_gives_the_same_reply(server: Ser
     assert {door: reply for door, (reply, _) in streamed.items()} == dict.fromkeys(streamed, text)
 
 
-DOORS: dict[str, tuple[str, dict[str, Any]]] = {  # a long reply through each door (tests/helpers/dialect_server.py)
+DOORS: dict[
+    str, tuple[str, dict[str, Any]]
+] = {  # a long reply through each door (tests/helpers/dialect_server.py)
     "anthropic": ("/v1/messages", {"max_tokens": 5000, "messages": [{"role": "user", "content": "Go on."}]}),
     "ollama": (
         "/api/chat",

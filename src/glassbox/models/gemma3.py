@@ -145,9 +145,7 @@ class Gemma3Model(nn.Module):
         self.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.embed_scale)
         # one table per layer kind; both rotate the whole head (rotary_dim == head_dim)
         self.rotary_global = RotaryEmbedding(cfg.head_dim, cfg.max_positions, cfg.rope)
-        self.rotary_local = RotaryEmbedding(
-            cfg.head_dim, cfg.max_positions, cfg.rope_local or cfg.rope
-        )
+        self.rotary_local = RotaryEmbedding(cfg.head_dim, cfg.max_positions, cfg.rope_local or cfg.rope)
         self.local = [w is not None for w in cfg.layer_windows]  # per layer: sliding (local) or global
         self.layers = nn.ModuleList(
             Gemma3DecoderLayer(cfg, self.rotary_local if local else self.rotary_global, i)

@@ -34,7 +34,9 @@ class Gemma4Model(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         h, n, p = cfg.hidden_size, cfg.num_layers, cfg.per_layer_input_size
-        self.embed_tokens: nn.Embedding = ScaledEmbedding(cfg.vocab_size, h, cfg.embed_scale)  # or its TP shard
+        self.embed_tokens: nn.Embedding = ScaledEmbedding(
+            cfg.vocab_size, h, cfg.embed_scale
+        )  # or its TP shard
         self.per_layer_input_size = p
         if p:
             if cfg.per_layer_input_vocab < cfg.vocab_size:

@@ -138,7 +138,9 @@ class MoEExperts(nn.Module):
         # CUDA with triton: models/moe_triton.use_triton_experts sets a device counter (int64) of the experts
         # the fused kernels read (the forward then runs them), and experts in blocks stacked (quant/blocks/moe_stack.py)
         self.fused: torch.Tensor | None = None
-        self.fused_forward: Callable[[MoEExperts, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None
+        self.fused_forward: (
+            Callable[[MoEExperts, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None
+        )
         self.fused_forward = None  # its forward then (models/moe_triton.py fused_forward)
         self.blocks: StackedExperts | None = None
 

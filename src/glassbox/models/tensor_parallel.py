@@ -189,8 +189,6 @@ def check_tp(cfg: ModelConfig, world: int) -> None:
             raise ValueError(f"--tensor-parallel-size {world} must divide the model's {what} {width}")
 
 
-
-
 def kv_heads_of(cfg: ModelConfig, rank: int, world: int, layer: int = 0) -> range:
     """The KV heads rank ``rank`` holds (of ``layer``'s: Gemma 4's full layers have fewer)."""
     kv = cfg.kv_shape(layer)[0]
