@@ -1,6 +1,8 @@
-"""glassbox's bf16 tiles (quant/dense/bf16_tiles.py, kernels/cpu_bf16.c) against float64 products of the same
-bf16 values, on odd shapes: rows past a tile, in-dims that are not a multiple of the kernel's unrolling,
-1 to 20 activation rows (each of the kernel's row paths) and a prefill-sized batch."""
+"""glassbox's bf16 tiles (quant/dense/bf16_tiles.py, kernels/cpu_bf16.c and cpu_bf16_amx.c) against float64
+products of the same bf16 values, on odd shapes: rows past a tile, in-dims that are not a multiple of the
+kernel's unrolling (nor of AMX's 32), 1 to 20 activation rows (each of the kernel's row paths) and a
+prefill-sized batch; the kernel tests run on both multiply paths, AVX-512 dot products and AMX tiles (skipped
+on a CPU without AMX)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 from tiny_models import build_tiny_model
 
 from glassbox import LLM, SamplingParams
+from glassbox.kernels import native
 from glassbox.quant.dense.bf16_tiles import (
     TiledBf16Linear,
     linear_tiled,
@@ -27,6 +30,19 @@ pytestmark = pytest.mark.skipif(
 
 SHAPES = [(1, 2), (15, 34), (16, 64), (37, 78), (130, 576), (48, 1030)]  # (N, K)
 ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 16, 20, 67]
+
+
+@pytest.fixture(params=["dot", "amx"])
+def multiply(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The kernel's multiply path for the test: AVX-512 BF16 dot products, or AMX tiles where the CPU has
+    them; the process's own choice (GLASSBOX_BF16_AMX) restored after."""
+    lib = native.library()
+    assert lib is not None
+    if not lib.gb_bf16_amx_init(int(request.param == "amx")) and request.param == "amx":
+        lib.gb_bf16_amx_init(int(native.bf16_amx_wanted()))
+        pytest.skip("no AMX on this CPU (or in the kernels' build)")
+    yield request.param
+    lib.gb_bf16_amx_init(int(native.bf16_amx_wanted()))
 
 
 def _case(n: int, k: int, m: int, bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -91,7 +107,7 @@ def test_odd_in_dim_is_refused() -> None:
 
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_kernel_against_float64(n: int, k: int, bias: bool) -> None:
+def test_kernel_against_float64(n: int, k: int, bias: bool, multiply: str) -> None:
     for m in ROWS:
         w, x, b = _case(n, k, m, bias)
         ref = x.double() @ w.double().T + (0 if b is None else b.double())
@@ -109,9 +125,9 @@ def test_kernel_against_float64(n: int, k: int, bias: bool) -> None:
 
 
 @pytest.mark.parametrize(("n", "k"), SHAPES)
-def test_a_row_gets_the_same_bits_whatever_rows_run_with_it(n: int, k: int) -> None:
+def test_a_row_gets_the_same_bits_whatever_rows_run_with_it(n: int, k: int, multiply: str) -> None:
     """Batch invariance: each output is summed in k order in one lane on every path (1-4 rows, 5+ rows,
-    left-over tiles), so row i alone equals row i of any batch."""
+    left-over tiles; on AMX every row count), so row i alone equals row i of any batch."""
     w, x, b = _case(n, k, 67, True)
     wp = tile_weight(w)
     alone = torch.cat([linear_tiled(x[i : i + 1], wp, n, b, torch.float32) for i in range(67)])
@@ -119,7 +135,7 @@ def test_a_row_gets_the_same_bits_whatever_rows_run_with_it(n: int, k: int) -> N
         assert torch.equal(linear_tiled(x[:m], wp, n, b, torch.float32), alone[:m]), m
 
 
-def test_threads_split_the_rows_without_changing_a_bit() -> None:
+def test_threads_split_the_rows_without_changing_a_bit(multiply: str) -> None:
     w, x, b = _case(1000, 576, 3, True)
     wp, before = tile_weight(w), torch.get_num_threads()
     try:

@@ -191,13 +191,17 @@ static void tiles_dp(const uint16_t *x, i64 M, i64 K, i64 ldx, const uint16_t *w
 }
 #endif
 
+extern int gb_bf16_amx_on; /* cpu_bf16_amx.c: the same tiles on AMX, every M, when on */
+void gb_tiles_amx(const uint16_t *x, i64 M, i64 K, i64 ldx, const uint16_t *wp, const float *bias, i64 N, i64 t0,
+                  i64 t1, void *out, i64 ldo, int dt);
+
 static void linear(const uint16_t *x, i64 M, i64 K, i64 ldx, const uint16_t *wp, const float *bias, i64 N,
                    void *out, i64 ldo, int dt, int threads, int generic) {
     const i64 tiles = (N + 15) / 16;
     void (*run)(const uint16_t *, i64, i64, i64, const uint16_t *, const float *, i64, i64, i64, void *, i64,
                 int) = tiles_generic;
 #ifdef GB_BF16DP
-    if (!generic) run = tiles_dp;
+    if (!generic) run = gb_bf16_amx_on ? gb_tiles_amx : tiles_dp;
 #endif
     (void)generic;
     if (threads <= 1 || tiles < 2 || N * K * (M < 4 ? M : 4) < (1 << 16)) {

@@ -36,6 +36,7 @@ _C_FILES = (
     "cpu_kquant.c",  # GGUF K-quants
     "cpu_kquant_dequant.c",
     "cpu_bf16.c",  # bf16 weights in tiles of 16 rows (quant/dense/bf16_tiles.py)
+    "cpu_bf16_amx.c",  # the same tiles on AMX, where the CPU has it (GLASSBOX_BF16_AMX)
     "cpu_recurrent.c",  # hybrid models' decode recurrences (kernels/cpu_recurrent.py)
 )
 SOURCES = [Path(__file__).with_name(name) for name in _C_FILES]
@@ -153,7 +154,19 @@ def library() -> ctypes.CDLL | None:
         fn.restype = None
     lib.gb_bf16_dot_native.argtypes = []
     lib.gb_bf16_dot_native.restype = _C
+    lib.gb_bf16_amx_init.argtypes = [_C]
+    lib.gb_bf16_amx_init.restype = _C
+    lib.gb_bf16_amx_init(int(bf16_amx_wanted()))
     return lib
+
+
+def bf16_amx_wanted() -> bool:
+    """``GLASSBOX_BF16_AMX``: "auto" (default: bf16 tiles multiply on AMX where the CPU and the kernel build
+    have it) or "off" (AVX-512 BF16 dot products, as on a CPU without AMX)."""
+    choice = os.environ.get("GLASSBOX_BF16_AMX", "auto")
+    if choice not in ("auto", "off"):
+        raise ValueError(f"GLASSBOX_BF16_AMX must be 'auto' or 'off', got {choice!r}")
+    return choice == "auto"
 
 
 def usable(dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
