@@ -41,7 +41,8 @@ test: lint typecheck pytest
 # On a CPU with AMX, oneDNN and MKL take their AMX kernels and bf16 prompt steps past 32 rows leave
 # glassbox's tiles for oneDNN's GEMM (quant/dense/bf16_tiles.onednn_prompts), so the paths that CPU takes go
 # untested there: this holds oneDNN to AVX-512 BF16 (no AMX), MKL to AVX2 (its code path on AMD), PyTorch's
-# own kernels to AVX-512, and keeps bf16 prompts on the tiles. glassbox's C kernels are built for this CPU
+# own kernels to AVX-512, keeps bf16 prompts on the tiles and the tiles on AVX-512 dot products (not on AMX).
+# glassbox's C kernels are built for this CPU
 # (-march=native) and keep what it has. (oneDNN held to AVX2 is no CPU's combination with these C kernels:
 # bf16 weights then stay unpacked while the tiles exist, and the tests of the bound decode step fail.)
 test-no-amx: $(STAMP)

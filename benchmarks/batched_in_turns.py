@@ -3,7 +3,8 @@
 Both engines load the same random Qwen3-0.6B-shaped bf16 model in one process; each round runs glassbox's
 batch of B requests (128-token prompts, ``--decode-tokens`` generated each, greedy, ignore_eos) and then
 transformers' ``generate`` on the same B prompts (no padding: equal lengths), and records output tokens over
-wall time, prefill included, for each. The per-round ratio is the figure (this shared machine's speed drifts
+wall time, prefill included, for each. Where glassbox's bf16 tiles run on AMX, a third turn runs glassbox with
+them on the AVX-512 dot products (GLASSBOX_BF16_AMX=off's path), to show what the AMX kernel buys. The per-round ratio is the figure (this shared machine's speed drifts
 within minutes; only ratios measured side by side mean anything); the load average is written beside it.
 
     .venv/bin/python benchmarks/batched_in_turns.py --batch 16 --rounds 5 --threads 1
@@ -49,6 +50,7 @@ def main() -> int:
     import transformers as tf
 
     from glassbox import LLM, SamplingParams
+    from glassbox.kernels import native
 
     model_dir = qwen3_0_6b_random()
     b, n = args.batch, args.decode_tokens
@@ -81,21 +83,31 @@ def main() -> int:
     warm = _prompts(2, 32, 7)
     glassbox_round(warm)
     hf_round([p[:32] for p in _prompts(b, 128, 8)])
+    lib = native.library()
+    amx = lib is not None and native.bf16_amx_wanted() and bool(lib.gb_bf16_amx_init(1))
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
         prompts = _prompts(b, 128, 100 + r)  # fresh prompts each round, the same for both engines
         g = glassbox_round(prompts)
         load_g = _load()
         h = hf_round(prompts)
-        rounds.append(
-            {"glassbox_tok_s": g, "transformers_tok_s": h, "ratio": g / h, "load": (load_g + _load()) / 2}
-        )
-        print(
-            f"round {r}: glassbox {g:.1f} tok/s, transformers {h:.1f} tok/s, ratio {g / h:.2f}, load {rounds[-1]['load']:.1f}"
-        )
+        row = {"glassbox_tok_s": g, "transformers_tok_s": h, "ratio": g / h}
+        if amx:
+            assert lib is not None
+            lib.gb_bf16_amx_init(0)
+            row["glassbox_dot_products_tok_s"] = glassbox_round(prompts)
+            lib.gb_bf16_amx_init(1)
+        row["load"] = (load_g + _load()) / 2
+        rounds.append(row)
+        print(f"round {r}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()), flush=True)
     ratios = [x["ratio"] for x in rounds]
     result: dict[str, Any] = {
-        "machine": {"cpu": cpu_name(), "platform": platform.platform(), "threads": args.threads},
+        "machine": {
+            "cpu": cpu_name(),
+            "platform": platform.platform(),
+            "threads": args.threads,
+            "bf16_amx": amx,
+        },
         "workload": {"batch": b, "prompt_tokens": 128, "decode_tokens": n, "model": "qwen3-0.6b-shaped bf16"},
         "rounds": rounds,
         "median_ratio": statistics.median(ratios),

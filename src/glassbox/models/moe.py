@@ -43,6 +43,7 @@ class RouterLinear(nn.Linear):
 
 
 ROUTERS = ("softmax_topk", "topk_softmax")
+FusedForward = Callable[["MoEExperts", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # an expert's activation: its gate_up rows (..., 2I) -> (..., I)
 Glu = Callable[[torch.Tensor], torch.Tensor]
 
@@ -138,10 +139,7 @@ class MoEExperts(nn.Module):
         # CUDA with triton: models/moe_triton.use_triton_experts sets a device counter (int64) of the experts
         # the fused kernels read (the forward then runs them), and experts in blocks stacked (quant/blocks/moe_stack.py)
         self.fused: torch.Tensor | None = None
-        self.fused_forward: (
-            Callable[[MoEExperts, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None
-        )
-        self.fused_forward = None  # its forward then (models/moe_triton.py fused_forward)
+        self.fused_forward: FusedForward | None = None  # its forward then (moe_triton.py fused_forward)
         self.blocks: StackedExperts | None = None
 
     def hold(self, held: HeldExperts) -> None:
