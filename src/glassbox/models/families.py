@@ -88,8 +88,8 @@ FAMILIES: dict[str, Family] = {
         ),
         # hybrid: a recurrent state beside the KV (layers/state_cache.py); decode recurrences in C
         Family("Qwen3NextForCausalLM", "qwen3_next", _QWEN_NEXT, "qwen3next", _HYBRID_CPU),  # Gated DeltaNet + gated attention
-        Family("Qwen3_5ForCausalLM", "qwen3_5_text", _QWEN_NEXT, None, _HYBRID_CPU),
-        Family("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", _QWEN_NEXT, None, _HYBRID_CPU),
+        Family("Qwen3_5ForCausalLM", "qwen3_5_text", _QWEN_NEXT, "qwen35", _HYBRID_CPU),
+        Family("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", _QWEN_NEXT, "qwen35moe", _HYBRID_CPU),
         # Mamba-2 + attention + MLP/MoE (models/nemotron_h.py)
         Family("NemotronHForCausalLM", "nemotron_h", "glassbox.models.nemotron_h:NemotronHForCausalLM", None, _HYBRID_CPU),
         # encoders (models/bert.py), served by the embedding runner

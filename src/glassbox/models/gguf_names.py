@@ -19,7 +19,12 @@ from __future__ import annotations
 
 import re
 
-from glassbox.models.gguf_hybrid import QWEN3NEXT_EXACT_NAMES, QWEN3NEXT_LAYER_NAMES, refused_part
+from glassbox.models.gguf_hybrid import (
+    QWEN3NEXT_EXACT_NAMES,
+    QWEN3NEXT_LAYER_NAMES,
+    QWEN35_LAYER_NAMES,
+    refused_part,
+)
 
 TOP_LEVEL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -90,15 +95,19 @@ _QWEN3NEXT_LAYER_NAMES = {
     **{k: v for k, v in LAYER_NAMES.items() if k != "ffn_norm"},
     **QWEN3NEXT_LAYER_NAMES,
 }
+# Qwen3.5 / Qwen3.5-MoE: the same, with in_proj_b / in_proj_a stored apart (ssm_beta / ssm_alpha)
+_QWEN35_LAYER_NAMES = {**{k: v for k, v in LAYER_NAMES.items() if k != "ffn_norm"}, **QWEN35_LAYER_NAMES}
 ARCH_LAYER_NAMES = {
     "gemma3": _GEMMA3_LAYER_NAMES,
     "gemma4": _GEMMA4_LAYER_NAMES,
     "gpt-oss": _GPT_OSS_LAYER_NAMES,
     "phi3": _PHI3_LAYER_NAMES,
     "qwen3next": _QWEN3NEXT_LAYER_NAMES,
+    "qwen35": _QWEN35_LAYER_NAMES,
+    "qwen35moe": _QWEN35_LAYER_NAMES,
 }
 # tensors named whole after "blk.N." (no .weight added: llama.cpp's ssm_a), mapped to the whole HF name
-ARCH_EXACT_NAMES = {"qwen3next": QWEN3NEXT_EXACT_NAMES}
+ARCH_EXACT_NAMES = {a: QWEN3NEXT_EXACT_NAMES for a in ("qwen3next", "qwen35", "qwen35moe")}
 # Hugging Face parameters named without a ".weight" (GGUF stores them as "<part>.weight")
 _BARE = frozenset({"self_attn.sinks", "layer_scalar"})
 # "blk.N.<part>.scale" tensors: (architecture, part) -> the Hugging Face parameter (named without a suffix)

@@ -33,7 +33,7 @@ from glassbox.models.gguf_config import (
     hf_architecture,
 )
 from glassbox.models.gguf_gemma4 import gemma4_config
-from glassbox.models.gguf_hybrid import as_hf_values, linear_row_order
+from glassbox.models.gguf_hybrid import as_hf_values, linear_row_order, mtp_layer
 from glassbox.models.gguf_names import hf_tensor_name
 
 logger = logging.getLogger(__name__)
@@ -329,6 +329,8 @@ def _open(paths: list[Path]) -> GGUFCheckpoint:
             if t.name in shapes:
                 raise ValueError(f"GGUF tensor {t.name!r} appears twice (second time in {p.name})")
             shapes[t.name] = hf_shape(t)
+            if mtp_layer(arch, t.name, metadata):  # a hybrid's multi-token-prediction block: not read
+                continue
             hf = hf_tensor_name(t.name, arch)
             if t.name == "rope_freqs.weight":
                 rope_freqs = dequantize_tensor(t)
