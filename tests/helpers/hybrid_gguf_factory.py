@@ -45,14 +45,18 @@ def _tile(t: np.ndarray, axis: int, nk: int, head: int) -> np.ndarray:
     return np.swapaxes(t.reshape(split), axis, axis + 1).reshape(shape)
 
 
-def tiled_v_heads(state: dict[str, np.ndarray], cfg: dict[str, Any]) -> dict[str, np.ndarray]:
+def tiled_v_heads(
+    state: dict[str, np.ndarray], cfg: dict[str, Any], undo: bool = False
+) -> dict[str, np.ndarray]:
     """The converter's Qwen3.5 v-head reorder (``_LinearAttentionVReorderBase.modify_tensors``), where
     there are more v heads than k heads: the v rows of in_proj_qkv and conv1d, the rows of in_proj_z /
-    in_proj_b / in_proj_a, A_log and dt_bias, the columns of out_proj."""
+    in_proj_b / in_proj_a, A_log and dt_bias, the columns of out_proj. ``undo``: tiled back to grouped
+    (the same swap with the (k, r) grid read as (r, k))."""
     nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     if nk == nv:
         return state
     dv, qk = cfg["linear_value_head_dim"], 2 * nk * cfg["linear_key_head_dim"]
+    nk = nv // nk if undo else nk
     out = {}
     for name, t in state.items():
         if ".linear_attn." in name:
@@ -97,17 +101,60 @@ def converted_tensors(state: dict[str, np.ndarray], cfg: dict[str, Any]) -> Iter
         yield stem, np.stack([per_expert[e] for e in range(len(per_expert))])
 
 
+def _stored_type(hf_name: str, values: np.ndarray, qtype: Q) -> Q:
+    """The type a tensor is written in: F32 for 1-D tensors, the routers, conv1d, A_log, dt_bias and rows
+    off the block size (as llama.cpp's quantizer keeps them), else ``qtype``."""
+    if values.ndim == 1 or any(p in hf_name for p in _F32_PARTS):
+        return Q.F32
+    return qtype if values.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0 else Q.F32
+
+
+def quantized_hf_state(model_dir: Path, arch: str, qtype: Q) -> dict[str, np.ndarray]:
+    """The Qwen3.5 checkpoint's parameters as a ``qtype`` file written by :func:`write_qwen3next_gguf` holds
+    them, back in Hugging Face's layout: each quantized matrix through gguf.quants' quantize and dequantize
+    in the file's (tiled) layout, then untiled (what transformers runs as the quantized file's reference)."""
+    assert arch in ("qwen35", "qwen35moe") and qtype in (Q.Q8_0, Q.Q4_0)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    state = tiled_v_heads(
+        {k: v.astype(np.float32) for k, v in load_file(model_dir / "model.safetensors").items()}, cfg
+    )
+    for name, values in state.items():
+        if _stored_type(name, values, qtype) != Q.F32:
+            rows = values.reshape(-1, values.shape[-1])
+            state[name] = gguf.quants.dequantize(gguf.quants.quantize(rows, qtype), qtype).reshape(
+                values.shape
+            )
+    return tiled_v_heads(state, cfg, undo=True)
+
+
+def _add_mtp_block(writer: gguf.GGUFWriter, bid: int, hidden: int, rng: np.random.Generator) -> None:
+    """A multi-token-prediction block after the last layer, as _Qwen35MtpMixin writes one (random values:
+    the engine must not read it)."""
+    writer.add_nextn_predict_layers(1)
+    for kind, shape in (("NEXTN_EH_PROJ", (hidden, 2 * hidden)), ("NEXTN_ENORM", (hidden,)),
+                        ("NEXTN_HNORM", (hidden,)), ("NEXTN_SHARED_HEAD_NORM", (hidden,)),
+                        ("ATTN_NORM", (hidden,))):  # fmt: skip
+        name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR[kind]].format(bid=bid) + ".weight"
+        writer.add_tensor(name, rng.standard_normal(shape, dtype=np.float32))
+
+
 def write_qwen3next_gguf(
-    path: Path, model_dir: Path, qtype: Q = Q.F32, drop: tuple[str, ...] = (), arch: str = "qwen3next"
+    path: Path,
+    model_dir: Path,
+    qtype: Q = Q.F32,
+    drop: tuple[str, ...] = (),
+    arch: str = "qwen3next",
+    mtp: bool = False,
 ) -> None:
     """Write the Qwen3-Next (``arch`` "qwen3next") or Qwen3.5 ("qwen35", "qwen35moe") checkpoint in
     ``model_dir`` as ``path`` (tensors whose GGUF name contains one of ``drop`` left out: the
-    unsupported-variant tests)."""
+    unsupported-variant tests; ``mtp``: with a trailing multi-token-prediction block, as the converter
+    writes a Qwen3.5 whose config has ``mtp_num_hidden_layers``)."""
     cfg = json.loads((model_dir / "config.json").read_text())
     layers = cfg["num_hidden_layers"]
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name(f"tiny-{arch}")
-    writer.add_block_count(layers)
+    writer.add_block_count(layers + int(mtp))
     writer.add_context_length(cfg["max_position_embeddings"])
     writer.add_embedding_length(cfg["hidden_size"])
     if "intermediate_size" in cfg:  # Qwen3.5-MoE has none: the converter then writes no feed_forward_length
@@ -148,13 +195,15 @@ def write_qwen3next_gguf(
             continue
         if name.endswith("ffn_gate_inp_shexp.weight"):
             values = values.reshape(-1)  # written as {H}, as llama.cpp reads it
-        if values.ndim == 1 or any(p in hf for p in _F32_PARTS):
+        want = _stored_type(hf, values, qtype)
+        if want == Q.F32:
             writer.add_tensor(name, np.ascontiguousarray(values))
             continue
         lead = values.shape[:-1]
-        want = qtype if values.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0 else Q.F32  # as llama.cpp
-        data, raw = encode_tensor(values.reshape(-1, values.shape[-1]), want, rng)  # falls back off-block
+        data, raw = encode_tensor(values.reshape(-1, values.shape[-1]), want, rng)
         writer.add_tensor(name, data.reshape(*lead, -1), raw_dtype=raw)
+    if mtp:
+        _add_mtp_block(writer, layers, cfg["hidden_size"], rng)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

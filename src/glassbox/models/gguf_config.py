@@ -19,9 +19,9 @@ import numpy as np
 
 from glassbox.models.families import family_of_gguf, family_of_type, gguf_architectures
 from glassbox.models.gguf_hybrid import (
-    EXPERTS_ONLY_ARCHITECTURES,
     GATED_QUERY_ARCHITECTURES,
     HYBRID_GGUF_ARCHITECTURES,
+    NO_DENSE_FFN,
     hybrid_fields,
 )
 from glassbox.models.gguf_moe import moe_fields
@@ -129,7 +129,7 @@ def build_config(
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "intermediate_size": int(get("feed_forward_length", 0 if arch in EXPERTS_ONLY_ARCHITECTURES else _MISSING)),
+        "intermediate_size": int(get("feed_forward_length", 0 if arch in NO_DENSE_FFN else _MISSING)),
         "vocab_size": _vocab_size(get, shapes, metadata),
         "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
         "rope_theta": rope_theta,

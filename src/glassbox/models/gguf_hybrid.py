@@ -52,7 +52,7 @@ HYBRID_GGUF_ARCHITECTURES = frozenset({QWEN3NEXT, QWEN35, QWEN35MOE})
 # its attn_q holds each head's query and output gate: 2 x heads x head_dim rows
 GATED_QUERY_ARCHITECTURES = frozenset({QWEN3NEXT, QWEN35, QWEN35MOE})
 # no dense FFN anywhere: the converter writes no feed_forward_length (Qwen3_5MoeTextConfig has none)
-EXPERTS_ONLY_ARCHITECTURES = frozenset({QWEN35MOE})
+NO_DENSE_FFN = frozenset({QWEN35MOE})
 
 # GGUF part -> Hugging Face path within a layer (beside gguf_names.LAYER_NAMES, less its ffn_norm)
 QWEN3NEXT_LAYER_NAMES = {
@@ -90,7 +90,8 @@ def hybrid_fields(
     """The HF config keys (Qwen3NextConfig's / Qwen3_5TextConfig's spelling) of a ``qwen3next`` / ``qwen35``
     / ``qwen35moe`` file, as llama.cpp runs it (``get(key, default)`` reads ``<arch>.<key>``; ``config``: the
     dense keys already read)."""
-    layers = int(config["num_hidden_layers"]) - int(get("nextn_predict_layers", 0) or 0)  # less the MTP blocks
+    mtp_blocks = int(get("nextn_predict_layers", 0) or 0)  # trailing blocks, not read (mtp_layer)
+    layers = int(config["num_hidden_layers"]) - mtp_blocks
     k_heads, v_heads = int(get("ssm.group_count")), int(get("ssm.time_step_rank"))
     inner = int(get("ssm.inner_size"))
     if k_heads <= 0 or v_heads % k_heads or inner % v_heads:
