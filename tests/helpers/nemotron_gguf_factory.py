@@ -153,6 +153,6 @@ def quantized_hf_state(model_dir: Path, qtype: Q) -> dict[str, np.ndarray]:
     state = {k: v.astype(np.float32) for k, v in load_file(model_dir / "model.safetensors").items()}
     for name, values in state.items():
         if stored_type(name, values, qtype) != Q.F32:
-            rows = values.reshape(-1, values.shape[-1])
-            state[name] = gguf.quants.dequantize(gguf.quants.quantize(rows, qtype), qtype).reshape(values.shape)
+            blocks = gguf.quants.quantize(values.reshape(-1, values.shape[-1]), qtype)
+            state[name] = gguf.quants.dequantize(blocks, qtype).reshape(values.shape)
     return state
