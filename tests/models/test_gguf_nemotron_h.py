@@ -28,8 +28,10 @@ from test_hybrid_parity import LP_TOL, prompts_of
 from tiny_models import greedy_continuation
 
 from glassbox import LLM, SamplingParams
+from glassbox.kernels import native
 from glassbox.models.gguf_reader import open_gguf
 from glassbox.perf.model_presets import load_model_facts
+from glassbox.quant.blocks.linear import BlockQuantLinear
 
 SHAPES = {
     "dense": {"hybrid_override_pattern": "M-M*M-"},
@@ -125,6 +127,23 @@ def test_quantized_file_like_transformers_on_its_dequantized_weights(
         assert out.token_ids == toks
         assert out.logprobs is not None
         assert max(abs(out.logprobs[j][t] - lps[j]) for j, t in enumerate(toks)) < LP_TOL
+
+
+@pytest.mark.skipif(not native.compiler(), reason="the block kernels need a C compiler")
+def test_bf16_runs_the_quantized_moe_file(models: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+    """bf16 (the engine's packed mode, the default dtype of a quantized file): the Mamba-2, attention and
+    latent projections stay in the file's Q8_0 blocks (q/k rows un-permuted as blocks); the stacked experts,
+    which NemotronHExperts holds as parameters, are dequantized into them; the model generates."""
+    d, _ = models["moe"]
+    path = tmp_path / "nemotron-moe-q8_0.gguf"
+    write_nemotron_h_gguf(path, d, Q.Q8_0)
+    llm = LLM(model=str(path))
+    model = llm.engine.executor.model
+    for name in ("0.mixer.in_proj", "0.mixer.out_proj", "1.mixer.fc1_latent_proj", "2.mixer.k_proj"):
+        assert isinstance(model.get_submodule(f"model.layers.{name}"), BlockQuantLinear), name
+    assert model.get_submodule("model.layers.1.mixer.experts").up_proj.dtype == torch.bfloat16
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].token_ids) == 4
 
 
 @pytest.mark.parametrize("kind", SHAPES)

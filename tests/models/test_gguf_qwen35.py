@@ -30,6 +30,7 @@ from glassbox import LLM, SamplingParams
 from glassbox.kernels import native
 from glassbox.models.config_reader import facts_from_gguf
 from glassbox.models.gguf_reader import open_gguf
+from glassbox.perf.model_presets import load_model_facts
 from glassbox.quant.blocks.linear import BlockQuantLinear
 
 HF_TYPES = {"qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
@@ -149,3 +150,17 @@ def test_unsupported_qwen35_variants_refused(
     write_qwen3next_gguf(path, d, drop=(drop,), arch=arch)
     with pytest.raises(ValueError, match=message):
         LLM(model=str(path), dtype="float32")
+
+
+@pytest.mark.parametrize("arch", HF_TYPES)
+def test_plan_facts_of_the_file_are_the_checkpoints(models: dict[str, tuple[Path, Path]], arch: str) -> None:
+    """What ``glassbox plan FILE.gguf`` reads: transformers' own parameter count of the checkpoint, and the
+    layer kinds and state bytes per sequence of its config.json."""
+    import transformers as tf
+
+    d, path = models[arch]
+    facts, from_config = load_model_facts(str(path)), load_model_facts(str(d))
+    model = tf.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    assert facts.total_params == sum(p.numel() for p in model.parameters())
+    assert facts.state_bytes_per_seq == from_config.state_bytes_per_seq
+    assert facts.layer_mixers == from_config.layer_mixers
