@@ -76,14 +76,15 @@ def converted_tensors(state: dict[str, np.ndarray], cfg: dict[str, Any]) -> Iter
 
 
 def _add_metadata(writer: gguf.GGUFWriter, cfg: dict[str, Any], pattern: str, moe: bool) -> None:
+    """``pattern``: the layers' kinds, and "X" for a trailing MTP block (attention and MoE both)."""
     layers = len(pattern)
     writer.add_block_count(layers)
     writer.add_context_length(2**20)  # GraniteHybridModel: no rope, so "any length"
     writer.add_embedding_length(cfg["hidden_size"])
     ffn_kind, ffn = ("E", cfg["moe_intermediate_size"]) if moe else ("-", cfg["intermediate_size"])
-    writer.add_feed_forward_length([ffn if k == ffn_kind else 0 for k in pattern])
+    writer.add_feed_forward_length([ffn if k in (ffn_kind, "X") else 0 for k in pattern])
     writer.add_head_count(cfg["num_attention_heads"])
-    writer.add_head_count_kv([cfg["num_key_value_heads"] if k == "*" else 0 for k in pattern])
+    writer.add_head_count_kv([cfg["num_key_value_heads"] if k in "*X" else 0 for k in pattern])
     writer.add_key_length(cfg["head_dim"])
     writer.add_value_length(cfg["head_dim"])
     writer.add_layer_norm_eps(cfg["layer_norm_epsilon"])
@@ -104,6 +105,16 @@ def _add_metadata(writer: gguf.GGUFWriter, cfg: dict[str, Any], pattern: str, mo
         writer.add_expert_group_count(cfg["n_group"])
         if cfg.get("moe_latent_size") is not None:
             writer.add_moe_latent_size(cfg["moe_latent_size"])
+    if pattern.endswith("X"):
+        writer.add_nextn_predict_layers(1)
+
+
+def _add_mtp_block(writer: gguf.GGUFWriter, bid: int, cfg: dict[str, Any], rng: np.random.Generator) -> None:
+    """Some of a Nemotron 3 MTP block's tensors (random: the engine must not read them)."""
+    h, q = cfg["hidden_size"], cfg["num_attention_heads"] * cfg["head_dim"]
+    for name, shape in ((f"blk.{bid}.nextn.eh_proj.weight", (h, 2 * h)), (f"blk.{bid}.attn_norm.weight", (h,)),
+                        (f"blk.{bid}.attn_q.weight", (q, h)), (f"blk.{bid}.ffn_gate_inp.weight", (8, h))):  # fmt: skip
+        writer.add_tensor(name, rng.standard_normal(shape, dtype=np.float32))
 
 
 def stored_type(name: str, values: np.ndarray, qtype: Q) -> Q:
@@ -114,16 +125,20 @@ def stored_type(name: str, values: np.ndarray, qtype: Q) -> Q:
     return qtype if values.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0 else Q.F32
 
 
-def write_nemotron_h_gguf(path: Path, model_dir: Path, qtype: Q = Q.F32, drop: tuple[str, ...] = ()) -> str:
+def write_nemotron_h_gguf(
+    path: Path, model_dir: Path, qtype: Q = Q.F32, drop: tuple[str, ...] = (), mtp: bool = False
+) -> str:
     """Write the Nemotron-H checkpoint in ``model_dir`` as ``path`` (tensors whose GGUF name contains one
-    of ``drop`` left out); returns the architecture written."""
+    of ``drop`` left out; ``mtp``: with a trailing MTP block, as the converter writes a Nemotron 3 whose
+    config has ``num_nextn_predict_layers``); returns the architecture written."""
     cfg = json.loads((model_dir / "config.json").read_text())
     pattern = pattern_of(cfg)
     moe = "E" in pattern
+    assert moe or not mtp, "the converter writes an MTP block for the MoE variant only"
     arch = gguf.MODEL_ARCH.NEMOTRON_H_MOE if moe else gguf.MODEL_ARCH.NEMOTRON_H
     writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
     writer.add_name("tiny-nemotron-h")
-    _add_metadata(writer, cfg, pattern, moe)
+    _add_metadata(writer, cfg, pattern + "X" * mtp, moe)
     add_tiny_vocab(writer, cfg["vocab_size"])
     names = gguf.get_tensor_name_map(arch, len(pattern))
     state = {k: v.astype(np.float32) for k, v in load_file(model_dir / "model.safetensors").items()}
@@ -139,6 +154,8 @@ def write_nemotron_h_gguf(path: Path, model_dir: Path, qtype: Q = Q.F32, drop: t
             continue
         data, raw = encode_tensor(values.reshape(-1, values.shape[-1]), want, rng)
         writer.add_tensor(mapped, data.reshape(*values.shape[:-1], -1), raw_dtype=raw)
+    if mtp:
+        _add_mtp_block(writer, len(pattern), cfg, rng)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from glassbox.models.gguf_nemotron_h import NEMOTRON_H_ARCHITECTURES
 from glassbox.models.hybrid_config import SPLIT_PROJECTIONS_KEY, TILED_V_HEADS_KEY
 
 T = TypeVar("T")
@@ -131,9 +132,11 @@ def hybrid_fields(
 
 def mtp_layer(arch: str, gguf_name: str, metadata: dict[str, Any]) -> bool:
     """Whether ``gguf_name`` belongs to one of the trailing multi-token-prediction blocks of a hybrid file
-    (``<arch>.nextn_predict_layers`` of ``<arch>.block_count``), which the engine does not read."""
+    (``<arch>.nextn_predict_layers`` of ``<arch>.block_count``; Qwen3.5's, Nemotron 3's), which the engine
+    does not read."""
     nextn = int(metadata.get(f"{arch}.nextn_predict_layers", 0) or 0)
-    if arch not in HYBRID_GGUF_ARCHITECTURES or not nextn or not gguf_name.startswith("blk."):
+    hybrid = arch in HYBRID_GGUF_ARCHITECTURES or arch in NEMOTRON_H_ARCHITECTURES
+    if not hybrid or not nextn or not gguf_name.startswith("blk."):
         return False
     return int(gguf_name.split(".")[1]) >= int(metadata[f"{arch}.block_count"]) - nextn
 

@@ -1,6 +1,7 @@
 """GGUF files of Nemotron-H under llama.cpp's names: ``nemotron_h`` (Mamba-2, attention and squared-ReLU MLP
 blocks: Nemotron-H, Nemotron Nano 2) and ``nemotron_h_moe`` (Mamba-2, attention and routed MoE blocks,
-Nemotron 3's latent MoE where the file has ``moe_latent_size``), both NemotronHForCausalLM.
+Nemotron 3's latent MoE where the file has ``moe_latent_size``), both NemotronHForCausalLM. A trailing
+multi-token-prediction block (``nextn_predict_layers``, Nemotron 3's) is not read (gguf_hybrid.mtp_layer).
 
 llama.cpp's converter (convert_hf_to_gguf.py ``NemotronHModel`` over ``GraniteHybridModel`` over
 ``Mamba2Model``; ``nemotron_h_moe`` where the config has ``num_experts_per_tok``) writes:
@@ -16,13 +17,14 @@ llama.cpp's converter (convert_hf_to_gguf.py ``NemotronHModel`` over ``GraniteHy
   embedding, so llama.cpp never needs them back): read back in Hugging Face's order by gguf_reader's
   row un-permutation (a row permutation: exact on quantized blocks too).
 
-Layer kinds as llama.cpp tells them (llama-model.cpp, LLM_ARCH_NEMOTRON_H[_MOE]): ``head_count_kv[i] > 0``
-attention, else ``feed_forward_length[i] > 0`` the MLP (``nemotron_h``) or MoE (``nemotron_h_moe``) block,
-else Mamba-2. llama.cpp does not clamp dt in its scan (``time_step_min`` 0 here; transformers clamps prompt
-rows at the config's 1e-3, a bound softplus outputs of a trained model do not reach) and the chunk length is
-not in the file (transformers' default 128: it orders the sums, it does not change the result). Refused with
+Layer kinds as llama.cpp tells them (src/models/nemotron-h.cpp): Mamba-2 where ``head_count_kv[i]`` and
+``feed_forward_length[i]`` are both 0, attention where only the latter is, else the MoE block where the
+block has a router (``ffn_gate_inp``), the MLP where not. llama.cpp does not clamp dt in its scan (``time_step_min`` 0 here, as llama.cpp runs the file;
+transformers clamps prompt rows at the config's time_step_min, 1e-3 by default, so the two differ only
+where softplus(dt + dt_bias) < 1e-3: the tests' models stay far above it) and the chunk length is not in
+the file (transformers' default 128: it orders the sums, it does not change the result). Refused with
 one message each: a layer whose tensors are not of its kind, a grouped router (``expert_group_count`` > 1)
-without ``expert_group_used_count``, a multi-token-prediction block (``nextn_predict_layers``). Torch-free.
+without ``expert_group_used_count``. Torch-free.
 """
 
 from __future__ import annotations
@@ -80,9 +82,13 @@ def _per_layer(value: Any, layers: int, key: str) -> list[int]:
 
 
 def _pattern(arch: str, kv: list[int], ffn: list[int], shapes: dict[str, tuple[int, ...]]) -> str:
-    """``hybrid_override_pattern`` as llama.cpp reads the layer kinds, each checked against its tensors."""
-    ffn_kind = "E" if arch == NEMOTRON_H_MOE else "-"
-    kinds = "".join("*" if k else ffn_kind if f else "M" for k, f in zip(kv, ffn, strict=True))
+    """``hybrid_override_pattern`` as llama.cpp reads the layer kinds (models/nemotron-h.cpp: recurrent where
+    head_count_kv and feed_forward_length are both 0, else attention where feed_forward_length is 0, else
+    the MoE where the block has a router, else the MLP), each checked against its tensors."""
+    kinds = "".join(
+        ("M" if not k else "*") if not f else "E" if f"blk.{i}.ffn_gate_inp.weight" in shapes else "-"
+        for i, (k, f) in enumerate(zip(kv, ffn, strict=True))
+    )
     for i, kind in enumerate(kinds):
         if f"blk.{i}.{_KIND_TENSOR[kind]}.weight" not in shapes:
             raise ValueError(
@@ -106,11 +112,10 @@ def nemotron_h_config(
             raise ValueError(f"GGUF metadata lacks {key}, which a {arch} model needs")
         return default
 
-    if int(get("nextn_predict_layers", 0) or 0):
-        raise ValueError(f"GGUF {arch} file holds a multi-token-prediction block; not read yet")
-    layers = int(get("block_count"))
-    kv = _per_layer(get("attention.head_count_kv"), layers, f"{arch}.attention.head_count_kv")
-    ffn = _per_layer(get("feed_forward_length"), layers, f"{arch}.feed_forward_length")
+    blocks = int(get("block_count"))
+    layers = blocks - int(get("nextn_predict_layers", 0) or 0)  # less the MTP block (gguf_hybrid.mtp_layer)
+    kv = _per_layer(get("attention.head_count_kv"), blocks, f"{arch}.attention.head_count_kv")[:layers]
+    ffn = _per_layer(get("feed_forward_length"), blocks, f"{arch}.feed_forward_length")[:layers]
     pattern = _pattern(arch, kv, ffn, shapes)
     heads = int(get("attention.head_count"))
     q = next((shapes[f"blk.{i}.attn_q.weight"] for i, k in enumerate(pattern) if k == "*"), None)
