@@ -77,8 +77,13 @@ def test_tensors_held_in_the_files_tiled_v_head_order(
     assert facts.hybrid is not None and facts.hybrid.gdn is not None and facts.hybrid.gdn.tiled_v_heads
 
 
+@pytest.mark.parametrize("kernels", ["native", "torch"])
 @pytest.mark.parametrize("arch", HF_TYPES)
-def test_float32_file_greedy_like_transformers(models: dict[str, tuple[Path, Path]], arch: str) -> None:
+def test_float32_file_greedy_like_transformers(
+    models: dict[str, tuple[Path, Path]], arch: str, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both CPU paths (the decode recurrence in C, the PyTorch ops) read the tiled v heads."""
+    monkeypatch.setenv("GLASSBOX_CPU_KERNELS", kernels)
     d, path = models[arch]
     prompts = prompts_of(d)[:4]
     ref = reference(d, prompts, 8)
