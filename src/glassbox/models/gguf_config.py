@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 # llama.cpp interleaves the rotary pairs of Q/K rows (its "normal" rope) for these; qwen2/qwen3 use the
 # NEOX rope, whose half-split layout is transformers' own, so their rows are stored unchanged.
-# Nemotron-H's converter permutes them as for llama too (GraniteHybridModel's undo_permute), unrotated as they are
+# Nemotron-H's converter permutes them as for llama too (GraniteHybridModel's undo_permute), unrotated
+# as they are
 PERMUTED_QK_ARCHITECTURES = frozenset({"llama", "mistral", "nemotron_h", "nemotron_h_moe"})
 # llama.cpp's converter stores Gemma's (1 + w) RMSNorm weights with the 1 added (every tensor whose HF name
 # ends in "norm.weight"); the reader subtracts it again so that the tensors equal the HF parameters.

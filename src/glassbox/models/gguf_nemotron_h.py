@@ -12,14 +12,16 @@ llama.cpp's converter (convert_hf_to_gguf.py ``NemotronHModel`` over ``GraniteHy
   ``exp_probs_b.bias``; norms as stored (no + 1);
 - ``A_log`` as ``ssm_a`` = -exp(A_log) of shape (H, 1) and ``D`` as ``ssm_d`` (H, 1) (no ``.weight``),
   ``dt_bias`` as ``ssm_dt.bias``, ``conv1d`` squeezed to (C, K), the gated norm (d_inner,) as
-  (n_groups, d_inner / n_groups): undone here (:func:`as_hf_values`);
+  (n_groups, d_inner / n_groups): undone here (:func:`nemotron_h_values`);
 - the attention's q/k rows permuted per head as for llama (``undo_permute``; the layers have no rotary
   embedding, so llama.cpp never needs them back): read back in Hugging Face's order by gguf_reader's
   row un-permutation (a row permutation: exact on quantized blocks too).
 
 Layer kinds as llama.cpp tells them (src/models/nemotron-h.cpp): Mamba-2 where ``head_count_kv[i]`` and
 ``feed_forward_length[i]`` are both 0, attention where only the latter is, else the MoE block where the
-block has a router (``ffn_gate_inp``), the MLP where not. llama.cpp does not clamp dt in its scan (``time_step_min`` 0 here, as llama.cpp runs the file;
+block has a router (``ffn_gate_inp``), the MLP where not.
+
+llama.cpp does not clamp dt in its scan (``time_step_min`` 0 here, as llama.cpp runs the file;
 transformers clamps prompt rows at the config's time_step_min, 1e-3 by default, so the two differ only
 where softplus(dt + dt_bias) < 1e-3: the tests' models stay far above it) and the chunk length is not in
 the file (transformers' default 128: it orders the sums, it does not change the result). Refused with
