@@ -138,6 +138,18 @@ def _add_mtp_block(writer: gguf.GGUFWriter, bid: int, hidden: int, rng: np.rando
         writer.add_tensor(name, rng.standard_normal(shape, dtype=np.float32))
 
 
+class _Writer(gguf.GGUFWriter):
+    """gguf's writer, leaving out the metadata keys in ``skip`` (the missing-key tests)."""
+
+    def __init__(self, path: Path, arch: str, skip: tuple[str, ...]) -> None:
+        self.skip = skip  # before the base class writes general.architecture
+        super().__init__(path, arch)
+
+    def add_key_value(self, key: str, val: Any, vtype: Any, sub_type: Any = None) -> None:
+        if key not in self.skip:
+            super().add_key_value(key, val, vtype, sub_type)
+
+
 def write_qwen3next_gguf(
     path: Path,
     model_dir: Path,
@@ -145,14 +157,15 @@ def write_qwen3next_gguf(
     drop: tuple[str, ...] = (),
     arch: str = "qwen3next",
     mtp: bool = False,
+    drop_keys: tuple[str, ...] = (),
 ) -> None:
     """Write the Qwen3-Next (``arch`` "qwen3next") or Qwen3.5 ("qwen35", "qwen35moe") checkpoint in
-    ``model_dir`` as ``path`` (tensors whose GGUF name contains one of ``drop`` left out: the
-    unsupported-variant tests; ``mtp``: with a trailing multi-token-prediction block, as the converter
-    writes a Qwen3.5 whose config has ``mtp_num_hidden_layers``)."""
+    ``model_dir`` as ``path`` (tensors whose GGUF name contains one of ``drop`` and the metadata keys in
+    ``drop_keys`` left out: the unsupported-variant tests; ``mtp``: with a trailing multi-token-prediction
+    block, as the converter writes a Qwen3.5 whose config has ``mtp_num_hidden_layers``)."""
     cfg = json.loads((model_dir / "config.json").read_text())
     layers = cfg["num_hidden_layers"]
-    writer = gguf.GGUFWriter(path, arch)
+    writer = _Writer(path, arch, drop_keys)
     writer.add_name(f"tiny-{arch}")
     writer.add_block_count(layers + int(mtp))
     writer.add_context_length(cfg["max_position_embeddings"])

@@ -140,6 +140,16 @@ def test_bf16_holds_the_tiled_blocks_as_stored(models: dict[str, tuple[Path, Pat
     assert len(out[0].token_ids) == 4
 
 
+def test_a_missing_metadata_key_is_named(models: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+    """A key the model needs (the linear attention's key-head count) left out of the file: one message
+    naming it."""
+    d, _ = models["qwen35"]
+    path = tmp_path / "no-group-count.gguf"
+    write_qwen3next_gguf(path, d, arch="qwen35", drop_keys=("qwen35.ssm.group_count",))
+    with pytest.raises(ValueError, match=r"GGUF metadata lacks qwen35\.ssm\.group_count"):
+        LLM(model=str(path), dtype="float32")
+
+
 @pytest.mark.parametrize(
     ("arch", "drop", "message"),
     [
