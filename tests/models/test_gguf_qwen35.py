@@ -52,6 +52,17 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     return out
 
 
+_REFS: dict[Path, list[tuple[list[int], list[float]]]] = {}
+
+
+def _reference(d: Path) -> tuple[list[list[int]], list[tuple[list[int], list[float]]]]:
+    """Four prompts (1-70 tokens) and transformers' greedy continuations, computed once per model."""
+    prompts = prompts_of(d)[:4]
+    if d not in _REFS:
+        _REFS[d] = reference(d, prompts, 8)
+    return prompts, _REFS[d]
+
+
 @pytest.mark.parametrize("arch", HF_TYPES)
 def test_tensors_held_in_the_files_tiled_v_head_order(
     models: dict[str, tuple[Path, Path]], arch: str
@@ -85,8 +96,7 @@ def test_float32_file_greedy_like_transformers(
     """Both CPU paths (the decode recurrence in C, the PyTorch ops) read the tiled v heads."""
     monkeypatch.setenv("GLASSBOX_CPU_KERNELS", kernels)
     d, path = models[arch]
-    prompts = prompts_of(d)[:4]
-    ref = reference(d, prompts, 8)
+    prompts, ref = _reference(d)
     llm = LLM(model=str(path), dtype="float32", max_num_batched_tokens=32)  # chunked prefill of the longer
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
     for out, (toks, lps) in zip(llm.generate(prompts, params), ref, strict=True):
