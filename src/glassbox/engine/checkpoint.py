@@ -81,6 +81,8 @@ def gguf_experts(gguf: GGUFCheckpoint, whole: bool = False) -> tuple[dict[str, H
     (quant/formats.py ``kept_ggml_types``), by module name, and the tensor names taken (quant/blocks/gguf_experts.py)."""
     stacked: dict[str, dict[str, list[ExpertMatrix]]] = {}
     for name, ggml_type, raw, shape in gguf.stored_tensors(set(kept_ggml_types(triton=whole)), ndim=3):
+        if not name.endswith(".weight"):  # a plain stacked parameter (Nemotron-H's experts): held as floats
+            continue
         module, _, proj = name.removesuffix(".weight").rpartition(".")
         stacked.setdefault(module, {})[proj] = [
             gguf_matrix(ggml_type, raw[e], shape[1:]) for e in range(shape[0])

@@ -3,7 +3,8 @@ cache (layers/state_cache.py).
 
 x -> [q | k | v] (through the causal conv + SiLU), z (output gate), b (write strength: beta = sigmoid(b)),
 a (decay: g = -exp(A_log) softplus(a + dt_bias)); q and k L2-normalized per head, q scaled by
-head_k_dim ** -0.5, each q/k head shared by num_v_heads // num_k_heads consecutive v heads; the gated
+head_k_dim ** -0.5, each q/k head shared by num_v_heads // num_k_heads consecutive v heads (or, in the
+tiled order of llama.cpp's Qwen3.5 files, by every num_k_heads-th: GatedDeltaNetShape.tiled_v_heads); the gated
 delta rule (layers/gated_delta_rule.py) per v head; RMSNorm of each head's output times SiLU(z); out_proj.
 Qwen3-Next stores the input projections fused per k head (in_proj_qkvz: [q, k, v group, z group] rows of
 each k head in turn; in_proj_ba alike), Qwen3.5 as four linears.
@@ -73,6 +74,11 @@ class GatedDeltaNet(nn.Module):
         nv = s.num_v_heads
         return mixed, z.reshape(t, nv, s.head_v_dim), b.reshape(t, nv), a.reshape(t, nv)
 
+    def _per_v_head(self, x: torch.Tensor) -> torch.Tensor:  # (T, nk, dk) -> (T, nv, dk)
+        """The q/k head each v head reads: grouped (v head j: k head j // r) or tiled (j % nk)."""
+        r = self.shape.num_v_heads // self.shape.num_k_heads
+        return x.repeat(1, r, 1) if self.shape.tiled_v_heads else x.repeat_interleave(r, dim=1)
+
     def forward(
         self,
         x: torch.Tensor,  # (T, hidden) normed
@@ -96,10 +102,9 @@ class GatedDeltaNet(nn.Module):
             conv_out[rows], new = conv_prompt(mixed[rows], before, weight, None)
             windows[p.slot] = new
         q, k, v = conv_out.split([s.key_dim, s.key_dim, s.value_dim], dim=-1)
-        r = s.num_v_heads // s.num_k_heads
         # float32 from here to the norm, each q/k head repeated for its r v heads
-        q = l2_normalize(q.float().view(t, s.num_k_heads, s.head_k_dim)).repeat_interleave(r, dim=1)
-        k = l2_normalize(k.float().view(t, s.num_k_heads, s.head_k_dim)).repeat_interleave(r, dim=1)
+        q = self._per_v_head(l2_normalize(q.float().view(t, s.num_k_heads, s.head_k_dim)))
+        k = self._per_v_head(l2_normalize(k.float().view(t, s.num_k_heads, s.head_k_dim)))
         q = q * s.head_k_dim**-0.5
         v = v.float().view(t, s.num_v_heads, s.head_v_dim)
         beta = b.float().sigmoid()

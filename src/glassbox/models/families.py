@@ -88,10 +88,10 @@ FAMILIES: dict[str, Family] = {
         ),
         # hybrid: a recurrent state beside the KV (layers/state_cache.py); decode recurrences in C
         Family("Qwen3NextForCausalLM", "qwen3_next", _QWEN_NEXT, "qwen3next", _HYBRID_CPU),  # Gated DeltaNet + gated attention
-        Family("Qwen3_5ForCausalLM", "qwen3_5_text", _QWEN_NEXT, None, _HYBRID_CPU),
-        Family("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", _QWEN_NEXT, None, _HYBRID_CPU),
+        Family("Qwen3_5ForCausalLM", "qwen3_5_text", _QWEN_NEXT, "qwen35", _HYBRID_CPU),
+        Family("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", _QWEN_NEXT, "qwen35moe", _HYBRID_CPU),
         # Mamba-2 + attention + MLP/MoE (models/nemotron_h.py)
-        Family("NemotronHForCausalLM", "nemotron_h", "glassbox.models.nemotron_h:NemotronHForCausalLM", None, _HYBRID_CPU),
+        Family("NemotronHForCausalLM", "nemotron_h", "glassbox.models.nemotron_h:NemotronHForCausalLM", "nemotron_h", _HYBRID_CPU),
         # encoders (models/bert.py), served by the embedding runner
         Family("BertModel", "bert", "glassbox.models.bert:BertModel", task="embed"),
         Family("BertForSequenceClassification", "bert", "glassbox.models.bert:BertForSequenceClassification",
@@ -102,6 +102,8 @@ FAMILIES: dict[str, Family] = {
 _DECODERS = [f for f in FAMILIES.values() if f.task == "generate"]
 _BY_TYPE = {t: f for f in _DECODERS for t in (f.model_type, *f.aliases)}
 _BY_GGUF = {f.gguf: f for f in _DECODERS if f.gguf is not None}
+# other GGUF architectures llama.cpp writes for a family: Nemotron-H with routed experts (Nemotron 3)
+_BY_GGUF["nemotron_h_moe"] = _BY_GGUF["nemotron_h"]
 _BY_BASE = {f.base_model: f for f in _DECODERS if f.base_model is not None}
 
 

@@ -18,14 +18,21 @@ from typing import Any
 import numpy as np
 
 from glassbox.models.families import family_of_gguf, family_of_type, gguf_architectures
-from glassbox.models.gguf_hybrid import GATED_QUERY_ARCHITECTURES, HYBRID_GGUF_ARCHITECTURES, hybrid_fields
+from glassbox.models.gguf_hybrid import (
+    GATED_QUERY_ARCHITECTURES,
+    HYBRID_GGUF_ARCHITECTURES,
+    NO_DENSE_FFN,
+    hybrid_fields,
+)
 from glassbox.models.gguf_moe import moe_fields
 
 logger = logging.getLogger(__name__)
 
 # llama.cpp interleaves the rotary pairs of Q/K rows (its "normal" rope) for these; qwen2/qwen3 use the
 # NEOX rope, whose half-split layout is transformers' own, so their rows are stored unchanged.
-PERMUTED_QK_ARCHITECTURES = frozenset({"llama", "mistral"})
+# Nemotron-H's converter permutes them as for llama too (GraniteHybridModel's undo_permute), unrotated
+# as they are
+PERMUTED_QK_ARCHITECTURES = frozenset({"llama", "mistral", "nemotron_h", "nemotron_h_moe"})
 # llama.cpp's converter stores Gemma's (1 + w) RMSNorm weights with the 1 added (every tensor whose HF name
 # ends in "norm.weight"); the reader subtracts it again so that the tensors equal the HF parameters.
 NORM_OFFSETS = {"gemma3": 1.0}
@@ -124,7 +131,7 @@ def build_config(
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "intermediate_size": int(get("feed_forward_length")),
+        "intermediate_size": int(get("feed_forward_length", 0 if arch in NO_DENSE_FFN else _MISSING)),
         "vocab_size": _vocab_size(get, shapes, metadata),
         "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
         "rope_theta": rope_theta,

@@ -1,4 +1,5 @@
-"""GGUF files of the hybrid families under llama.cpp's names: ``qwen3next`` (Qwen3NextForCausalLM).
+"""GGUF files of the hybrid families under llama.cpp's names: ``qwen3next`` (Qwen3NextForCausalLM),
+``qwen35`` and ``qwen35moe`` (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM).
 
 llama.cpp's converter (convert_hf_to_gguf.py, ``Qwen3NextModel``) writes a Qwen3-Next checkpoint with these
 transforms, which the reader undoes so that every tensor equals the Hugging Face parameter:
@@ -17,9 +18,22 @@ transforms, which the reader undoes so that every tensor equals the Hugging Face
 
 llama.cpp runs every layer as MoE (softmax top-k, renormalized; sigmoid-gated shared expert), the layers
 ``(i + 1) % full_attention_interval == 0`` as attention, and rotates ``rope.dimension_count`` of each head.
-Refused with one message each: the legacy fused ``ssm_in`` layout, a layer without a router, and the other
-hybrid architectures llama.cpp writes (``qwen35``, ``qwen35moe``, ``nemotron_h``: not in the families table's
-GGUF column). Torch-free.
+
+Qwen3.5 (convert_hf_to_gguf.py ``Qwen3_5TextModel`` / ``Qwen3_5MoeTextModel`` over
+``_LinearAttentionVReorderBase`` over ``Qwen3NextModel``): the same norm, ``A_log``, ``dt_bias`` and conv
+transforms on Qwen3.5's split projections (``attn_qkv``, ``attn_gate``, ``ssm_beta``, ``ssm_alpha``), and,
+where there are more v heads than k heads, the v heads moved from Hugging Face's grouped order (v head
+j = g r + i serves k head g) to the tiled order [k0 v0, k1 v0, ..., k0 v1, ...] (v head j serves k head
+j % num_k_heads): the v rows of ``attn_qkv`` and the conv, the rows of ``attn_gate`` / ``ssm_beta`` /
+``ssm_alpha``, ``ssm_a`` and ``ssm_dt``, and the COLUMNS of ``ssm_out``. A column order cannot be undone on
+quantized blocks (a block runs along a row's input dimension), so nothing is undone: the model runs in the
+file's order (:data:`TILED_V_HEADS_KEY` in its config: layers/gated_deltanet.py repeats q/k tiled), and the
+per-head gated norm (one weight for every head) is the same in either order. The dense ``qwen35`` runs
+every layer's dense MLP, ``qwen35moe`` every layer as MoE. Multi-token-prediction blocks (the last
+``nextn_predict_layers`` blocks) are not read (``mtp_layer``).
+
+Refused with one message each: the legacy fused ``ssm_in`` layout, a layer without a router, a v-head
+count that is not a multiple of the k-head count. Torch-free.
 """
 
 from __future__ import annotations
@@ -29,14 +43,17 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from glassbox.models.hybrid_config import SPLIT_PROJECTIONS_KEY
+from glassbox.models.gguf_nemotron_h import NEMOTRON_H_ARCHITECTURES
+from glassbox.models.hybrid_config import SPLIT_PROJECTIONS_KEY, TILED_V_HEADS_KEY
 
 T = TypeVar("T")
 
-QWEN3NEXT = "qwen3next"
-HYBRID_GGUF_ARCHITECTURES = frozenset({QWEN3NEXT})
+QWEN3NEXT, QWEN35, QWEN35MOE = "qwen3next", "qwen35", "qwen35moe"
+HYBRID_GGUF_ARCHITECTURES = frozenset({QWEN3NEXT, QWEN35, QWEN35MOE})
 # its attn_q holds each head's query and output gate: 2 x heads x head_dim rows
-GATED_QUERY_ARCHITECTURES = frozenset({QWEN3NEXT})
+GATED_QUERY_ARCHITECTURES = frozenset({QWEN3NEXT, QWEN35, QWEN35MOE})
+# no dense FFN anywhere: the converter writes no feed_forward_length (Qwen3_5MoeTextConfig has none)
+NO_DENSE_FFN = frozenset({QWEN35MOE})
 
 # GGUF part -> Hugging Face path within a layer (beside gguf_names.LAYER_NAMES, less its ffn_norm)
 QWEN3NEXT_LAYER_NAMES = {
@@ -47,6 +64,12 @@ QWEN3NEXT_LAYER_NAMES = {
     "ssm_conv1d": "linear_attn.conv1d",
     "ssm_norm": "linear_attn.norm",
     "ssm_out": "linear_attn.out_proj",
+}
+# Qwen3.5's four input projections as stored (v heads tiled: see the module docstring)
+QWEN35_LAYER_NAMES = {
+    **{k: v for k, v in QWEN3NEXT_LAYER_NAMES.items() if k != "ssm_ba"},
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
 }
 # GGUF tensor name after "blk.N." -> the whole Hugging Face name after "model.layers.N." (no suffix added)
 QWEN3NEXT_EXACT_NAMES = {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}
@@ -65,23 +88,19 @@ def refused_part(arch: str, part: str) -> str | None:
 def hybrid_fields(
     arch: str, get: Callable[..., Any], shapes: dict[str, tuple[int, ...]], config: dict[str, Any]
 ) -> dict[str, Any]:
-    """The HF config keys (Qwen3NextConfig's spelling) of a ``qwen3next`` file, as llama.cpp runs it
-    (``get(key, default)`` reads ``<arch>.<key>``; ``config``: the dense keys already read)."""
-    layers = int(config["num_hidden_layers"])
-    unrouted = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in shapes]
-    if unrouted:
-        raise ValueError(f"GGUF {arch} file has no router (ffn_gate_inp) in layers {unrouted}; llama.cpp "
-                         "runs every layer of it as MoE")  # fmt: skip
+    """The HF config keys (Qwen3NextConfig's / Qwen3_5TextConfig's spelling) of a ``qwen3next`` / ``qwen35``
+    / ``qwen35moe`` file, as llama.cpp runs it (``get(key, default)`` reads ``<arch>.<key>``; ``config``: the
+    dense keys already read)."""
+    mtp_blocks = int(get("nextn_predict_layers", 0) or 0)  # trailing blocks, not read (mtp_layer)
+    layers = int(config["num_hidden_layers"]) - mtp_blocks
     k_heads, v_heads = int(get("ssm.group_count")), int(get("ssm.time_step_rank"))
     inner = int(get("ssm.inner_size"))
-    if v_heads % k_heads or inner % v_heads:
+    if k_heads <= 0 or v_heads % k_heads or inner % v_heads:
         raise ValueError(f"GGUF {arch}: {v_heads} value heads over {k_heads} key heads, inner size {inner}")
     interval = int(get("full_attention_interval", 4) or 4)
     full = [(i + 1) % interval == 0 for i in range(layers)]
-    used = int(get("expert_used_count"))
-    ffn = int(config["intermediate_size"])
-    shared = int(get("expert_shared_feed_forward_length", ffn) or ffn)
-    return {
+    fields: dict[str, Any] = {
+        "num_hidden_layers": layers,
         "linear_num_key_heads": k_heads,
         "linear_num_value_heads": v_heads,
         "linear_key_head_dim": int(get("ssm.state_size")),
@@ -89,15 +108,37 @@ def hybrid_fields(
         "linear_conv_kernel_dim": int(get("ssm.conv_kernel")),
         "full_attention_interval": interval,
         "layer_types": ["full_attention" if f else "linear_attention" for f in full],
+    }
+    if arch == QWEN35:  # every layer a dense MLP (qwen35.cpp)
+        return fields | {TILED_V_HEADS_KEY: True}
+    unrouted = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in shapes]
+    if unrouted:
+        raise ValueError(f"GGUF {arch} file has no router (ffn_gate_inp) in layers {unrouted}; llama.cpp "
+                         "runs every layer of it as MoE")  # fmt: skip
+    used = int(get("expert_used_count"))
+    ffn = int(config["intermediate_size"])
+    shared = int(get("expert_shared_feed_forward_length", ffn) or ffn)
+    fields |= {
         "num_experts": int(get("expert_count")),
         "num_experts_per_tok": used,
         "moe_intermediate_size": int(get("expert_feed_forward_length", ffn // used) or ffn // used),
         "shared_expert_intermediate_size": shared,
-        "norm_topk_prob": True,  # qwen3next.cpp: build_moe_ffn(..., norm_w = true, ...)
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        SPLIT_PROJECTIONS_KEY: True,
+        "norm_topk_prob": True,  # qwen3next.cpp / qwen35moe.cpp: build_moe_ffn(..., norm_w = true, ...)
     }
+    if arch == QWEN35MOE:
+        return fields | {TILED_V_HEADS_KEY: True}
+    return fields | {"decoder_sparse_step": 1, "mlp_only_layers": [], SPLIT_PROJECTIONS_KEY: True}
+
+
+def mtp_layer(arch: str, gguf_name: str, metadata: dict[str, Any]) -> bool:
+    """Whether ``gguf_name`` belongs to one of the trailing multi-token-prediction blocks of a hybrid file
+    (``<arch>.nextn_predict_layers`` of ``<arch>.block_count``; Qwen3.5's, Nemotron 3's), which the engine
+    does not read."""
+    nextn = int(metadata.get(f"{arch}.nextn_predict_layers", 0) or 0)
+    hybrid = arch in HYBRID_GGUF_ARCHITECTURES or arch in NEMOTRON_H_ARCHITECTURES
+    if not hybrid or not nextn or not gguf_name.startswith("blk."):
+        return False
+    return int(gguf_name.split(".")[1]) >= int(metadata[f"{arch}.block_count"]) - nextn
 
 
 def linear_row_order(arch: str, gguf_name: str, rows: T, config: dict[str, Any]) -> T:
@@ -122,7 +163,7 @@ def split_linear_rows(name: str, config: dict[str, Any]) -> list[tuple[str, int,
 
 def as_hf_values(arch: str, name: str, values: np.ndarray) -> np.ndarray:
     """A dequantized ``arch`` tensor as Hugging Face holds it (see the module's list of transforms)."""
-    if arch != QWEN3NEXT:
+    if arch not in HYBRID_GGUF_ARCHITECTURES:
         return values
     if name.endswith(".A_log"):
         return np.log(-values)  # ssm_a = -exp(A_log) < 0

@@ -19,7 +19,17 @@ from __future__ import annotations
 
 import re
 
-from glassbox.models.gguf_hybrid import QWEN3NEXT_EXACT_NAMES, QWEN3NEXT_LAYER_NAMES, refused_part
+from glassbox.models.gguf_hybrid import (
+    QWEN3NEXT_EXACT_NAMES,
+    QWEN3NEXT_LAYER_NAMES,
+    QWEN35_LAYER_NAMES,
+    refused_part,
+)
+from glassbox.models.gguf_nemotron_h import (
+    NEMOTRON_H_EXACT_NAMES,
+    NEMOTRON_H_LAYER_NAMES,
+    STACKED_EXPERT_PATHS,
+)
 
 TOP_LEVEL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -90,17 +100,26 @@ _QWEN3NEXT_LAYER_NAMES = {
     **{k: v for k, v in LAYER_NAMES.items() if k != "ffn_norm"},
     **QWEN3NEXT_LAYER_NAMES,
 }
+# Qwen3.5 / Qwen3.5-MoE: the same, with in_proj_b / in_proj_a stored apart (ssm_beta / ssm_alpha)
+_QWEN35_LAYER_NAMES = {**{k: v for k, v in LAYER_NAMES.items() if k != "ffn_norm"}, **QWEN35_LAYER_NAMES}
 ARCH_LAYER_NAMES = {
     "gemma3": _GEMMA3_LAYER_NAMES,
     "gemma4": _GEMMA4_LAYER_NAMES,
     "gpt-oss": _GPT_OSS_LAYER_NAMES,
     "phi3": _PHI3_LAYER_NAMES,
     "qwen3next": _QWEN3NEXT_LAYER_NAMES,
+    "qwen35": _QWEN35_LAYER_NAMES,
+    "qwen35moe": _QWEN35_LAYER_NAMES,
+    "nemotron_h": NEMOTRON_H_LAYER_NAMES,  # models/gguf_nemotron_h.py
+    "nemotron_h_moe": NEMOTRON_H_LAYER_NAMES,
 }
 # tensors named whole after "blk.N." (no .weight added: llama.cpp's ssm_a), mapped to the whole HF name
-ARCH_EXACT_NAMES = {"qwen3next": QWEN3NEXT_EXACT_NAMES}
+ARCH_EXACT_NAMES = {
+    **{a: QWEN3NEXT_EXACT_NAMES for a in ("qwen3next", "qwen35", "qwen35moe")},
+    **{a: NEMOTRON_H_EXACT_NAMES for a in ("nemotron_h", "nemotron_h_moe")},
+}
 # Hugging Face parameters named without a ".weight" (GGUF stores them as "<part>.weight")
-_BARE = frozenset({"self_attn.sinks", "layer_scalar"})
+_BARE = frozenset({"self_attn.sinks", "layer_scalar", *STACKED_EXPERT_PATHS})
 # "blk.N.<part>.scale" tensors: (architecture, part) -> the Hugging Face parameter (named without a suffix)
 _SCALES = {("gemma4", "ffn_gate_inp"): "router.scale", ("gemma4", "ffn_down_exps"): "router.per_expert_scale"}
 # Tensors with no Hugging Face parameter that carry nothing the config does not already hold:

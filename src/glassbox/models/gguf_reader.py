@@ -33,8 +33,9 @@ from glassbox.models.gguf_config import (
     hf_architecture,
 )
 from glassbox.models.gguf_gemma4 import gemma4_config
-from glassbox.models.gguf_hybrid import as_hf_values, linear_row_order
+from glassbox.models.gguf_hybrid import as_hf_values, linear_row_order, mtp_layer
 from glassbox.models.gguf_names import hf_tensor_name
+from glassbox.models.gguf_nemotron_h import NEMOTRON_H_ARCHITECTURES, nemotron_h_config, nemotron_h_values
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +225,8 @@ class GGUFCheckpoint:
             values -= np.float32(norm_offset)  # float32, as the file stores it
         if name.endswith("shared_expert_gate.weight") and values.ndim == 1:
             values = values.reshape(1, -1)  # llama.cpp reads it as a vector; Hugging Face (1, H)
+        if self.architecture in NEMOTRON_H_ARCHITECTURES:  # models/gguf_nemotron_h.py
+            return nemotron_h_values(name, values)
         return as_hf_values(self.architecture, name, values)  # a hybrid's transforms (models/gguf_hybrid.py)
 
     def stored_tensors(
@@ -329,6 +332,8 @@ def _open(paths: list[Path]) -> GGUFCheckpoint:
             if t.name in shapes:
                 raise ValueError(f"GGUF tensor {t.name!r} appears twice (second time in {p.name})")
             shapes[t.name] = hf_shape(t)
+            if mtp_layer(arch, t.name, metadata):  # a hybrid's multi-token-prediction block: not read
+                continue
             hf = hf_tensor_name(t.name, arch)
             if t.name == "rope_freqs.weight":
                 rope_freqs = dequantize_tensor(t)
@@ -346,6 +351,8 @@ def _open(paths: list[Path]) -> GGUFCheckpoint:
             types[hf] = t.tensor_type.name
     if arch == "gemma4":  # per-layer shapes of its own (models/gguf_gemma4.py)
         config = gemma4_config(metadata, shapes, rope_freqs, file_dtype(list(types.values())))
+    elif arch in NEMOTRON_H_ARCHITECTURES:  # per-layer block kinds of its own (models/gguf_nemotron_h.py)
+        config = nemotron_h_config(arch, metadata, shapes, file_dtype(list(types.values())))
     else:
         config = build_config(metadata, shapes, list(types.values()), rope_freqs, rope_factors)
     for hf in list(types):  # a fused tensor's type is each of its parts'

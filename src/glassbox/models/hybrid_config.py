@@ -19,6 +19,8 @@ from glassbox.models.hybrid_spec import GatedDeltaNetShape, HybridSpec, Mamba2Sh
 QWEN_HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 # set by the GGUF reader (models/gguf_hybrid.py): a Qwen3-Next held with Qwen3.5's split projections
 SPLIT_PROJECTIONS_KEY = "glassbox_split_linear_projections"
+# set by the GGUF reader (models/gguf_hybrid.py): a Qwen3.5 whose v heads are stored in llama.cpp's tiled order
+TILED_V_HEADS_KEY = "glassbox_tiled_linear_value_heads"
 _QWEN_LAYER_TYPES = {"linear_attention": "linear", "full_attention": "full"}
 # Nemotron-H's pattern letters and transformers 5's layers_block_type names (older names too)
 _NEMOTRON_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
@@ -61,6 +63,7 @@ def qwen_hybrid_facts(cfg: dict[str, Any], base: dict[str, Any]) -> ModelFacts:
         head_v_dim=int(cfg.get("linear_value_head_dim", 128)),
         conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
         fused_projections=mt == "qwen3_next" and not cfg.get(SPLIT_PROJECTIONS_KEY),
+        tiled_v_heads=bool(cfg.get(TILED_V_HEADS_KEY)),
     )
     if gdn.num_v_heads % gdn.num_k_heads:
         raise ValueError(

@@ -19,7 +19,8 @@ STATE_MIXERS = ("linear", "mamba")  # layer_mixers kinds that hold a recurrent s
 @dataclass(frozen=True)
 class GatedDeltaNetShape:
     """One Gated DeltaNet layer: q/k heads of ``head_k_dim``, v heads of ``head_v_dim`` (each q/k head
-    serves ``num_v_heads // num_k_heads`` consecutive v heads), a depthwise conv over [q | k | v]."""
+    serves ``num_v_heads // num_k_heads`` consecutive v heads, or with ``tiled_v_heads`` every
+    ``num_k_heads``-th: v head j reads k head j % num_k_heads), a depthwise conv over [q | k | v]."""
 
     num_k_heads: int
     num_v_heads: int
@@ -28,6 +29,9 @@ class GatedDeltaNetShape:
     conv_kernel: int
     # Qwen3-Next's in_proj_qkvz / in_proj_ba (rows grouped per k head); Qwen3.5's in_proj_qkv/z/b/a apart
     fused_projections: bool
+    # llama.cpp's qwen35 files: v heads (z, b, a, A_log, dt_bias, the conv's v channels, out_proj's columns)
+    # stored tiled [k0 v0, k1 v0, ..., k0 v1, ...], not grouped per k head as Hugging Face holds them
+    tiled_v_heads: bool = False
 
     @property
     def key_dim(self) -> int:
