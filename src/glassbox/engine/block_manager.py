@@ -7,6 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from glassbox.engine.sequence import Sequence
+from glassbox.engine.spec_states import ScratchRows
 from glassbox.engine.state_checkpoints import StateCheckpoints
 
 
@@ -55,6 +56,10 @@ class BlockManager:
     free_slots: list[int] = field(init=False)  # a stack: the lowest slot is handed out first
     num_checkpoints: int = 0  # hybrid models with prefix caching: state checkpoint rows after the slots
     checkpoints: StateCheckpoints | None = field(init=False, default=None)
+    # hybrid models with speculative decoding: each slot's scratch rows (engine/spec_states.py), and the
+    # (scratch row, slot) copies that commit an accepted draft's state, run first in the next step
+    scratch: ScratchRows | None = None
+    state_commits: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
@@ -169,6 +174,7 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_hashed_blocks = 0
         if seq.state_slot is not None:
+            self.state_commits = [c for c in self.state_commits if c[1] != seq.state_slot]
             self.free_slots.append(seq.state_slot)
             seq.state_slot = None
         if self.checkpoints is not None:
@@ -201,6 +207,19 @@ class BlockManager:
             return n
         boundary = self._prompt_boundary(seq)
         return boundary - start if start < boundary < start + n else n
+
+    def keep_state(self, seq: Sequence, row: int, num_rows: int) -> None:
+        """A hybrid sequence's verify step ran ``num_rows`` rows and its tokens are valid up to row ``row``
+        (the last accepted draft): its slot holds the state after the last row, so the state after ``row``
+        comes back from its scratch row at the start of the next step."""
+        if self.scratch is None or seq.state_slot is None or row == num_rows - 1:
+            return
+        self.state_commits.append((self.scratch.row(seq.state_slot, row), seq.state_slot))
+
+    def take_state_commits(self) -> list[tuple[int, int]]:
+        """The speculative commits (scratch row, slot) the next step runs before any other state copy."""
+        commits, self.state_commits = self.state_commits, []
+        return commits
 
     def take_state_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """(saves, restores) of state rows the next step runs first (engine/state_checkpoints.py)."""
@@ -267,6 +286,9 @@ class BlockManager:
             self.checkpoints.check_integrity(self.cached)
         assert len(set(self.free_slots)) == len(self.free_slots), "a state slot free twice"
         assert all(0 <= s < self.num_state_slots for s in self.free_slots), "a free slot out of range"
+        for src, slot in self.state_commits:  # a pending commit: from the slot's own scratch row
+            assert self.scratch is not None and self.scratch.owner(src) == slot, "a commit across slots"
+            assert slot not in self.free_slots, "a commit into a free slot"
         if live is not None:
             held = [seq.state_slot for seq in live if seq.state_slot is not None]
             assert len(set(held)) == len(held), "a state slot held by two sequences"
