@@ -72,11 +72,13 @@ def refs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return cache
 
 
-def run_checked(engine: LLMEngine, prompts: list[list[int]], ref: list) -> list[RequestOutput]:
-    """Greedy continuations of ``prompts`` (prompt i: MAX_NEW - i % 3 tokens, so that later prompts join
-    running verify steps), the engine checked after every step; each equal to transformers' ``ref``,
-    logprobs within LP_TOL; nothing held when idle."""
-    lengths = [MAX_NEW - i % 3 for i in range(len(prompts))]
+def run_checked(
+    engine: LLMEngine, prompts: list[list[int]], ref: list, lengths: list[int] | None = None
+) -> list[RequestOutput]:
+    """Greedy continuations of ``prompts`` (prompt i: ``lengths[i]`` tokens, by default MAX_NEW - i % 3, so
+    that later prompts join running verify steps), the engine checked after every step; each equal to
+    transformers' ``ref``, logprobs within LP_TOL; nothing held when idle."""
+    lengths = lengths or [MAX_NEW - i % 3 for i in range(len(prompts))]
     for i, p in enumerate(prompts):
         sp = SamplingParams(temperature=0, max_tokens=lengths[i], ignore_eos=True, logprobs=1)
         engine.add_request(f"r{i}", p, sp)
@@ -94,7 +96,6 @@ def run_checked(engine: LLMEngine, prompts: list[list[int]], ref: list) -> list[
             assert abs(got.logprobs[j][t] - lps[j]) < LP_TOL, (i, j, got.logprobs[j][t], lps[j])
     bm = engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks and bm.num_free_slots == bm.num_state_slots, "held when idle"
-    assert not bm.state_commits, "a commit left pending"
     return [outs[f"r{i}"] for i in range(len(prompts))]
 
 
@@ -131,6 +132,21 @@ def test_greedy_identical_with_a_draft_model_and_preemption(refs: dict[str, Any]
     engine = _engine(d, spec, max_num_seqs=5, num_kv_blocks=8, max_num_batched_tokens=32)
     run_checked(engine, prompts, ref)
     assert engine.scheduler.num_preemptions > 0 and engine.counters.spec_draft_tokens > 0
+
+
+def test_next_turn_hits_a_boundary_a_verify_step_passed(refs: dict[str, Any]) -> None:
+    """A conversation's second turn (turn 1's prompt, answer and a new message) reaches the last block
+    boundary turn 1 computed, 24, whose tail checkpoint the verify step from 23 to 26 saved from the
+    scratch row of its first position (it passed the boundary without ending on it), and continues as
+    transformers does. Blocks of 4 tokens; turn 1: the 20-token prompt, 7 tokens (computed: 26)."""
+    d, prompts, ref = refs["get"]("qwen3_5_moe")
+    engine = _engine(d, NGRAM, max_num_seqs=2, block_size=4)
+    first = run_checked(engine, prompts[1:2], ref[1:2], lengths=[7])[0]
+    computed = len(prompts[1]) + 7 - 1  # turn 1's last token was sampled, never computed
+    assert first.metrics is not None and first.metrics.spec_accepted_tokens > 0
+    turn2 = prompts[1] + first.outputs[0].token_ids + [9, 10, 11]
+    second = run_checked(engine, [turn2], reference(d, [turn2], 4), lengths=[4])[0]
+    assert second.metrics is not None and second.metrics.cached_prompt_tokens == computed // 4 * 4 == 24
 
 
 def test_sampled_tokens_follow_the_model(refs: dict[str, Any]) -> None:

@@ -288,13 +288,11 @@ class Scheduler:
                 # everything but the newest token
                 s.seq.num_computed_tokens = min(s.start + s.num_new_tokens + s.lookahead, len(s.seq) - 1)
                 self.block_manager.trim(s.seq, len(s.seq))
-                if s.draft_tokens:  # a hybrid model's state: the one after the last accepted draft
-                    self.block_manager.keep_state(
-                        s.seq, s.seq.num_computed_tokens - s.start - 1, s.num_new_tokens
-                    )
             else:
                 s.seq.num_computed_tokens += s.num_new_tokens
             self.block_manager.commit(s.seq)
+            if s.draft_tokens:  # a hybrid model's state: the one after the last accepted draft
+                self.block_manager.keep_state(s.seq, s.start, s.num_new_tokens)
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence from the queues and free its blocks."""

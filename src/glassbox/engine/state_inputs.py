@@ -7,6 +7,7 @@ recurrent elements; layers/state_cache.py), an FFN-only block (Nemotron-H's MLP 
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
@@ -15,9 +16,9 @@ from glassbox.config import EngineConfig
 from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.kv_plan import KVCachePlan
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
-from glassbox.engine.spec_states import ScratchRows, verify_waves
+from glassbox.engine.spec_states import ScratchRows
 from glassbox.layers.host import to_device
-from glassbox.layers.state_cache import StateBatch, StatePrefill
+from glassbox.layers.state_cache import DecodeWave, StateBatch, StatePrefill
 from glassbox.models.facts import ModelFacts
 from glassbox.models.model_config import ModelConfig
 
@@ -64,6 +65,11 @@ def state_bytes(mc: ModelConfig, config: EngineConfig) -> int:
 def _rows_per_slot(plan: KVCachePlan, mc: ModelConfig) -> int:
     assert mc.hybrid is not None
     return plan.bytes_per_state // mc.hybrid.state_bytes(STATE_BYTES, STATE_BYTES)
+
+
+def executor_scratch(plan: KVCachePlan, mc: ModelConfig, config: EngineConfig) -> ScratchRows | None:
+    """The scratch rows the executor's state tensors hold for ``config``'s speculative decoding."""
+    return scratch_rows(plan, mc, spec_rows_per_slot(config))
 
 
 def scratch_rows(plan: KVCachePlan, mc: ModelConfig, spec_rows: int) -> ScratchRows | None:
@@ -138,3 +144,29 @@ def state_batch(
             src, dst = (to_device([c[i] for c in copies], torch.long, device) for i in (0, 1))
             batch.copies.append((src, dst))
     return batch
+
+
+def verify_waves(decodes: list[ScheduledSeq], scratch: ScratchRows, device: torch.device) -> list[DecodeWave]:
+    """The decode rows of a step with drafts (each sequence's rows consecutive, in ``decodes`` order) as waves:
+    wave t steps the t-th row of every sequence that has one, from the state row t - 1 left (its slot for
+    t = 0), into scratch row t, or into the slot for the sequence's last row."""
+    firsts = [0, *itertools.accumulate(s.num_new_tokens for s in decodes)]
+    waves = []
+    for t in range(max(s.num_new_tokens for s in decodes)):
+        rows, dst, src = [], [], []
+        for s, first in zip(decodes, firsts, strict=False):
+            n, slot = s.num_new_tokens, s.seq.state_slot
+            assert slot is not None, "a hybrid decode row holds a state slot"
+            if t >= n:
+                continue
+            assert n - 1 <= scratch.per_slot, "more drafts than scratch rows"
+            rows.append(first + t)
+            dst.append(slot if t == n - 1 else scratch.row(slot, t))
+            src.append(slot if t == 0 else scratch.row(slot, t - 1))
+        idx = slice(rows[0], rows[-1] + 1) if rows == list(range(rows[0], rows[-1] + 1)) else None
+        copy = None if src == dst else to_device(src, torch.long, device)
+        waves.append(
+            DecodeWave(idx if idx is not None else to_device(rows, torch.long, device),
+                       to_device(dst, torch.long, device), copy)
+        )  # fmt: skip
+    return waves
