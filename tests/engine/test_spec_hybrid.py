@@ -124,14 +124,17 @@ def test_greedy_identical_with_ngram_drafts(
 
 
 def test_greedy_identical_with_a_draft_model_and_preemption(refs: dict[str, Any]) -> None:
-    """A non-hybrid draft (a tiny Llama with the same tokenizer) for Qwen3-Next, few KV blocks so that
-    sequences are preempted and recomputed, prefix caching on (its checkpoint saves run after the commits)."""
+    """A non-hybrid draft (a tiny Llama with the same tokenizer, made to copy as the target) for Qwen3-Next,
+    few KV blocks so that sequences are preempted and recomputed, prefix caching on (its checkpoint saves
+    run after the commits); its drafts accepted and rejected."""
     d, prompts, ref = refs["get"]("qwen3_next")
-    draft = build_tiny_model("llama", refs["root"])
+    llama = build_tiny_model("llama", refs["root"], tie_word_embeddings=True)
+    draft = _copying(llama, refs["root"] / "llama-copying")
     spec = {"model": str(draft), "num_speculative_tokens": 2}
     engine = _engine(d, spec, max_num_seqs=5, num_kv_blocks=8, max_num_batched_tokens=32)
     run_checked(engine, prompts, ref)
-    assert engine.scheduler.num_preemptions > 0 and engine.counters.spec_draft_tokens > 0
+    c = engine.counters
+    assert engine.scheduler.num_preemptions > 0 and 0 < c.spec_accepted_tokens < c.spec_draft_tokens
 
 
 def test_next_turn_hits_a_boundary_a_verify_step_passed(refs: dict[str, Any]) -> None:
