@@ -102,7 +102,7 @@ def open_draft(
     if checkpoint.facts.hybrid is not None:
         raise ValueError(
             f"--speculative-config: the draft model {sc.model} is a hybrid model (recurrent states), which "
-            "the draft proposer cannot roll back; use a non-hybrid draft model, ngram or mtp"
+            "the draft proposer cannot roll back; use a non-hybrid draft model or ngram"
         )
     # the target's --device and --dtype settings; the draft's weights as stored (a GGUF keeps its blocks), eager
     dcfg = replace(
