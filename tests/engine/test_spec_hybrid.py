@@ -4,7 +4,8 @@ committed to the sequence's slot (engine/spec_states.py). Greedy output with the
 (non-hybrid) draft model token-identical to transformers', logprobs within 1e-4 (the reason is in
 tests/models/test_hybrid_parity.py: the same float32 computation, sums in another order), drafts both
 accepted and rejected, a batch mixing prompt chunks and verify rows, the block manager (slots, scratch
-commits) checked after every step; sampled tokens that follow transformers' exact joint distribution; a
+commits) checked after every step; an agent's next turn hitting the tail checkpoint a verify step saved
+from a scratch row; sampled tokens that follow transformers' exact joint distribution; a
 hybrid draft model refused.
 
 Random tiny models rarely repeat themselves, so n-gram drafts would all be rejected: the Qwen models here
