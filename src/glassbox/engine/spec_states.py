@@ -8,8 +8,9 @@ keeps the per-position states of the verify rows and commits the accepted one; t
 - each state slot has ``per_slot`` (= num_speculative_tokens) scratch rows in every state tensor, after the
   slots and the checkpoint rows: rows [base + slot * per_slot, base + (slot + 1) * per_slot);
 - the rows of a verify step step one position at a time (layers/state_cache.DecodeWave, built by
-  engine/state_inputs.verify_waves): row i < n - 1 of a sequence with n rows writes its conv window and recurrent state to scratch row i, its last row to the
-  slot itself, each starting from the state the row before left;
+  engine/state_inputs.verify_waves): row i < n - 1 of a sequence with n rows writes its conv window and
+  recurrent state to scratch row i, its last row to the slot itself, each starting from the state the row
+  before left;
 - when the step's acceptance is known (Scheduler.update), a sequence that accepted j < n - 1 drafts gets
   the copy scratch row j -> slot (BlockManager.keep_state), run at the start of the next step before
   anything else reads the slot (before the checkpoint saves and restores); with prefix caching, a block
