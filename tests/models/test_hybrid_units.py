@@ -187,8 +187,9 @@ def test_hybrid_refusals(tmp_path: Path) -> None:
         check_tp(ModelConfig.from_facts(facts_from_dir(d)), 2)
     build_tokenizer_dir(d)
     spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
-    with pytest.raises(ValueError, match="speculative decoding of a hybrid model"):
-        LLMEngine(EngineConfig(model=str(d), load_format="dummy", speculative_config=spec))
+    # speculative decoding runs (tests/engine/test_spec_hybrid.py): a scratch state row per draft per slot
+    engine = LLMEngine(EngineConfig(model=str(d), load_format="dummy", speculative_config=spec))
+    assert engine.block_manager.scratch is not None and engine.block_manager.scratch.per_slot == 2
 
 
 def test_missing_state_tensor_is_named(tmp_path: Path) -> None:

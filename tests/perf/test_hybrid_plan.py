@@ -55,6 +55,19 @@ def test_max_concurrency_counts_the_states() -> None:
     assert m.state == 4 * f.state_bytes_per_seq and m.state_bytes_per_seq == f.state_bytes_per_seq
 
 
+def test_speculative_decoding_holds_a_state_per_draft() -> None:
+    """With k drafts a step a sequence also holds k scratch states (engine/spec_states.py): 1 + 3 states,
+    by hand from the bf16 state of test_qwen35_122b_state_and_kv_by_hand."""
+    f = load_model_facts("qwen3.5-122b-a10b")
+    state = 36 * (3 * (2 * 16 * 128 + 64 * 128) + 64 * 128 * 128) * 2
+    eng = PROFILES["vllm"]
+    scheme = resolve_scheme("nvfp4", f.native_quant, f.dtype, eng.gguf, eng.mixed_rest_format)
+    m = plan_memory(f, scheme, HARDWARE["dgx-spark"], eng, 8192, 4, 2048, 0.85, 2.0, spec_tokens=3)
+    free = m.budget - m.weights - m.activations - m.runtime
+    assert m.state_bytes_per_seq == 4 * state and m.state == 4 * 4 * state
+    assert m.max_concurrency == int(free // (8192 * 12 * 2 * 2 * 256 * 2 + 4 * state))
+
+
 def test_simulator_holds_the_state_slots() -> None:
     """The simulated engine's block manager holds a state slot per sequence it may run."""
     req = PlanRequest(model="nemotron-3-super-120b-a12b", hardware="dgx-spark", quant="nvfp4", engine="vllm")

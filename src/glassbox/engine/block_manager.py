@@ -7,6 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from glassbox.engine.sequence import Sequence
+from glassbox.engine.spec_states import ScratchRows
 from glassbox.engine.state_checkpoints import StateCheckpoints
 
 
@@ -55,6 +56,10 @@ class BlockManager:
     free_slots: list[int] = field(init=False)  # a stack: the lowest slot is handed out first
     num_checkpoints: int = 0  # hybrid models with prefix caching: state checkpoint rows after the slots
     checkpoints: StateCheckpoints | None = field(init=False, default=None)
+    # hybrid models with speculative decoding: each slot's scratch rows (engine/spec_states.py), and the
+    # (scratch row, slot) copies that commit an accepted draft's state, run first in the next step
+    scratch: ScratchRows | None = None
+    state_commits: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
@@ -202,6 +207,32 @@ class BlockManager:
         boundary = self._prompt_boundary(seq)
         return boundary - start if start < boundary < start + n else n
 
+    def keep_state(self, seq: Sequence, start: int, num_rows: int) -> None:
+        """After ``commit``: a hybrid sequence's verify step ran ``num_rows`` rows from position ``start`` and
+        its tokens are valid up to its computed count (row ``row``, the last accepted draft). Its slot holds
+        the state after the last row, so the state after ``row`` comes back from its scratch row at the
+        start of the next step; with prefix caching, a block boundary the step passed (not ended on:
+        ``commit`` saved that one) gets its tail checkpoint from the scratch row of the row before it."""
+        slot, scratch = seq.state_slot, self.scratch
+        if scratch is None or slot is None:
+            return
+        n = seq.num_computed_tokens
+        row = n - start - 1
+        if row != num_rows - 1:
+            self.state_commits.append((scratch.row(slot, row), slot))
+        b = (n - 1) // self.block_size * self.block_size  # the last boundary below n
+        prompt = self._prompt_boundary(seq)  # 0: a one-block prompt, never checkpointed (_checkpoint)
+        crossed = prompt > 0 and start < b and b > prompt and n % self.block_size != 0
+        if self.checkpoints is not None and crossed:
+            if len(seq.block_hashes) >= b // self.block_size:
+                h = seq.block_hashes[b // self.block_size - 1]
+                self.checkpoints.save(seq.seq_id, scratch.row(slot, b - 1 - start), h, tail=True)
+
+    def take_state_commits(self) -> list[tuple[int, int]]:
+        """The speculative commits (scratch row, slot) the next step runs before any other state copy."""
+        commits, self.state_commits = self.state_commits, []
+        return commits
+
     def take_state_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """(saves, restores) of state rows the next step runs first (engine/state_checkpoints.py)."""
         return self.checkpoints.take_copies() if self.checkpoints is not None else ([], [])
@@ -267,6 +298,13 @@ class BlockManager:
             self.checkpoints.check_integrity(self.cached)
         assert len(set(self.free_slots)) == len(self.free_slots), "a state slot free twice"
         assert all(0 <= s < self.num_state_slots for s in self.free_slots), "a free slot out of range"
+        # a pending commit: from the slot's own scratch row. It stays due when its sequence ends (a
+        # checkpoint save may read the slot after it); the slot's next holder starts from zeros or from a
+        # restore, which runs after the commits
+        for src, slot in self.state_commits:
+            assert self.scratch is not None and self.scratch.owner(src) == slot, "a commit across slots"
+        if self.scratch is not None:  # scratch rows after the slots and the checkpoint rows
+            assert self.scratch.base >= self.num_state_slots + self.num_checkpoints, "scratch rows overlap"
         if live is not None:
             held = [seq.state_slot for seq in live if seq.state_slot is not None]
             assert len(set(held)) == len(held), "a state slot held by two sequences"

@@ -99,6 +99,11 @@ def open_draft(
     assert sc.model is not None
     checkpoint = open_checkpoint(resolve_model(sc.model))
     check_vocabulary(tokenizer, facts, checkpoint.tokenizer, checkpoint.facts)
+    if checkpoint.facts.hybrid is not None:
+        raise ValueError(
+            f"--speculative-config: the draft model {sc.model} is a hybrid model (recurrent states), which "
+            "the draft proposer cannot roll back; use a non-hybrid draft model or ngram"
+        )
     # the target's --device and --dtype settings; the draft's weights as stored (a GGUF keeps its blocks), eager
     dcfg = replace(
         config,

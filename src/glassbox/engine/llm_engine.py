@@ -24,7 +24,7 @@ from glassbox.engine.draft_model import DraftModelProposer, make_proposer, open_
 from glassbox.engine.request_check import check_request
 from glassbox.engine.scheduler import Scheduler
 from glassbox.engine.sequence import Sequence
-from glassbox.engine.state_inputs import block_manager, prefix_caching
+from glassbox.engine.state_inputs import block_manager, prefix_caching, spec_rows_per_slot
 from glassbox.engine.structured import GrammarCompiler
 from glassbox.models.facts import ModelFacts
 from glassbox.models.sources import resolve_model
@@ -136,7 +136,9 @@ class LLMEngine:
             "KV cache: %d blocks x %d tokens = %d tokens, %.3f GiB (%s, %s)",
             *(plan.num_blocks, plan.block_size, plan.num_tokens, plan.gib, ex.device, ex.kv_dtype),
         )
-        self.block_manager = block_manager(plan, caching, self.executor.model_config)  # hybrid: + state slots
+        self.block_manager = block_manager(
+            plan, caching, self.executor.model_config, spec_rows_per_slot(config)
+        )  # hybrid: + state slots
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, batch)
         self.scheduler.proposer = make_proposer(config, self.executor, draft, self.max_model_len, batch)
         self.core = EngineCore(

@@ -82,6 +82,9 @@ class SchedulerOutput:
     # that the step copies before it computes, the saves then the restores
     state_saves: list[tuple[int, int]] = field(default_factory=list)
     state_restores: list[tuple[int, int]] = field(default_factory=list)
+    # speculative decoding of hybrid models: (scratch row, slot) copies of accepted drafts' states, run
+    # before the saves (engine/spec_states.py)
+    state_commits: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -198,6 +201,7 @@ class Scheduler:
         """A step that runs takes the state copies due before it (none for an empty step: they wait)."""
         if out.scheduled:
             out.state_saves, out.state_restores = self.block_manager.take_state_copies()
+            out.state_commits = self.block_manager.take_state_commits()
         return out
 
     def _lookahead(self, rows: list[ScheduledSeq]) -> None:
@@ -287,6 +291,8 @@ class Scheduler:
             else:
                 s.seq.num_computed_tokens += s.num_new_tokens
             self.block_manager.commit(s.seq)
+            if s.draft_tokens:  # a hybrid model's state: the one after the last accepted draft
+                self.block_manager.keep_state(s.seq, s.start, s.num_new_tokens)
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence from the queues and free its blocks."""

@@ -36,7 +36,7 @@ from glassbox.engine.kv_plan import GiB, KVCachePlan, cpu_kv_budget, fixed_plan,
 from glassbox.engine.profile_run import profile_prefill
 from glassbox.engine.sampler import to_device
 from glassbox.engine.scheduler import ScheduledSeq, SchedulerOutput
-from glassbox.engine.state_inputs import Rows, layer_caches, state_batch, state_bytes
+from glassbox.engine.state_inputs import Rows, executor_scratch, layer_caches, state_batch, state_bytes
 from glassbox.engine.step_inputs import decode_rows, flatten, metadata
 from glassbox.engine.step_sampling import DevicePendingStep, SamplePlan
 from glassbox.kernels.attention_tiles import prefill_block_m
@@ -207,6 +207,7 @@ class TorchExecutor:
         else:  # attention layers' KV beside the linear layers' state rows
             shape = (2, blocks, self.block_size, tp_model.kv_heads(self.tp, model_config), self.kv_width)
             self.kv_caches = layer_caches(model_config, shape, self.kv_dtype, self.kv_plan, self.device)
+        self.state_scratch = executor_scratch(self.kv_plan, model_config, self.config)  # speculative
         # the forward a step calls: the model's own, or on CPU the model bound to the C kernels
         self.forward: Forward = self.model
         if self.attn_backend == "native":  # bound now, so that a shape the kernels cannot take shows at start
@@ -393,5 +394,6 @@ class TorchExecutor:
         head_dim = self.model_config.head_dim
         meta = metadata(decodes, prefills, slots, self.block_size, self.device, self.attn_backend,
                         lambda: prefill_block_m(head_dim, self.kv_dtype, self.dtype, self.device))  # fmt: skip
-        meta.state = state_batch(decodes, prefills, self.device, step) if self.model_config.hybrid else None
+        hybrid, scratch = self.model_config.hybrid, self.state_scratch
+        meta.state = state_batch(decodes, prefills, self.device, step, scratch) if hybrid else None
         return meta

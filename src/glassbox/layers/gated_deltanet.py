@@ -19,7 +19,7 @@ from torch import nn
 from glassbox.kernels import cpu_recurrent
 from glassbox.layers.causal_conv import conv_decode, conv_prompt
 from glassbox.layers.gated_delta_rule import delta_chunked, delta_step, l2_normalize
-from glassbox.layers.state_cache import StateBatch, apply_copies, conv_rows, ssm_rows
+from glassbox.layers.state_cache import StateBatch, apply_copies, conv_rows, seed_wave, ssm_rows
 from glassbox.models.hybrid_spec import GatedDeltaNetShape
 
 
@@ -91,11 +91,12 @@ class GatedDeltaNet(nn.Module):
         weight = self.conv1d.weight.squeeze(1)  # (conv_dim, K)
         windows = conv_rows(cache, s.conv_kernel, s.conv_dim)  # (slots, K-1, conv_dim)
         matrices = ssm_rows(cache, s.conv_elements, s.ssm_shape)  # (slots, nv, dk, dv)
-        nd = state.num_decode
+        waves = state.waves()
         conv_out = torch.empty_like(mixed)
-        if nd:
-            conv_out[:nd], new = conv_decode(mixed[:nd], windows[state.decode_slots], weight, None)
-            windows.index_copy_(0, state.decode_slots, new.to(windows.dtype))
+        for w in waves:  # decode rows (a verify step's draft positions each from the one before)
+            seed_wave(windows, w)
+            conv_out[w.rows], new = conv_decode(mixed[w.rows], windows[w.slots], weight, None)
+            windows.index_copy_(0, w.slots, new.to(windows.dtype))
         for p in state.prefills:
             rows = slice(p.row, p.row + p.length)
             before = None if p.fresh else windows[p.slot]
@@ -110,15 +111,14 @@ class GatedDeltaNet(nn.Module):
         beta = b.float().sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # (T, nv)
         out = torch.empty_like(v)
-        if nd and self.native:  # in place on the slots' rows
-            out[:nd] = cpu_recurrent.delta_step(
-                q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], matrices, state.decode_slots
-            )
-        elif nd:
-            out[:nd], new_s = delta_step(
-                q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], matrices[state.decode_slots]
-            )
-            matrices.index_copy_(0, state.decode_slots, new_s)
+        for w in waves:
+            seed_wave(matrices, w)
+            wr = w.rows
+            if self.native:  # in place on the slots' rows
+                out[wr] = cpu_recurrent.delta_step(q[wr], k[wr], v[wr], g[wr], beta[wr], matrices, w.slots)
+            else:
+                out[wr], new_s = delta_step(q[wr], k[wr], v[wr], g[wr], beta[wr], matrices[w.slots])
+                matrices.index_copy_(0, w.slots, new_s)
         for p in state.prefills:
             rows = slice(p.row, p.row + p.length)
             start = matrices.new_zeros(s.ssm_shape) if p.fresh else matrices[p.slot]

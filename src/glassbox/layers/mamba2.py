@@ -17,7 +17,7 @@ from torch import nn
 from glassbox.kernels import cpu_recurrent
 from glassbox.layers.causal_conv import conv_decode, conv_prompt
 from glassbox.layers.ssd_scan import ssd_chunked, ssd_step
-from glassbox.layers.state_cache import StateBatch, apply_copies, conv_rows, ssm_rows
+from glassbox.layers.state_cache import StateBatch, apply_copies, conv_rows, seed_wave, ssm_rows
 from glassbox.models.hybrid_spec import Mamba2Shape
 
 
@@ -63,11 +63,12 @@ class Mamba2Mixer(nn.Module):
         bias = self.conv1d.bias
         windows = conv_rows(cache, s.conv_kernel, s.conv_dim)  # (slots, K-1, conv_dim)
         matrices = ssm_rows(cache, s.conv_elements, s.ssm_shape)  # (slots, H, P, N)
-        nd = state.num_decode
+        waves = state.waves()
         conv_out = torch.empty_like(xbc)
-        if nd:
-            conv_out[:nd], new = conv_decode(xbc[:nd], windows[state.decode_slots], weight, bias)
-            windows.index_copy_(0, state.decode_slots, new.to(windows.dtype))
+        for w in waves:  # decode rows (a verify step's draft positions each from the one before)
+            seed_wave(windows, w)
+            conv_out[w.rows], new = conv_decode(xbc[w.rows], windows[w.slots], weight, bias)
+            windows.index_copy_(0, w.slots, new.to(windows.dtype))
         for p in state.prefills:
             rows = slice(p.row, p.row + p.length)
             before = None if p.fresh else windows[p.slot]
@@ -83,13 +84,14 @@ class Mamba2Mixer(nn.Module):
         a = -self.A_log.float().exp()
         d = self.D.float()
         y = torch.empty_like(xs)
-        if nd and self.native:  # in place on the slots' rows
-            y[:nd] = cpu_recurrent.ssd_step(
-                xs[:nd], dt[:nd], a, b[:nd], c[:nd], d, matrices, state.decode_slots
-            )
-        elif nd:
-            y[:nd], new_s = ssd_step(xs[:nd], dt[:nd], a, b[:nd], c[:nd], d, matrices[state.decode_slots])
-            matrices.index_copy_(0, state.decode_slots, new_s)
+        for w in waves:
+            seed_wave(matrices, w)
+            wr = w.rows
+            if self.native:  # in place on the slots' rows
+                y[wr] = cpu_recurrent.ssd_step(xs[wr], dt[wr], a, b[wr], c[wr], d, matrices, w.slots)
+            else:
+                y[wr], new_s = ssd_step(xs[wr], dt[wr], a, b[wr], c[wr], d, matrices[w.slots])
+                matrices.index_copy_(0, w.slots, new_s)
         for p in state.prefills:
             rows = slice(p.row, p.row + p.length)
             start = matrices.new_zeros(s.ssm_shape) if p.fresh else matrices[p.slot]

@@ -8,7 +8,10 @@ recurrent matrices as transformers does; the conv window holds inputs of the mod
 A step's sequences arrive in the executor's row order: decode rows first (one token each, the one-step
 recurrence), then prompt chunks (the chunked scan), each starting from its slot's state or, when its
 first token is position 0, from zeros (``fresh``). The slot's row is overwritten with the state after the
-sequence's last row in the step. Before that, the step's checkpoint copies run on every state cache
+sequence's last row in the step. A speculative verify step gives a sequence 1 + k decode rows (its last
+token and k drafts): they step in ``waves``, the t-th row of every such sequence in wave t, each from the
+state the row before it left; every row but the sequence's last writes its state to a scratch row
+(engine/spec_states.py), so that the state after any accepted draft survives the step. Before that, the step's checkpoint copies run on every state cache
 (engine/state_checkpoints.py): saves (a running slot's row to a checkpoint row), then restores (a
 checkpoint row to the slot of a sequence admitted on a prefix hit).
 """
@@ -31,14 +34,38 @@ class StatePrefill:
 
 
 @dataclass
+class DecodeWave:
+    """Decode rows stepped together by the one-step recurrence: row ``rows[i]`` steps state row
+    ``slots[i]`` in place, after ``src[i]`` was copied into it (the state the row before it left)."""
+
+    rows: slice | torch.Tensor  # the step's rows: a slice, or (n,) int64 on the device
+    slots: torch.Tensor  # (n,) int64: the state rows stepped (and written)
+    src: torch.Tensor | None = None  # (n,) int64: rows copied into ``slots`` first; None: no copy
+
+
+@dataclass
 class StateBatch:
     """The state layout of one step (travels in AttentionMetadata.state)."""
 
     decode_slots: torch.Tensor  # (num_decode,) int64 on the device: the slot of decode row i
     num_decode: int  # rows [0, num_decode) are decode rows, one per sequence
     prefills: list[StatePrefill] = field(default_factory=list)
-    # (src rows, dst rows) int64 on the device, each run as one gather and one scatter: saves, then restores
+    # (src rows, dst rows) int64 on the device, each run as one gather and one scatter: speculative
+    # commits, then checkpoint saves, then restores
     copies: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    spec_waves: list[DecodeWave] | None = None  # a verify step's decode rows; None: one wave, in place
+
+    def waves(self) -> list[DecodeWave]:
+        """The decode rows' waves, in order: without drafts one, every decode row on its own slot."""
+        if self.spec_waves is not None:
+            return self.spec_waves
+        return [DecodeWave(slice(0, self.num_decode), self.decode_slots)] if self.num_decode else []
+
+
+def seed_wave(part: torch.Tensor, wave: DecodeWave) -> None:
+    """Copy a wave's source rows into the rows it steps, in one state part (conv windows or matrices)."""
+    if wave.src is not None:
+        part.index_copy_(0, wave.slots, part.index_select(0, wave.src))
 
 
 def apply_copies(cache: torch.Tensor, state: StateBatch) -> None:

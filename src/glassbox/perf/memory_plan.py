@@ -115,9 +115,13 @@ def plan_memory(
     prompt_tokens: int,
     memory_utilization: float,
     kv_element_bytes: float,
+    spec_tokens: int = 0,
 ) -> MemoryPlan:
-    """Plan memory for ``concurrency`` live sequences of ``seq_len`` tokens (context + prompt + output)."""
+    """Plan memory for ``concurrency`` live sequences of ``seq_len`` tokens (context + prompt + output).
+    With ``spec_tokens`` drafts per step a hybrid model's sequence holds a state per draft position too
+    (the engine's scratch rows, engine/spec_states.py)."""
     ranks = engine.tp.size
+    state_per_seq = facts.state_bytes_per_seq * (1 + spec_tokens) / ranks
     weights = weight_bytes(facts, scheme, ranks)
     kv_element_bytes *= kv_share(facts, ranks)  # this rank's KV heads
     activations = activation_bytes(facts, engine, prompt_tokens, concurrency)
@@ -127,7 +131,7 @@ def plan_memory(
     model_max = facts.max_context or 1 << 30
 
     def per_seq(n_tokens: int) -> float:
-        return facts.kv_bytes(n_tokens, kv_element_bytes) + facts.state_bytes_per_seq / ranks
+        return facts.kv_bytes(n_tokens, kv_element_bytes) + state_per_seq
 
     max_conc = 0
     if free > 0:
@@ -137,7 +141,7 @@ def plan_memory(
         weights=weights,
         kv_bytes_per_token=facts.kv_bytes_per_token(kv_element_bytes),
         kv_cache=concurrency * facts.kv_bytes(seq_len, kv_element_bytes),
-        state=concurrency * facts.state_bytes_per_seq / ranks,
+        state=concurrency * state_per_seq,
         activations=activations,
         runtime=runtime,
         budget=budget,
@@ -146,7 +150,7 @@ def plan_memory(
         max_context_tokens=max_ctx,
         max_concurrency=max_conc,
         model_max_context=facts.max_context,
-        state_bytes_per_seq=facts.state_bytes_per_seq / ranks,
+        state_bytes_per_seq=state_per_seq,
     )
 
 

@@ -35,6 +35,7 @@ def plan(req: PlanRequest) -> dict[str, Any]:
         req.prompt_tokens,
         req.memory_utilization,
         s.kv_bytes,
+        req.spec_tokens,
     )
     pre, pre_ceil = s.prefill(req), s.prefill(req, ceiling)
     start = req.context_tokens + req.prompt_tokens

@@ -35,6 +35,7 @@ def tp_row(req: PlanRequest, s: Setup, size: int) -> dict[str, Any]:
         req.prompt_tokens,
         req.memory_utilization,
         t.kv_bytes,
+        req.spec_tokens,
     )
     pre = t.prefill(req)
     start = req.context_tokens + req.prompt_tokens
