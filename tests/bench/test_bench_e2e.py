@@ -253,7 +253,7 @@ def test_ctrl_c_still_reports_what_was_measured(server: str, tmp_path: Path) -> 
     while time.monotonic() < deadline and _finished_requests(server) < before + 2 + 4:
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=120)  # 3 s quiet; over 30 s at load 5 (the report and its plots)
     assert proc.returncode == 130, err.decode()[-2000:]
     res = json.loads(out)
     assert res["meta"]["interrupted"] is True
