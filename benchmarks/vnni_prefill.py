@@ -68,7 +68,10 @@ def llamacpp_worker(path: str, sizes: list[int], seed: int, threads: int, repack
     out: dict[str, Any] = {}
     for p in sizes:
         load = os.getloadavg()[0]
-        out[str(p)] = {"tok_s": measure_llamacpp_prefill(Path(path), p, threads, True, seed + p), "load_avg_1m": load}
+        out[str(p)] = {
+            "tok_s": measure_llamacpp_prefill(Path(path), p, threads, True, seed + p),
+            "load_avg_1m": load,
+        }
     return out
 
 
@@ -80,9 +83,21 @@ def run_child(engine: str, args: argparse.Namespace, seed: int) -> dict[str, Any
     if engine.startswith("glassbox"):
         env.update(NO_AMX_ENV)
         env["GLASSBOX_BLOCK_PROMPTS"] = "dequant" if engine == "glassbox_dequant" else "auto"
-    work = [engine, str(args.model), args.prompt_tokens, seed, args.threads, args.max_model_len, args.llamacpp_repack]
+    work = [
+        engine,
+        str(args.model),
+        args.prompt_tokens,
+        seed,
+        args.threads,
+        args.max_model_len,
+        args.llamacpp_repack,
+    ]
     p = subprocess.run(
-        [sys.executable, __file__, "--worker"], input=json.dumps(work), capture_output=True, text=True, env=env
+        [sys.executable, __file__, "--worker"],
+        input=json.dumps(work),
+        capture_output=True,
+        text=True,
+        env=env,
     )
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0 or not lines:

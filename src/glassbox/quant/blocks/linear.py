@@ -163,9 +163,10 @@ class BlockQuantLinear(nn.Module):
             return _triton_linear(x2, self.w, self.bias, kernel).view(*lead, self.out_features)
         if self.head_rows is not None:
             kernel = rows <= self.head_rows
-        if not kernel and x.dtype == torch.bfloat16 and x.device.type == "cpu" and isinstance(self.w, BlockWeights):
-            if rows <= int8_prompt_rows():  # prompt rows on the int8 GEMM (quant/blocks/prompt_gemm.py)
-                return int8_gemm(x2.contiguous(), self.w, self.bias).view(*lead, self.out_features)
+        cpu_prompt = not kernel and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+        if cpu_prompt and isinstance(self.w, BlockWeights) and rows <= int8_prompt_rows():
+            # prompt rows on the int8 GEMM (quant/blocks/prompt_gemm.py)
+            return int8_gemm(x2.contiguous(), self.w, self.bias).view(*lead, self.out_features)
         unbuilt = self._call is None and native_library() is None  # no C kernels
         if not kernel or x.dtype != torch.bfloat16 or x.device.type != "cpu" or unbuilt:
             bias = None if self.bias is None else self.bias.to(x.dtype)
