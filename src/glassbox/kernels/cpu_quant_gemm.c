@@ -75,23 +75,33 @@ static inline __attribute__((always_inline)) void chunk_edge(const uint8_t *cons
  * 16 lanes out, lane i * MR + j = row pair (i, j) (lanes past nr, mr: zeros). Inlined where bits is a constant. */
 static inline __attribute__((always_inline)) __m512 tile(const block_row *rw, int nr, int mr, float c, i64 Kp,
                                                          int bits, const int8_t *qx, const float *dx,
-                                                         const float *cx) {
+                                                         const float *cx, const int32_t *cs) {
     const i64 nb = Kp / 32, chunks = nb / CHUNK;
     __m512 acc[NR * MR];
     for (int r = 0; r < NR * MR; r++) acc[r] = _mm512_setzero_ps();
     for (i64 ch = 0; ch < chunks; ch++) {
-        __m512i s[NR * MR];
-        for (int r = 0; r < NR * MR; r++) s[r] = _mm512_setzero_si512();
+        const i64 b = ch * CHUNK;
+        __m512i s[NR * MR]; /* constant offsets: start from c sx, the offsets' share in integers */
+        for (int j = 0; j < MR; j++) {
+            const __m512i s0 = cs && j < mr ? _mm512_loadu_si512((const void *)(cs + j * nb + b)) : _mm512_setzero_si512();
+            for (int i = 0; i < NR; i++) s[i * MR + j] = s0;
+        }
         const uint8_t *w[NR];
         for (int i = 0; i < NR; i++) w[i] = rw[i < nr ? i : 0].w + ch * rw[i < nr ? i : 0].wstep;
         if (nr == NR && mr == MR)
             chunk4x4(w, bits, qx + ch * 512, Kp, s);
         else
             chunk_edge(w, nr, mr, bits, qx + ch * 512, Kp, s);
-        const i64 b = ch * CHUNK;
         for (int i = 0; i < nr; i++) {
             const i64 mo = ch * rw[i].mstep;
             const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rw[i].d + mo)));
+            if (cs) {
+                for (int j = 0; j < mr; j++) {
+                    const __m512 scale = _mm512_mul_ps(dv, _mm512_loadu_ps(dx + j * nb + b));
+                    acc[i * MR + j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i * MR + j]), scale, acc[i * MR + j]);
+                }
+                continue;
+            }
             const __m512 ov =
                 block_offsets16(rw[i].o ? rw[i].o + mo : NULL, rw[i].z ? rw[i].z + mo : NULL, c, 0, dv);
             for (int j = 0; j < mr; j++) {
@@ -112,26 +122,23 @@ static inline __attribute__((always_inline)) __m512 tile(const block_row *rw, in
 }
 
 /* One (nr x mr) tile of one format: the whole 4 x 4 tile with its sizes constant, edges with them variable. */
-#define GB_TILE_FOR(BITS)                                                                             \
-    static __m512 tile_##BITS(const block_row *rw, int nr, int mr, float c, i64 Kp, const int8_t *qx,     \
-                              const float *dx, const float *cx) {                                       \
-        if (nr == NR && mr == MR) return tile(rw, NR, MR, c, Kp, BITS, qx, dx, cx);                     \
-        return tile(rw, nr, mr, c, Kp, BITS, qx, dx, cx);                                               \
+#define GB_TILE_FOR(NAME, BITS)                                                                         \
+    static __m512 tile_##NAME(const block_row *rw, int nr, int mr, float c, i64 Kp, const int8_t *qx,     \
+                              const float *dx, const float *cx, const int32_t *cs) {                    \
+        if (nr == NR && mr == MR) return tile(rw, NR, MR, c, Kp, BITS, qx, dx, cx, cs);                 \
+        return tile(rw, nr, mr, c, Kp, BITS, qx, dx, cx, cs);                                           \
     }
-GB_TILE_FOR(4)
-GB_TILE_FOR(5)
-GB_TILE_FOR(8)
-static __m512 tile_nl(const block_row *rw, int nr, int mr, float c, i64 Kp, const int8_t *qx, const float *dx,
-                      const float *cx) {
-    if (nr == NR && mr == MR) return tile(rw, NR, MR, c, Kp, 4 | GB_NL, qx, dx, cx);
-    return tile(rw, nr, mr, c, Kp, 4 | GB_NL, qx, dx, cx);
-}
+GB_TILE_FOR(4, 4)
+GB_TILE_FOR(5, 5)
+GB_TILE_FOR(8, 8)
+GB_TILE_FOR(nl, 4 | GB_NL)
 
-typedef __m512 (*tile_fn)(const block_row *, int, int, float, i64, const int8_t *, const float *, const float *);
+typedef __m512 (*tile_fn)(const block_row *, int, int, float, i64, const int8_t *, const float *, const float *,
+                          const int32_t *);
 
 static void gemm(const uint8_t *w, const uint16_t *d, const uint16_t *o, const uint8_t *z, float c,
                  const float *bias, i64 N, i64 Kp, int bits, const int8_t *qx, const float *dx, const float *cx,
-                 i64 M, void *out, int out_dt, int threads) {
+                 const int32_t *cs, i64 M, void *out, int out_dt, int threads) {
     const i64 nb = Kp / 32, tiles = (N + TILE - 1) / TILE;
     const tile_fn fn = bits == 4 ? tile_4 : bits == 5 ? tile_5 : bits == (4 | GB_NL) ? tile_nl : tile_8;
 #pragma omp parallel num_threads(threads)
@@ -147,7 +154,8 @@ static void gemm(const uint8_t *w, const uint16_t *d, const uint16_t *o, const u
                 for (i64 m = m0; m < mend; m += MR) {
                     const int mr = mend - m < MR ? (int)(mend - m) : MR;
                     float y[NR * MR];
-                    _mm512_storeu_ps(y, fn(rw, nr, mr, c, Kp, qx + m * Kp, dx + m * nb, cx + m * nb));
+                    _mm512_storeu_ps(y, fn(rw, nr, mr, c, Kp, qx + m * Kp, dx + m * nb, cx + m * nb,
+                                                cs ? cs + m * nb : NULL));
                     for (int i = 0; i < nr; i++) {
                         const i64 n = n0 + g + i;
                         const float bn = bias ? bias[n] : 0.0f;
@@ -179,10 +187,16 @@ void gb_gemm_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint16_
     int8_t *qx = (int8_t *)malloc((size_t)(M * Kp));
     float *dx = (float *)malloc((size_t)(M * nb) * sizeof(float));
     float *cx = (float *)malloc((size_t)(M * nb) * sizeof(float));
-    if (qx && dx && cx) {
+    /* a constant offset c d (o, z NULL): c sx per activation block, sx = cx / dx recovered exactly (|sx| <=
+     * 32 * 127, so the float quotient is within 1e-3 of that integer) */
+    int32_t *cs = o || z ? NULL : (int32_t *)malloc((size_t)(M * nb) * sizeof(int32_t));
+    if (qx && dx && cx && (cs || o || z)) {
         gb_quantize_rows_q8(x, M, K, Kp, qx, dx, cx, dt, threads);
-        gemm(w, d, o, z, c, bias, N, Kp, bits, qx, dx, cx, M, out, dt, threads);
+        if (cs)
+            for (i64 i = 0; i < M * nb; i++) cs[i] = dx[i] > 0.0f ? (int32_t)lrintf(c * cx[i] / dx[i]) : 0;
+        gemm(w, d, o, z, c, bias, N, Kp, bits, qx, dx, cx, cs, M, out, dt, threads);
     }
+    free(cs);
     free(qx);
     free(dx);
     free(cx);
