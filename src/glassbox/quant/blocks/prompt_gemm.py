@@ -5,14 +5,15 @@ q8_0, times the blocks as they are, AVX-512 VNNI in 4 x 4 register tiles) instea
 
 Which runs is chosen by measurement (benchmarks/vnni_gemm.py, results/vnni-gemm-*.json): where oneDNN has
 AMX its bf16 GEMM on the dequantized weight is faster past ``AMX_INT8_ROWS`` rows, so the int8 GEMM takes
-only fewer rows there; without AMX (an EPYC, or AMX denied: ``ONEDNN_MAX_CPU_ISA`` below AVX512_CORE_AMX)
-oneDNN's AVX-512 bf16 GEMM plus the dequantization is 2-4x slower than the int8 GEMM at every prompt size,
+only fewer rows there; without AMX (an EPYC, or AMX denied: ``ONEDNN_MAX_CPU_ISA`` below AVX512_CORE_AMX,
+or the tile state refused to the process) oneDNN's AVX-512 bf16 GEMM plus the dequantization is 2-4x slower than the int8 GEMM at every prompt size,
 so it takes all rows. ``GLASSBOX_BLOCK_PROMPTS``: "auto" (that rule), "int8" (always), "dequant" (never:
 the reference path). The C kernels built without AVX-512 VNNI run the reference path whatever is asked.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import sys
@@ -26,16 +27,29 @@ _CHOICES = ("auto", "int8", "dequant")
 
 
 def amx_for_onednn() -> bool:
-    """Whether oneDNN's GEMMs may use AMX here: the CPU has it (/proc/cpuinfo's amx_bf16) and
+    """Whether oneDNN's GEMMs may use AMX here: the CPU has it (/proc/cpuinfo's amx_bf16),
     ``ONEDNN_MAX_CPU_ISA``, when set, does not stop below it (the Makefile's test-no-amx sets
-    AVX512_CORE_BF16)."""
+    AVX512_CORE_BF16), and Linux grants this process AMX's tile state (arch_prctl ARCH_REQ_XCOMP_PERM, the
+    request oneDNN makes; benchmarks/moe_compare.py's shim refuses it)."""
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
     if isa not in ("ALL", "DEFAULT") and "AMX" not in isa:
         return False
     try:
         with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " amx_bf16" in line for line in f)
+            if not any(line.startswith("flags") and " amx_bf16" in line for line in f):
+                return False
     except OSError:
+        return False
+    return _tile_state_granted()
+
+
+def _tile_state_granted() -> bool:
+    """arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) through libc's syscall() (x86-64 Linux)."""
+    sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata)) == 0
+    except (OSError, AttributeError):
         return False
 
 
