@@ -21,7 +21,6 @@
  * (dequantized weight, oneDNN's GEMM); gb_gemm_blocks then runs the GEMV's plain-C path (the reference). */
 #include "cpu_quant.h"
 
-void gb_quantize_rows_q8(const void *x, i64 M, i64 K, i64 Kp, int8_t *qx, float *dx, float *cx, int dt, int threads);
 void gb_linear_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint16_t *d, const uint16_t *o,
                       const uint8_t *z, float c, const float *bias, i64 N, i64 Kp, int bits, void *out, int dt,
                       int threads);
@@ -168,6 +167,58 @@ static void gemm(const uint8_t *w, const uint16_t *d, const uint16_t *o, const u
 }
 #endif
 
+#ifdef GB_VNNI
+/* gb_quantize_rows_q8 (cpu_quant.c) in vectors, the same codes: x (M x K, dt 0 float32 / 1 bf16) to int8 blocks
+ * qx (M x Kp, cpu_quant.c's interleaved order, zero past K), dx, cx = dx sum(codes), and cs = ci sum(codes)
+ * (M x Kp / 32). Codes are roundf(x / dx) exactly: t = trunc(y), then t + sign(y) where |y - t| >= 1/2 (y - t
+ * is exact in float32). */
+static void quantize_rows(const void *x, i64 M, i64 K, i64 Kp, int8_t *qx, float *dx, float *cx, int32_t *cs,
+                          int32_t ci, int dt, int threads) {
+    const i64 nb = Kp / 32, whole = nb / CHUNK * CHUNK;
+#pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= (1 << 16))
+    for (i64 m = 0; m < M; m++) {
+        int32_t *row = (int32_t *)(void *)(qx + m * Kp); /* 4 codes a word */
+        for (i64 b = 0; b < nb; b++) {
+            const i64 k0 = b * 32, valid = K - k0 < 0 ? 0 : K - k0 > 32 ? 32 : K - k0;
+            const __mmask16 m0 = (__mmask16)(valid >= 16 ? 0xffffu : (1u << valid) - 1u);
+            const __mmask16 m1 = (__mmask16)(valid >= 32 ? 0xffffu : valid <= 16 ? 0u : (1u << (valid - 16)) - 1u);
+            __m512 v0, v1;
+            if (dt) {
+                const uint16_t *p = (const uint16_t *)x + m * K + k0;
+                v0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m0, p)), 16));
+                v1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m1, p + 16)), 16));
+            } else {
+                const float *p = (const float *)x + m * K + k0;
+                v0 = _mm512_maskz_loadu_ps(m0, p);
+                v1 = _mm512_maskz_loadu_ps(m1, p + 16);
+            }
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            const float dv = amax / 127.0f, id = dv > 0.0f ? 1.0f / dv : 0.0f;
+            __m512i q[2];
+            for (int h = 0; h < 2; h++) {
+                const __m512 y = _mm512_mul_ps(h ? v1 : v0, _mm512_set1_ps(id));
+                const __m512 t = _mm512_roundscale_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y, t)), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+                const __m512 one = _mm512_or_ps(_mm512_and_ps(y, _mm512_set1_ps(-0.0f)), _mm512_set1_ps(1.0f));
+                q[h] = _mm512_cvttps_epi32(_mm512_mask_add_ps(t, up, t, one));
+            }
+            const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+            int32_t words[8];
+            _mm_storeu_si128((__m128i *)(void *)words, _mm512_cvtepi32_epi8(q[0]));
+            _mm_storeu_si128((__m128i *)(void *)(words + 4), _mm512_cvtepi32_epi8(q[1]));
+            if (b < whole) /* word p of block j of chunk ch at word ch * 128 + p * 16 + j (code_index) */
+                for (int p = 0; p < 8; p++) row[(b / CHUNK) * 128 + p * CHUNK + b % CHUNK] = words[p];
+            else
+                memcpy(row + b * 8, words, 32);
+            dx[m * nb + b] = dv;
+            cx[m * nb + b] = dv * (float)sum;
+            cs[m * nb + b] = ci * sum;
+        }
+    }
+}
+
+#endif
+
 /* 1 where gb_gemm_blocks runs the VNNI tiles (built with AVX-512 VNNI), else 0. */
 int gb_gemm_blocks_native(void) {
 #ifdef GB_VNNI
@@ -187,14 +238,12 @@ void gb_gemm_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint16_
     int8_t *qx = (int8_t *)malloc((size_t)(M * Kp));
     float *dx = (float *)malloc((size_t)(M * nb) * sizeof(float));
     float *cx = (float *)malloc((size_t)(M * nb) * sizeof(float));
-    /* a constant offset c d (o, z NULL): c sx per activation block, sx = cx / dx recovered exactly (|sx| <=
-     * 32 * 127, so the float quotient is within 1e-3 of that integer) */
-    int32_t *cs = o || z ? NULL : (int32_t *)malloc((size_t)(M * nb) * sizeof(int32_t));
-    if (qx && dx && cx && (cs || o || z)) {
-        gb_quantize_rows_q8(x, M, K, Kp, qx, dx, cx, dt, threads);
-        if (cs)
-            for (i64 i = 0; i < M * nb; i++) cs[i] = dx[i] > 0.0f ? (int32_t)lrintf(c * cx[i] / dx[i]) : 0;
-        gemm(w, d, o, z, c, bias, N, Kp, bits, qx, dx, cx, cs, M, out, dt, threads);
+    /* a constant offset c d (o, z NULL; c = -8, -16 or -128, an integer): c sx per activation block */
+    const int constant = !o && !z;
+    int32_t *cs = (int32_t *)malloc((size_t)(M * nb) * sizeof(int32_t));
+    if (qx && dx && cx && cs) {
+        quantize_rows(x, M, K, Kp, qx, dx, cx, cs, constant ? (int32_t)c : 0, dt, threads);
+        gemm(w, d, o, z, c, bias, N, Kp, bits, qx, dx, cx, constant ? cs : NULL, M, out, dt, threads);
     }
     free(cs);
     free(qx);
