@@ -24,8 +24,9 @@ needs_vnni = pytest.mark.skipif(
 )
 
 # (N, K, M): 37 rows = 2 tiles of 16 + 5 (a 4-row group and a single row); K = 544 pads to 576 (a chunk, then a
-# tail pair), 1088 (two chunks, a tail pair), 2048 (four whole chunks); M = 70: a 64-row panel, then 6 rows
-SHAPES = [(37, 544, 70), (19, 1088, 5), (53, 2048, 7), (4, 512, 1)]
+# tail pair), 1088 (two chunks, a tail pair), 2048 (four whole chunks); M = 70: 17 tiles of 4 rows and 2 rows;
+# 2048 x 261: a panel of 256 activation rows (cpu_quant_gemm.c PANEL_BYTES / Kp), then 5
+SHAPES = [(37, 544, 70), (19, 1088, 5), (53, 2048, 7), (4, 512, 1), (21, 2048, 261)]
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.IQ4_NL]
 
 

@@ -12,9 +12,11 @@
  * 64-code step 4 weight vectors (unpacked once: nibbles split, 5th bits added, IQ4_NL's table looked up) and 4
  * activation vectors feed 16 vpdpbusd into 16 int32 accumulators, lane j holding block j of the chunk (the
  * interleaved layout: no reduction inside a block). After each chunk of 16 blocks the 16 sums turn float and
- * are scaled by d dx (and the offsets' o cx added). Cache blocking: a thread owns whole tiles of 16 weight
- * rows (threads over output columns, as the GEMV); for each MB-row panel of activations (MB x Kp bytes, kept
- * in L2) it walks its tiles' 4-row groups (4 x Kp / 2 bytes at 4 bits: in L1 across the panel's tiles of 4 rows).
+ * are scaled by d dx (Q4_1-like stored offsets and zero codes: o cx added; a constant offset c d instead starts
+ * the int32 sums at c sx, sx the block's activation codes' sum). Cache blocking: a thread owns whole tiles of 16
+ * weight rows (threads over output columns, as the GEMV); for each panel of activation rows (PANEL_BYTES of
+ * codes, in L2) it walks its tiles, and in a tile takes 4 activation rows at a time (4 Kp bytes, in L1) against
+ * the tile's 4-row groups (16 Kp / 2 bytes at 4 bits: in L1 for K up to ~4096, else L2).
  * Blocks past the last whole chunk (K not a multiple of 512) go through cpu_quant.h's tail_vnni per pair.
  *
  * Built without AVX-512 VNNI, gb_gemm_blocks_native() says 0 and the Python side keeps its float path
@@ -27,7 +29,7 @@ void gb_linear_blocks(const void *x, i64 M, i64 K, const uint8_t *w, const uint1
 
 #define NR 4  /* weight rows per register tile */
 #define MR 4  /* activation rows per register tile */
-#define MB 64 /* activation rows per panel */
+#define PANEL_BYTES (1 << 19) /* activation codes per panel: within L2 (2 MB a core on the Xeon, 1 MB on Zen 4) */
 
 #ifdef GB_VNNI
 /* One chunk (16 blocks) of the full 4 x 4 tile: s[i * 4 + j] += the block sums of weight row i (its chunk's codes
@@ -139,6 +141,7 @@ static void gemm(const uint8_t *w, const uint16_t *d, const uint16_t *o, const u
                  const float *bias, i64 N, i64 Kp, int bits, const int8_t *qx, const float *dx, const float *cx,
                  const int32_t *cs, i64 M, void *out, int out_dt, int threads) {
     const i64 nb = Kp / 32, tiles = (N + TILE - 1) / TILE;
+    const i64 MB = PANEL_BYTES / Kp < 16 ? 16 : PANEL_BYTES / Kp / MR * MR; /* activation rows per panel */
     const tile_fn fn = bits == 4 ? tile_4 : bits == 5 ? tile_5 : bits == (4 | GB_NL) ? tile_nl : tile_8;
 #pragma omp parallel num_threads(threads)
     for (i64 m0 = 0; m0 < M; m0 += MB) { /* a panel of MB activation rows (L2) against all the thread's tiles */
@@ -146,15 +149,15 @@ static void gemm(const uint8_t *w, const uint16_t *d, const uint16_t *o, const u
 #pragma omp for schedule(static) nowait
         for (i64 t = 0; t < tiles; t++) { /* the same tiles each panel: no barrier needed */
             const i64 n0 = t * TILE, rows = N - n0 < TILE ? N - n0 : TILE;
-            for (i64 g = 0; g < rows; g += NR) {
-                const int nr = rows - g < NR ? (int)(rows - g) : NR;
-                block_row rw[NR];
-                for (int i = 0; i < nr; i++) rw[i] = row_at(w, d, o, z, N, Kp, bits, n0 + g + i);
-                for (i64 m = m0; m < mend; m += MR) {
-                    const int mr = mend - m < MR ? (int)(mend - m) : MR;
+            block_row rw[TILE];
+            for (i64 r = 0; r < rows; r++) rw[r] = row_at(w, d, o, z, N, Kp, bits, n0 + r);
+            for (i64 m = m0; m < mend; m += MR) { /* 4 activation rows (L1) against the tile's 4-row groups */
+                const int mr = mend - m < MR ? (int)(mend - m) : MR;
+                for (i64 g = 0; g < rows; g += NR) {
+                    const int nr = rows - g < NR ? (int)(rows - g) : NR;
                     float y[NR * MR];
-                    _mm512_storeu_ps(y, fn(rw, nr, mr, c, Kp, qx + m * Kp, dx + m * nb, cx + m * nb,
-                                                cs ? cs + m * nb : NULL));
+                    _mm512_storeu_ps(y, fn(rw + g, nr, mr, c, Kp, qx + m * Kp, dx + m * nb, cx + m * nb,
+                                           cs ? cs + m * nb : NULL));
                     for (int i = 0; i < nr; i++) {
                         const i64 n = n0 + g + i;
                         const float bn = bias ? bias[n] : 0.0f;
