@@ -75,8 +75,7 @@ def test_bursts_pick_the_tokens_single_steps_pick(tmp_path: Path, model: str) ->
         arch, quant = model.split("-")
         source, kw = str(build_tiny_model(arch, tmp_path)), {"quantization": quant}
     # one engine (a real model loads slowly), first held to single steps; no prefix caching, so that both runs
-    # prefill alike: a cached prefix leaves fewer prompt rows, which may take another prompt GEMM (block
-    # weights: the int8 GEMM up to 64 rows, quant/blocks/prompt_gemm.py) with other bits
+    # prefill alike (a cached prefix leaves fewer prompt rows, which may take another prompt path's bits)
     llm = _engine(source, 6, enable_prefix_caching=False, **kw)
     assert isinstance(llm.engine.executor.forward, NativeForward)
     assert llm.engine.executor.forward.burst is not None, "the model binds bursts"
