@@ -20,7 +20,7 @@ from torch import nn
 from glassbox.layers.activation import get_activation
 from glassbox.models.hybrid_spec import HybridSpec
 from glassbox.models.model_config import ModelConfig
-from glassbox.quant.held_experts import HeldExperts, kept_linear
+from glassbox.quant.held_experts import HeldExperts, Quantize, kept_linear
 
 
 class NemotronHMLP(nn.Module):
@@ -79,14 +79,34 @@ class NemotronHExperts(nn.Module):
         if held.gate_up is None or held.down is None or len(held.gate_up) != e or len(held.down) != e:
             raise ValueError(f"{e} experts need each an up and a down matrix held")
         for i, (up, down) in enumerate(zip(held.gate_up, held.down, strict=True)):
-            if len(up) != 1 or (up[0].out_features, up[0].in_features) != (inter, width) or (
-                down.out_features,
-                down.in_features,
-            ) != (width, inter):
-                raise ValueError(f"expert {i}: held matrices do not fit up ({inter}, {width}), down ({width}, {inter})")
+            if (
+                len(up) != 1
+                or (up[0].out_features, up[0].in_features) != (inter, width)
+                or (
+                    down.out_features,
+                    down.in_features,
+                )
+                != (width, inter)
+            ):
+                raise ValueError(
+                    f"expert {i}: held matrices do not fit up ({inter}, {width}), down ({width}, {inter})"
+                )
             self.kept.extend([kept_linear(up, None), kept_linear((down,), None)])
         self.up_proj = nn.Parameter(self.up_proj.new_empty(0, inter, width), requires_grad=False)
         self.down_proj = nn.Parameter(self.down_proj.new_empty(0, width, inter), requires_grad=False)
+
+    def quantize_experts(self, quantize: Quantize, down: Quantize | None = None) -> int:
+        """``--quantization``: each expert's up and down packed by ``quantize`` (down's by ``down`` where
+        given) and held; returns the count (none where held already)."""
+        if len(self.kept):
+            return 0
+        q2 = down or quantize
+        self.hold(
+            HeldExperts(
+                [(quantize(w),) for w in self.up_proj.detach()], [q2(w) for w in self.down_proj.detach()]
+            )
+        )
+        return 2 * self.num_experts
 
     def _up(self, e: int, x: torch.Tensor) -> torch.Tensor:
         return self.kept[2 * e](x) if len(self.kept) else F.linear(x, self.up_proj[e])

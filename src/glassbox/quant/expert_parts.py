@@ -36,7 +36,9 @@ def held_experts(found: dict[str, dict[int, dict[str, ExpertMatrix]]], what: str
         parts = ("gate", "up") if any("gate" in p for p in experts.values()) else ("up",)
         lacking = [e for e in range(n) if set(experts.get(e, {})) != {*parts, "down"}]
         if lacking:
-            raise ValueError(f"{module}: {what} experts {lacking[:4]} lack a {', '.join(parts)} or down weight")
+            raise ValueError(
+                f"{module}: {what} experts {lacking[:4]} lack a {', '.join(parts)} or down weight"
+            )
         name = module.replace(".block_sparse_moe.", ".mlp.")  # Mixtral's module is glassbox's mlp
         held[name] = HeldExperts(
             [tuple(experts[e][p] for p in parts) for e in range(n)], [experts[e]["down"] for e in range(n)]
