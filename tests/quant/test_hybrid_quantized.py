@@ -20,7 +20,7 @@ from hybrid_models import build_hybrid_model
 from safetensors.torch import load_file
 from test_fp4 import nvfp4_dequantize
 from test_fp4_models import modelopt_qc
-from test_fp8_checkpoint import HF_FP8, dequantized, quantize, write_checkpoint
+from test_fp8_checkpoint import HF_FP8, ct_config, dequantized, quantize, write_checkpoint
 from tiny_models import hf_greedy
 
 from glassbox import LLM, SamplingParams
@@ -61,10 +61,18 @@ def _fp8(w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     return {"weight": q, "weight_scale_inv": s}, dequantized(q, s, FP8_BLOCK, FP8_BLOCK)
 
 
+def _ct_fp8(w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """One matrix as compressed-tensors stores FP8 per channel (``weight_scale`` (N, 1)), and dequantized."""
+    n, k = w.shape
+    q, s = quantize(w, 1, k)
+    return {"weight": q, "weight_scale": s.reshape(n, 1)}, dequantized(q, s, 1, k)
+
+
 # format -> (quantize one matrix, config.json's quantization_config, the linear glassbox keeps it in)
 FORMATS: dict[str, tuple[Quantize, dict[str, Any], type]] = {
     "nvfp4": (_nvfp4, modelopt_qc(ignore=["lm_head", "*mlp.gate", "*mixer.gate", "*shared_expert_gate"]), FP4Linear),
     "fp8": (_fp8, HF_FP8 | {"modules_to_not_convert": ["lm_head", "mlp.gate", "mixer.gate", "shared_expert_gate"]}, Fp8Linear),
+    "ct-fp8": (_ct_fp8, ct_config("channel", None, False, ["lm_head", "re:.*mlp.gate$", "re:.*mixer.gate$", "re:.*shared_expert_gate$"]), Fp8Linear),
 }  # fmt: skip
 
 
@@ -119,7 +127,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("arch", "fmt"),
     [("nemotron_h", "nvfp4"), ("qwen3_next", "nvfp4"), ("qwen3_5", "nvfp4"), ("qwen3_5_moe", "nvfp4"),
-     ("nemotron_h", "fp8"), ("qwen3_next", "fp8")],
+     ("nemotron_h", "fp8"), ("qwen3_next", "fp8"), ("qwen3_5_moe", "ct-fp8")],
 )  # fmt: skip
 def test_checkpoint_runs_as_its_dequantized_weights(root: Path, arch: str, fmt: str) -> None:
     qdir, ddir = quantized_hybrid(root, arch, fmt)
