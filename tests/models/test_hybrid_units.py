@@ -201,13 +201,6 @@ def test_missing_state_tensor_is_named(tmp_path: Path) -> None:
         LLMEngine(EngineConfig(model=str(d), dtype="float32"))
 
 
-def test_quantized_hybrid_checkpoints_are_refused() -> None:
-    cfg = hybrid_config("qwen3_5", 512, 1).to_dict()
-    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
-    with pytest.raises(ValueError, match="fp8-quantized hybrid .* not read yet"):
-        ModelConfig.from_facts(facts_from_config(cfg))
-
-
 def test_state_checkpoints_follow_their_blocks() -> None:
     """A prompt chunk stops at the prompt's checkpoint boundary; the state there is saved, a later
     identical prompt restores it, and reusing the block drops it (the integrity check catches one kept)."""

@@ -52,8 +52,6 @@ class ModelConfig(ModelFacts):
         qc = facts.quantization_config
         held = method in (None, "mxfp4") or fp8_spec(qc) is not None or group_quant(qc) is not None
         held = held or nvfp4_spec(qc) is not None  # ModelOpt NVFP4 experts: quant/fp4/checkpoint.py
-        if method is not None and facts.hybrid is not None:  # not checked against a reference yet
-            raise ValueError(f"{method}-quantized hybrid ({facts.model_type}) checkpoints are not read yet")
         if method is not None and family.fused:  # their readers do not cut yet
             raise ValueError(f"{method}-quantized {facts.model_type} checkpoints are not read yet")
         if facts.is_moe and not (held or ct_int_spec(qc) is not None):

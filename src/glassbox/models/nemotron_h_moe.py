@@ -20,6 +20,7 @@ from torch import nn
 from glassbox.layers.activation import get_activation
 from glassbox.models.hybrid_spec import HybridSpec
 from glassbox.models.model_config import ModelConfig
+from glassbox.quant.held_experts import HeldExperts, Quantize, kept_linear
 
 
 class NemotronHMLP(nn.Module):
@@ -61,20 +62,64 @@ class NemotronHRouter(nn.Module):
 
 class NemotronHExperts(nn.Module):
     """E squared-ReLU experts held stacked: up_proj (E, I, D), down_proj (E, D, I), D the latent width or
-    the hidden size."""
+    the hidden size; or, from a quantized checkpoint (``hold``), each expert's (up, down) kept linears."""
 
     def __init__(self, num_experts: int, width: int, inter: int, act: str) -> None:
         super().__init__()
         self.up_proj = nn.Parameter(torch.empty(num_experts, inter, width))
         self.down_proj = nn.Parameter(torch.empty(num_experts, width, inter))
         self.act = get_activation(act)
+        self.num_experts = num_experts
+        self.kept = nn.ModuleList()  # flat [up_0, down_0, up_1, ...] where held; empty otherwise
+
+    def hold(self, held: HeldExperts) -> None:
+        """Run each expert's matrices as stored (a gate-less ``gate_up``: its up alone); the stacked float
+        parameters are emptied. ValueError where a side is missing or a shape differs."""
+        e, inter, width = self.up_proj.shape
+        if held.gate_up is None or held.down is None or len(held.gate_up) != e or len(held.down) != e:
+            raise ValueError(f"{e} experts need each an up and a down matrix held")
+        for i, (up, down) in enumerate(zip(held.gate_up, held.down, strict=True)):
+            if (
+                len(up) != 1
+                or (up[0].out_features, up[0].in_features) != (inter, width)
+                or (
+                    down.out_features,
+                    down.in_features,
+                )
+                != (width, inter)
+            ):
+                raise ValueError(
+                    f"expert {i}: held matrices do not fit up ({inter}, {width}), down ({width}, {inter})"
+                )
+            self.kept.extend([kept_linear(up, None), kept_linear((down,), None)])
+        self.up_proj = nn.Parameter(self.up_proj.new_empty(0, inter, width), requires_grad=False)
+        self.down_proj = nn.Parameter(self.down_proj.new_empty(0, width, inter), requires_grad=False)
+
+    def quantize_experts(self, quantize: Quantize, down: Quantize | None = None) -> int:
+        """``--quantization``: each expert's up and down packed by ``quantize`` (down's by ``down`` where
+        given) and held; returns the count (none where held already)."""
+        if len(self.kept):
+            return 0
+        q2 = down or quantize
+        self.hold(
+            HeldExperts(
+                [(quantize(w),) for w in self.up_proj.detach()], [q2(w) for w in self.down_proj.detach()]
+            )
+        )
+        return 2 * self.num_experts
+
+    def _up(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        return self.kept[2 * e](x) if len(self.kept) else F.linear(x, self.up_proj[e])
+
+    def _down(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        return self.kept[2 * e + 1](x) if len(self.kept) else F.linear(x, self.down_proj[e])
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x (T, D), ids and float32 weights (T, k) -> (T, D), summed in float32 as transformers does."""
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         flat = ids.reshape(-1)
         order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.up_proj.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         start = 0
         for e, n in enumerate(counts):
             if n == 0:
@@ -82,8 +127,7 @@ class NemotronHExperts(nn.Module):
             pairs = order[start : start + n]  # (token, choice) pairs of expert e
             start += n
             tokens = pairs // ids.shape[1]
-            h = self.act(F.linear(x[tokens], self.up_proj[e]))
-            h = F.linear(h, self.down_proj[e]) * weights.reshape(-1)[pairs].unsqueeze(-1)
+            h = self._down(e, self.act(self._up(e, x[tokens]))) * weights.reshape(-1)[pairs].unsqueeze(-1)
             out.index_add_(0, tokens, h.float())
         return out.to(x.dtype)
 

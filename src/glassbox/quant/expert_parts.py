@@ -32,12 +32,16 @@ def held_experts(found: dict[str, dict[int, dict[str, ExpertMatrix]]], what: str
     held: dict[str, HeldExperts] = {}
     for module, experts in found.items():
         n = max(experts) + 1
-        lacking = [e for e in range(n) if set(experts.get(e, {})) != {"gate", "up", "down"}]
+        # gated experts (gate, up, down), or ungated ones (Nemotron-H's squared ReLU: up, down) throughout
+        parts = ("gate", "up") if any("gate" in p for p in experts.values()) else ("up",)
+        lacking = [e for e in range(n) if set(experts.get(e, {})) != {*parts, "down"}]
         if lacking:
-            raise ValueError(f"{module}: {what} experts {lacking[:4]} lack a gate, up or down weight")
+            raise ValueError(
+                f"{module}: {what} experts {lacking[:4]} lack a {', '.join(parts)} or down weight"
+            )
         name = module.replace(".block_sparse_moe.", ".mlp.")  # Mixtral's module is glassbox's mlp
         held[name] = HeldExperts(
-            [(experts[e]["gate"], experts[e]["up"]) for e in range(n)], [experts[e]["down"] for e in range(n)]
+            [tuple(experts[e][p] for p in parts) for e in range(n)], [experts[e]["down"] for e in range(n)]
         )
     return held
 

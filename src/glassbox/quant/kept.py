@@ -25,7 +25,9 @@ Kept = AnyBlocks | Fp8Weights | FP4Weights | HeldExperts
 def swap_in_kept(model: nn.Module, kept: dict[str, Kept], dtype: torch.dtype) -> None:
     """Replace each module whose weight is in ``packed`` by its block-quantized (FP8, FP4) form (a bias
     stays a parameter, loaded from the checkpoint by name); MoE experts (by module name) hold theirs."""
+    params = dict(model.named_parameters(remove_duplicate=False))
     for name, blocks in kept.items():
+        name = _module_name(model, name, params, isinstance(blocks, HeldExperts))
         if isinstance(blocks, HeldExperts):  # a MoE layer (models/moe.py MoEExperts) holds them
             experts = model.get_submodule(name)
             hold = getattr(experts, "hold", None)
@@ -63,6 +65,25 @@ def swap_in_kept(model: nn.Module, kept: dict[str, Kept], dtype: torch.dtype) ->
         ) or (isinstance(old, nn.Linear) and old.in_features != blocks.in_features):
             raise ValueError(f"{name}: packed shape does not match the model")
         setattr(parent, child, in_place_of(old, new))
+
+
+def _module_name(model: nn.Module, name: str, params: dict[str, nn.Parameter], experts: bool) -> str:
+    """The model's name of a kept weight (``experts``: a MoE module) named as the checkpoint names it: the
+    same, or where the family renames checkpoint tensors (Nemotron-H's ``backbone.*``, a multimodal
+    checkpoint's text model) the module its ``checkpoint_view`` puts that weight (one expert's up matrix)
+    into."""
+    module = name if experts else name.removesuffix(".weight").rpartition(".")[0]
+    try:
+        model.get_submodule(module)
+        return name
+    except AttributeError:
+        pass
+    view = getattr(model, "checkpoint_view", None)
+    found = view(f"{name}.0.up_proj.weight" if experts else name, params) if callable(view) else None
+    if found is None:
+        return name  # get_submodule then names what is missing
+    target = found[0]
+    return target.rpartition(".")[0] if experts else target
 
 
 def held_size(model: nn.Module) -> tuple[int, int, list[str]]:
