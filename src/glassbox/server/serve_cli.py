@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import logging
 import os
@@ -277,6 +278,11 @@ def run(args: argparse.Namespace) -> int:
         lifespan="on",
     )
     logger.info("serving %s on http://%s:%d", what, args.host, args.port)
+    # The ~370K objects of a loaded server (torch, transformers, the app) move to the permanent generation
+    # (as vLLM does after start-up): one full collection over them took 160 ms with the GIL held, a stall
+    # of the event loop and of every step, and they live as long as the process anyway.
+    gc.collect()
+    gc.freeze()
     try:
         asyncio.run(_serve(uvicorn.Server(uv_config), app.state.glassbox))
     finally:
