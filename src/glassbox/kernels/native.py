@@ -169,6 +169,13 @@ def bf16_amx_wanted() -> bool:
     return choice == "auto"
 
 
+def bf16_tiles_on_amx() -> bool:
+    """Whether the bf16 tiles multiply on AMX in this process (``gb_bf16_amx_init``'s answer: the CPU and the
+    kernels' build have it, the kernel asked for the tile state and got it, ``GLASSBOX_BF16_AMX`` allows)."""
+    lib = library()
+    return lib is not None and bool(ctypes.c_int.in_dll(lib, "gb_bf16_amx_on").value)
+
+
 def usable(dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
     """Whether the CPU kernels run a model of ``dtype`` with a KV cache of ``kv_dtype`` (not where
     GLASSBOX_CPU_KERNELS=torch asks for the PyTorch reference path)."""

@@ -3,8 +3,10 @@
 At batch 1 oneDNN's packed bf16 GEMV (quant/dense/onednn.py ``PackedLinear``, what torch offers) streams weights
 at about half the machine's read bandwidth; the tiled kernel streams them ~1.5x faster (benchmarks/
 bf16_gemv.py and bf16_decode.py measure them side by side). At prompt sizes oneDNN's GEMM (AMX where the
-CPU has it) is several times faster than the tiles, so a step with prompt rows runs it past ``GEMM_ROWS``
-rows on the matrix untiled into a temporary (``TiledBf16Linear.forward``; benchmarks/bf16_prefill.py). It
+CPU has it) is several times faster than the tiles' AVX-512 dot products, so where those are what the tiles
+multiply with, a step with prompt rows runs it past ``GEMM_ROWS`` rows on the matrix untiled into a temporary
+(``TiledBf16Linear.forward``; benchmarks/bf16_prefill.py); where the tiles multiply on AMX (kernels/
+cpu_bf16_amx.c) they are faster than that at every row count and run every product (``onednn_prompts``). It
 needs AVX-512 BF16; elsewhere, or with ``GLASSBOX_BF16_LINEAR=onednn`` (or ``GLASSBOX_CPU_KERNELS=torch``),
 bf16 linears stay oneDNN-packed, the reference path.
 """
@@ -40,15 +42,19 @@ def tiled_available() -> bool:
 @functools.cache
 def onednn_prompts() -> bool:
     """Whether prompt-sized products (``GEMM_ROWS`` rows and more) take oneDNN's GEMM on the untiled matrix:
-    ``GLASSBOX_BF16_PROMPTS`` "onednn" or "tiles", else (auto) where the CPU has AMX, whose tile multiply
-    runs oneDNN's bf16 GEMMs several times faster than the tiles' AVX-512 dot products (~400 vs ~65 GFLOP/s
-    a thread on this Xeon); on AVX-512 BF16 alone the tiles kept up with oneDNN (an EPYC, docs/performance.md's CPU
-    table), so they stay."""
+    ``GLASSBOX_BF16_PROMPTS`` "onednn" or "tiles", else (auto) where the CPU has AMX but the tiles multiply
+    with AVX-512 dot products (``GLASSBOX_BF16_AMX=off``): oneDNN's AMX GEMM runs several times faster than
+    those (~400 vs ~65 GFLOP/s a thread on this Xeon). Where the tiles multiply on AMX themselves they beat
+    the untiled GEMM at every row count, the copy included (1 thread, 3072 x 1024 and 1024 x 3072: 0.69 vs
+    1.91 ms at 64 rows, 5.2 vs 6.0 and 4.3 vs 7.2 ms at 512; benchmarks/bf16_prefill.py), so prompts stay on
+    them; on AVX-512 BF16 alone the tiles kept up with oneDNN (an EPYC, docs/performance.md's CPU table)."""
     choice = os.environ.get("GLASSBOX_BF16_PROMPTS", "auto")
     if choice not in ("auto", "onednn", "tiles"):
         raise ValueError(f"GLASSBOX_BF16_PROMPTS must be 'auto', 'onednn' or 'tiles', got {choice!r}")
     if choice != "auto":
         return choice == "onednn"
+    if native.bf16_tiles_on_amx():
+        return False
     try:
         with open("/proc/cpuinfo") as f:
             return any(line.startswith("flags") and " amx_bf16" in line for line in f)
