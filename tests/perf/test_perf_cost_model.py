@@ -186,10 +186,11 @@ def test_bad_batch_raises() -> None:
 
 
 def test_prompt_prep_pass_by_hand() -> None:
-    # glassbox-cpu: a step with more than 32 prompt rows also moves 8 bytes per dense linear weight (bf16
-    # tiles untiled for oneDNN, read 2 + write 2, and oneDNN's reorder, 4; not the LM head, which runs on
-    # the sampled rows) at eta_bw; 32 rows or fewer, and decode, do not (perf/cpu_terms.py)
-    eng = PROFILES["glassbox-cpu"]
+    # glassbox-cpu with tiles that stop at 32 rows (GLASSBOX_BF16_AMX=off on an AMX CPU): a step with more
+    # than 32 prompt rows also moves 8 bytes per dense linear weight (bf16 tiles untiled for oneDNN, read 2 +
+    # write 2, and oneDNN's reorder, 4; not the LM head, which runs on the sampled rows) at eta_bw; 32 rows
+    # or fewer, and decode, do not (perf/cpu_terms.py)
+    eng = replace(PROFILES["glassbox-cpu"], prompt_prep_rows=32)
     f, s = _setup("qwen3-0.6b", "bf16", eng)
     off = replace(eng, prompt_prep_bytes_per_weight=0.0)
     dense = sum(f.params[g] for g in ("attention", "mlp", "moe_shared", "mamba"))

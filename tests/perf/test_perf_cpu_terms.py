@@ -80,13 +80,31 @@ def test_decode_and_speculative_rows_take_the_kernels() -> None:
     )
 
 
-def test_bf16_tiles_small_prompts_run_at_the_tile_share() -> None:
+def test_bf16_tiles_run_every_prompt_at_the_tile_share_without_a_copy() -> None:
+    """The tiles multiply on AMX and run prompts of any length (quant/dense/bf16_tiles.onednn_prompts)."""
     f = load_model_facts("qwen3-0.6b")
     s = resolve_scheme("bf16", None, "bf16", False, None)
-    for rows, share in ((16, CPU.tile_flops_share), (32, CPU.tile_flops_share), (33, 1.0)):
-        t = step_cost(f, s, HW, CPU, [(rows, 0)]).terms
+    for rows in (16, 33, 512, 2048):
+        path = prompt_path(f, s, CPU, [(rows, 0)])
+        assert path.tile_rows and path.prep_bytes == 0.0, rows
         dense = sum(f.params[g] for g in ("attention", "mlp", "moe_shared", "mamba", "norms"))
-        rate = HW.peak_flops("bf16") * CPU.eta_flops * share
+        rate = HW.peak_flops("bf16") * CPU.eta_flops * CPU.tile_flops_share
+        t = step_cost(f, s, HW, CPU, [(rows, 0)]).terms
+        assert t["linear_s"] == pytest.approx(2.0 * rows * dense / rate, rel=1e-9)
+
+
+def test_bf16_tiles_that_stop_at_32_rows_charge_the_copy_past_them() -> None:
+    """A profile whose tiles stop at ``prompt_prep_rows`` (dot-product tiles beside oneDNN's AMX GEMM)."""
+    f = load_model_facts("qwen3-0.6b")
+    s = resolve_scheme("bf16", None, "bf16", False, None)
+    cpu = replace(CPU, prompt_prep_rows=32, tile_flops_share=0.15)
+    copied = sum(f.params[g] for g in ("attention", "mlp", "moe_shared", "mamba"))  # not norms, not the head
+    assert prompt_path(f, s, cpu, [(33, 0)]).prep_bytes == copied * cpu.prompt_prep_bytes_per_weight
+    assert prompt_path(f, s, cpu, [(32, 0)]).prep_bytes == 0.0
+    for rows, share in ((16, cpu.tile_flops_share), (32, cpu.tile_flops_share), (33, 1.0)):
+        t = step_cost(f, s, HW, cpu, [(rows, 0)]).terms
+        dense = sum(f.params[g] for g in ("attention", "mlp", "moe_shared", "mamba", "norms"))
+        rate = HW.peak_flops("bf16") * cpu.eta_flops * share
         assert t["linear_s"] == pytest.approx(2.0 * rows * dense / rate, rel=1e-9)
         assert t["lm_head_s"] == pytest.approx(2.0 * f.params["lm_head"] / rate, rel=1e-9)  # one sampled row
 

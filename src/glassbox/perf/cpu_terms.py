@@ -11,11 +11,12 @@ call. A step with prompt rows runs the per-op forward instead, and its linears t
   whole 512-value chunks of a row (16 blocks: kernels/cpu_quant.h CHUNK); the values past a row's last
   whole chunk (64 of every 576 on SmolLM2's 576-wide rows) run one at a time in scalar C:
   ``dequant_tail_bytes_per_value`` charges each such value as that many bytes at the streaming rate.
-- **bf16 tiles** (quant/dense/bf16_tiles.py) on a CPU with AMX, past ``prompt_prep_rows`` (32) rows: the
-  tiles are untiled into a temporary (read 2, write 2) that oneDNN reorders (4): the same 8 bytes. Up to 32
-  rows the tiles' own kernel runs, whose AVX-512 BF16 dot products reach ``tile_flops_share`` of the
-  probe's (AMX) bf16 matmul rate. On a CPU without AMX every prompt stays on the tiles and oneDNN's bf16
-  GEMM is AVX-512 too: no copy, and the tiles run at the probe's rate (``for_this_cpu``).
+- **bf16 tiles** (quant/dense/bf16_tiles.py) run every row count on their own kernel (no copy): on a CPU
+  with AMX they multiply on AMX (kernels/cpu_bf16_amx.c) at ``tile_flops_share`` of the probe's bf16 matmul
+  rate (oneDNN's AMX GEMM); on a CPU without AMX the probe's GEMM is AVX-512 dot products like the tiles',
+  which run at its rate (``for_this_cpu``). A profile whose tiles stop at ``prompt_prep_rows`` (the engine
+  before the tiles multiplied on AMX, or ``GLASSBOX_BF16_AMX=off`` on an AMX CPU) charges the copy past it:
+  the tiles untiled into a temporary (read 2, write 2) that oneDNN reorders (4), the same 8 bytes.
 - The per-op forward dispatches ~10 kernels a layer from Python: ``prompt_layer_overhead_s`` a layer; each
   kernel reads and writes the step's activations (norms, rotary, SiLU, residual adds, attention's copies):
   ``activation_passes`` passes a layer over (hidden + MLP width) bf16 values per token.

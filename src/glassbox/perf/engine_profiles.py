@@ -46,11 +46,11 @@ class EngineProfile:
     tp: tensor parallelism (ranks, link); a step's time is one rank's share plus its all-reduces.
     prompt_prep_bytes_per_weight: bytes moved per dense weight (not the LM head) to prepare a prompt step's
         GEMM, charged at eta_bw (glassbox-cpu: perf/cpu_terms.py): bf16 tiles past ``prompt_prep_rows`` rows
-        on a CPU with AMX, block weights on any prompt step; 0: none.
+        (none: they run every row count), block weights on any prompt step; 0: none.
     dequant_tail_bytes_per_value: block weights' values dequantized in scalar code on a prompt step (past
         each row's last whole 512-value chunk), each charged as this many bytes at eta_bw.
     tile_flops_share: glassbox's bf16 tiles (prompt steps of up to ``prompt_prep_rows`` rows) reach this
-        share of eta_flops x the bf16 peak (AVX-512 dot products beside AMX's GEMMs).
+        share of eta_flops x the bf16 peak (their AMX kernel beside oneDNN's AMX GEMM).
     prompt_layer_overhead_s: per layer on steps with prompt rows: the per-op forward's Python dispatch
         (glassbox-cpu: decode steps run the layer stack in one native call instead).
     block_gemv_factor: block weights' int8 decode kernel streams at this share of eta_bw.
@@ -154,7 +154,11 @@ PROFILES: dict[str, EngineProfile] = {
             kv_row_scales=True,
             prompt_prep_bytes_per_weight=8.0,  # the design's copies (perf/cpu_terms.py), not fitted
             dequant_tail_bytes_per_value=213.3,
-            tile_flops_share=0.147,
+            # the tiles multiply on AMX and run every prompt since 2026-11-28 (after the fit): their share of
+            # oneDNN's packed AMX GEMM measured, not fitted: 0.64-0.96 over 64-512 rows, 3072 x 1024 and
+            # 1024 x 3072, 1 thread (benchmarks/bf16_prefill.py), 0.8 taken
+            prompt_prep_rows=1 << 30,
+            tile_flops_share=0.8,
             prompt_layer_overhead_s=1.142e-3,
             block_gemv_factor=0.502,
             activation_passes=53.1,
