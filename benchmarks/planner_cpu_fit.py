@@ -6,6 +6,7 @@ time (the run's own wall-clock probe: what `glassbox plan --hardware local` woul
 beside the run's load and probe.
 
     PYTHONPATH=src python benchmarks/planner_cpu_fit.py FIT.json [FIT2.json ...] [--held H.json ...] [--out x.md]
+    PYTHONPATH=src python benchmarks/planner_cpu_fit.py RUN.json [...] --check   (the committed profile, no fit)
 
 Several fit runs are fitted as one (each model's figures the median over them: perf/cpu_fit.merge).
 """
@@ -92,12 +93,33 @@ def report(
     return eng, "\n".join(lines) + "\n"
 
 
+def check(paths: list[Path]) -> str:
+    """The committed glassbox-cpu profile, unfitted, against each run: its cells and each model's MAPE."""
+    lines = []
+    for path in paths:
+        run = json.loads(path.read_text())
+        rows = cpu_fit.errors(run, PROFILES["glassbox-cpu"], "cpu")
+        lines += [f"## The committed profile on `{path.name}` ({run['date']})", "", _probe_line(run), ""]
+        for model in run["cells"]:
+            errs = [e for c, _, e in rows if c.model == model]
+            lines.append(f"- {model}: MAPE {cpu_fit.mape(errs):.1%}, max {max(abs(e) for e in errs):.1%}")
+        lines += ["", "In CPU time:", "", *_table(rows), ""]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("fit", type=Path, nargs="+")
     ap.add_argument("--held", type=Path, nargs="*", default=[])
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--check", action="store_true", help="no fit: the committed profile against each run")
     args = ap.parse_args()
+    if args.check:
+        text = check(args.fit)
+        sys.stdout.write(text)
+        if args.out:
+            args.out.write_text(text)
+        return 0
     eng, text = report(args.fit, args.held, BEFORE, BEFORE)  # from a fixed start: the fit is reproducible
     sys.stdout.write(text)
     sys.stdout.write("profile: " + ", ".join(f"{k}={getattr(eng, k):.4g}" for k in CONSTANTS) + "\n")
