@@ -19,6 +19,18 @@ from __future__ import annotations
 import torch
 
 CHUNK = 64  # tokens per chunk of the prompt scan (flash-linear-attention's and transformers' size)
+# Decay factors exp(x) with x < -UNDERFLOW are taken as exactly 0. Qwen3-Next's decays reach -30 per token,
+# so a chunk's cumulative log decay runs to -1000s: exp() of those lands in float32's subnormal range
+# (below 1.2e-38), and subnormal operands make the x86 matrix products and the triangular solve several
+# times slower (no flush-to-zero on the CPU). exp(-30) = 9e-14 is far below float32's relative rounding
+# (6e-8) of the undecayed terms each of these sums with (the diagonal's decay is exactly 1), and products
+# of two such factors (>= exp(-60) = 9e-27) stay normal.
+UNDERFLOW = 30.0
+
+
+def exp_or_zero(x: torch.Tensor) -> torch.Tensor:
+    """exp(x), with 0 where x < -UNDERFLOW (no subnormal results)."""
+    return x.masked_fill(x < -UNDERFLOW, float("-inf")).exp()
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -60,30 +72,34 @@ def delta_chunked(
         g, beta = (torch.cat([t, t.new_zeros(pad, heads)]) for t in (g, beta))
     n = (length + pad) // chunk
 
-    def chunks(t: torch.Tensor) -> torch.Tensor:  # (L, H, ...) -> (H, n, chunk, ...)
-        return t.reshape(n, chunk, heads, *t.shape[2:]).transpose(1, 2).transpose(0, 1)
+    def chunks(t: torch.Tensor) -> torch.Tensor:  # (L, H, ...) -> (n, H, chunk, ...), contiguous
+        return t.reshape(n, chunk, heads, *t.shape[2:]).transpose(1, 2).contiguous()
 
     qc, kc, vc, gc, bc = (chunks(t) for t in (q, k, v, g, beta))
-    cum = gc.cumsum(dim=-1)  # (H, n, C): G_i
+    cum = gc.cumsum(dim=-1)  # (n, H, C): G_i
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=k.device).tril()
     # exp(G_i - G_j) for j <= i, else 0 (masked before the exp: G_i - G_j > 0 above the diagonal)
-    decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()
+    diff = cum.unsqueeze(-1) - cum.unsqueeze(-2)
+    decay = diff.masked_fill(~causal | (diff < -UNDERFLOW), float("-inf")).exp()
+    start = exp_or_zero(cum)  # exp(G_i): reads of the chunk's start state
+    last = cum[..., -1:]  # (n, H, 1): G_C
     kb = kc * bc.unsqueeze(-1)
-    # (H, n, C, C): beta_i exp(G_i - G_j) k_i . k_j below the diagonal; the solve reads only the strictly
+    # (n, H, C, C): beta_i exp(G_i - G_j) k_i . k_j below the diagonal; the solve reads only the strictly
     # lower part (unitriangular: the system is I + a)
     a = (kb @ kc.transpose(-1, -2)) * decay
-    rhs = torch.cat([vc * bc.unsqueeze(-1), kb * cum.exp().unsqueeze(-1)], dim=-1)
+    rhs = torch.cat([vc * bc.unsqueeze(-1), kb * start.unsqueeze(-1)], dim=-1)
     sol = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
     u, w = sol[..., :dv], sol[..., dv:]  # d = u - w S0
-    scores = (qc @ kc.transpose(-1, -2)) * decay  # (H, n, C, C): exp(G_i - G_j) q_i . k_j, j <= i
-    q_in = qc * cum.exp().unsqueeze(-1)  # exp(G_i) q_i reads the chunk's start state
-    last = cum[..., -1:]  # (H, n, 1)
-    k_out = kc * (last - cum).exp().unsqueeze(-1)  # exp(G_C - G_j) k_j writes the end state
-    out = torch.empty_like(vc)
+    scores = (qc @ kc.transpose(-1, -2)) * decay  # (n, H, C, C): exp(G_i - G_j) q_i . k_j, j <= i
+    q_in = qc * start.unsqueeze(-1)
+    # (n, H, dk, C): exp(G_C - G_j) k_j^T writes the end state
+    k_out = (kc * exp_or_zero(last - cum).unsqueeze(-1)).transpose(-1, -2).contiguous()
+    total = exp_or_zero(last).unsqueeze(-1)  # (n, H, 1, 1): exp(G_C)
+    out = torch.empty_like(vc)  # (n, H, C, dv)
     s = state
-    for i in range(n):
-        d = u[:, i] - w[:, i] @ s  # (H, C, dv)
-        out[:, i] = q_in[:, i] @ s + scores[:, i] @ d
-        s = s * last[:, i].exp().unsqueeze(-1) + k_out[:, i].transpose(-1, -2) @ d
-    o = out.transpose(0, 1).transpose(1, 2).reshape(n * chunk, heads, dv)
+    for i in range(n):  # chunks in order; each [i] is a contiguous (H, ...) block
+        d = u[i] - w[i] @ s  # (H, C, dv)
+        out[i] = q_in[i] @ s + scores[i] @ d
+        s = s * total[i] + k_out[i] @ d
+    o = out.transpose(1, 2).reshape(n * chunk, heads, dv)
     return o[:length], s

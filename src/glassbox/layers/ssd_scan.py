@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from glassbox.layers.gated_delta_rule import UNDERFLOW, exp_or_zero
+
 
 def ssd_step(
     x: torch.Tensor,  # (S, H, P) float32
@@ -62,16 +64,19 @@ def ssd_chunked(
     cc = c.view(n, chunk, heads, n_state).permute(0, 2, 1, 3)
     cum = (dt * a).view(n, chunk, heads).permute(0, 2, 1).cumsum(dim=-1)  # (n, H, C): a_i
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()
-    decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()
+    diff = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # decays below exp(-UNDERFLOW) are 0: no subnormals
+    decay = diff.masked_fill(~causal | (diff < -UNDERFLOW), float("-inf")).exp()
     scores = (cc @ bc.transpose(-1, -2)) * decay  # (n, H, C, C): exp(a_i - a_j) C_i . B_j, j <= i
     inner = scores @ xc  # (n, H, C, P): the chunk's own tokens
-    c_in = cc * cum.exp().unsqueeze(-1)  # exp(a_i) C_i reads the start state
+    c_in = cc * exp_or_zero(cum).unsqueeze(-1)  # exp(a_i) C_i reads the start state
     last = cum[..., -1:]  # (n, H, 1)
-    b_out = bc * (last - cum).exp().unsqueeze(-1)  # exp(a_C - a_j) B_j writes the end state
+    b_out = bc * exp_or_zero(last - cum).unsqueeze(-1)  # exp(a_C - a_j) B_j writes the end state
     out = torch.empty_like(xc)
     s = state
     for i in range(n):
         out[i] = inner[i] + c_in[i] @ s.transpose(-1, -2)  # (H, C, N) @ (H, N, P)
-        s = s * last[i].exp().unsqueeze(-1) + xc[i].transpose(-1, -2) @ b_out[i]  # (H, P, C) @ (H, C, N)
+        s = (
+            s * exp_or_zero(last[i]).unsqueeze(-1) + xc[i].transpose(-1, -2) @ b_out[i]
+        )  # (H, P, C) @ (H, C, N)
     y = out.permute(0, 2, 1, 3).reshape(n * chunk, heads, p)[:length]
     return y + skip, s
