@@ -10,8 +10,11 @@ proposes k tokens per sequence and step, greedily; the target verifies them (eng
   next position, fed the previous row's output as h and the previous draft as x; their K/V lie past the
   final ones and are overwritten by the next catch-up. The argmax is a deterministic proposal, so the
   acceptance rule keeps the target's distribution and greedy output (engine/spec_decode.py).
-- A sequence whose hidden states the head lacks (a prompt partly served from the prefix cache: those
-  positions never ran) gets no drafts; one preempted (``release``) starts over when recomputed.
+- A sequence whose first positions the target never ran (a prompt partly served from the prefix cache;
+  a parallel-sampling sibling's shared prompt) has no hidden states there: the head starts at the first
+  position it has, attending to no K/V before it (``MtpCache.first``), so its drafts see less context
+  (they stay proposals: the verification keeps the output exact). A preempted sequence (``release``)
+  starts over when recomputed.
 
 Memory: per sequence, one attention layer's K/V per token in the model's dtype, doubling capacity (at most
 2x its tokens), plus the hidden rows of the last step; outside the KV budget (the ``MtpStats`` report it).
@@ -46,7 +49,7 @@ class MtpStats:
     calls: int = 0
     rows: int = 0
     cache_bytes: int = 0
-    skipped: int = 0  # proposals refused for missing hidden states
+    gaps: int = 0  # sequences whose head started past position 0 (positions the target never ran)
 
 
 class MtpProposer:
@@ -106,10 +109,11 @@ class MtpProposer:
         c = st.cache.length
         if c >= last:  # nothing computed since the last proposal at this length: no row to feed
             return []
-        have = st.hidden_start + (st.hidden.shape[0] if st.hidden is not None else 0)
-        if st.hidden is None or st.hidden_start > c or have < last:
-            self.stats.skipped += 1  # positions the target never ran (a prefix-cache hit)
+        if st.hidden is None or st.hidden_start + st.hidden.shape[0] < last or st.hidden_start >= last:
             return []
+        if st.hidden_start > c:  # positions c..hidden_start-1 never ran: the head starts after them
+            self.stats.gaps += 1
+            c = st.cache.first = st.cache.length = st.hidden_start
         # catch up over positions c..last-1: inputs x_{t+1}, h_t
         h = st.hidden[c - st.hidden_start : last - st.hidden_start]
         g = self._run(seq.token_ids[c + 1 : last + 1], h, c, st.cache)[-1:]

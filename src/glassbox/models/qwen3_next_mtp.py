@@ -31,12 +31,15 @@ MIN_CAPACITY = 64  # positions an MtpCache holds at first; it doubles when full
 
 
 class MtpCache:
-    """One sequence's MTP K/V: rows [0, length) hold positions 0..length-1; rows past it are scratch."""
+    """One sequence's MTP K/V: rows [first, length) hold positions first..length-1 (rows before ``first``:
+    positions whose target hidden states never ran, a prefix-cache hit; not attended); rows past ``length``
+    are scratch."""
 
     def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.k = torch.empty(MIN_CAPACITY, num_kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
         self.length = 0  # positions whose K/V are final (the sequence's committed tokens)
+        self.first = 0  # the first position attended
 
     def reserve(self, end: int) -> None:
         """Room for positions < ``end``."""
@@ -74,7 +77,8 @@ def dense_gated_attention(
     keys = cache.k[:end].repeat_interleave(group, dim=1).transpose(0, 1)  # (Hq, end, D)
     vals = cache.v[:end].repeat_interleave(group, dim=1).transpose(0, 1)
     pos = torch.arange(start, end, device=x.device)
-    mask = torch.arange(end, device=x.device)[None, :] <= pos[:, None]  # (T, end)
+    cols = torch.arange(end, device=x.device)[None, :]
+    mask = (cols <= pos[:, None]) & (cols >= cache.first)  # (T, end)
     o = F.scaled_dot_product_attention(
         q.transpose(0, 1).to(keys.dtype), keys, vals, attn_mask=mask, scale=attn.scale
     )  # (Hq, T, D)
