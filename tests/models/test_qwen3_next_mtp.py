@@ -99,3 +99,36 @@ def test_head_matches_the_published_formulation(model_dir: Path) -> None:
     # the head's logits are the shared LM head's: draft 1 is the reference's argmax
     lm = w["lm_head.weight"].double()
     assert int((want[-1] @ lm.T).argmax()) == int(model.compute_logits(got[-1]).argmax())
+
+
+def test_proposer_drafts_match_the_reference_mid_decode(model_dir: Path) -> None:
+    """The proposer inside a running engine (greedy, k = 2, prompt in chunks of 8 so its hidden states
+    arrive over several steps, then verify steps): its next drafts equal the reference head's argmaxes fed
+    transformers' final hidden states (after the final norm) of the whole sequence, draft 2 from the
+    reference's own output row. An argmax is compared: float32 against float64 differences (~1e-5) are far
+    below these random models' logit gaps."""
+    import transformers as tf
+
+    from glassbox import SamplingParams
+    from glassbox.engine.mtp_proposer import MtpProposer
+
+    spec = {"method": "mtp", "num_speculative_tokens": 2}
+    engine = LLM(str(model_dir), dtype="float32", speculative_config=spec, max_num_batched_tokens=8).engine
+    prompt = [7, 41, 99, 3, 250, 18, 77, 400, 12, 5, 61, 300, 9, 150, 33, 2, 88, 71]
+    engine.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    while not engine.scheduler.running or len(engine.scheduler.running[0].token_ids) < len(prompt) + 7:
+        engine.step()
+    seq = engine.scheduler.running[0]
+    proposer = engine.scheduler.proposer
+    assert isinstance(proposer, MtpProposer)
+    drafts = proposer.propose_batch([(seq, 2)])[0]
+    ids = list(seq.token_ids)
+    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        h = model.model(input_ids=torch.tensor([ids[:-1]])).last_hidden_state[0]  # positions 0..L-2
+    w = load_file(model_dir / "model.safetensors")
+    lm = w["lm_head.weight"].double()
+    g = reference(w, ids[1:], h)
+    d1 = int((g[-1] @ lm.T).argmax())
+    g2 = reference(w, ids[1:] + [d1], torch.cat([h, g[-1:].float()]))
+    assert drafts == [d1, int((g2[-1] @ lm.T).argmax())]
