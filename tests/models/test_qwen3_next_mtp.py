@@ -12,12 +12,14 @@ after the final norm); a wrong concat order, norm, rotary or cache row is O(1) o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from hybrid_models import build_hybrid_model
 from mtp_models import add_mtp
 from safetensors.torch import load_file
+from test_spec_hybrid import _model
 
 from glassbox import LLM
 from glassbox.models.qwen3_next_mtp import MtpCache, Qwen3NextMtp
@@ -101,34 +103,53 @@ def test_head_matches_the_published_formulation(model_dir: Path) -> None:
     assert int((want[-1] @ lm.T).argmax()) == int(model.compute_logits(got[-1]).argmax())
 
 
-def test_proposer_drafts_match_the_reference_mid_decode(model_dir: Path) -> None:
-    """The proposer inside a running engine (greedy, k = 2, prompt in chunks of 8 so its hidden states
-    arrive over several steps, then verify steps): its next drafts equal the reference head's argmaxes fed
-    transformers' final hidden states (after the final norm) of the whole sequence, draft 2 from the
-    reference's own output row. An argmax is compared: float32 against float64 differences (~1e-5) are far
-    below these random models' logit gaps."""
+
+def test_proposer_drafts_match_the_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proposer inside a running engine (greedy, k = 2, the prompt in chunks of 8 so its hidden states
+    arrive over several steps, then verify steps accepting some drafts: a copying Qwen3.5 of
+    tests/engine/test_spec_hybrid.py, its head leaning to copy, so that catch-ups span several
+    positions): every proposal it makes equals
+    the reference head's argmaxes fed transformers' final hidden states (after the final norm) of the
+    sequence so far, draft 2 from the reference's own output row. Argmaxes are compared: float32 against
+    float64 differences (~1e-5) are far below these models' logit gaps (>= 1e-3 here)."""
     import transformers as tf
 
     from glassbox import SamplingParams
     from glassbox.engine.mtp_proposer import MtpProposer
 
+    model_dir = add_mtp(_model("qwen3_5", tmp_path), tmp_path / "qwen3_5-copying-mtp", copy_bias=1.0)
     spec = {"method": "mtp", "num_speculative_tokens": 2}
     engine = LLM(str(model_dir), dtype="float32", speculative_config=spec, max_num_batched_tokens=8).engine
-    prompt = [7, 41, 99, 3, 250, 18, 77, 400, 12, 5, 61, 300, 9, 150, 33, 2, 88, 71]
-    engine.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
-    while not engine.scheduler.running or len(engine.scheduler.running[0].token_ids) < len(prompt) + 7:
-        engine.step()
-    seq = engine.scheduler.running[0]
     proposer = engine.scheduler.proposer
     assert isinstance(proposer, MtpProposer)
-    drafts = proposer.propose_batch([(seq, 2)])[0]
-    ids = list(seq.token_ids)
+    seen: list[tuple[list[int], list[int]]] = []
+    propose = proposer.propose_batch
+
+    def recording(asks: list[tuple[Any, int]]) -> list[list[int]]:
+        out = propose(asks)
+        seen.extend((list(seq.token_ids), d) for (seq, _), d in zip(asks, out, strict=True) if d)
+        return out
+
+    monkeypatch.setattr(proposer, "propose_batch", recording)
+    prompt = [7, 41, 99, 3, 250, 18, 77, 400, 12, 5, 61, 300, 9, 150, 33, 2, 88, 71]
+    engine.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    final: list[int] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            final = list(out.prompt_token_ids or []) + list(out.outputs[0].token_ids)
+    assert len(seen) >= 8 and len(final) == len(prompt) + 24
     model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        h = model.model(input_ids=torch.tensor([ids[:-1]])).last_hidden_state[0]  # positions 0..L-2
+        h = model.model(input_ids=torch.tensor([final])).last_hidden_state[0]  # (L, H), causal
     w = load_file(model_dir / "model.safetensors")
-    lm = w["lm_head.weight"].double()
-    g = reference(w, ids[1:], h)
-    d1 = int((g[-1] @ lm.T).argmax())
-    g2 = reference(w, ids[1:] + [d1], torch.cat([h, g[-1:].float()]))
-    assert drafts == [d1, int((g2[-1] @ lm.T).argmax())]
+    lm = w.get("lm_head.weight", w["model.embed_tokens.weight"]).double()  # (tied here)
+    for ids, drafts in seen:
+        assert ids == final[: len(ids)]
+        n = len(ids)
+        g = reference(w, ids[1:], h[: n - 1])
+        want = [int((g[-1] @ lm.T).argmax())]
+        g2 = reference(w, ids[1:] + want, torch.cat([h[: n - 1], g[-1:].float()]))
+        want.append(int((g2[-1] @ lm.T).argmax()))
+        assert drafts == want[: len(drafts)], (n, drafts, want)
+    c = engine.counters
+    assert 0 < c.spec_accepted_tokens < c.spec_draft_tokens
