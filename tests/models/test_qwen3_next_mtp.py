@@ -19,7 +19,6 @@ import torch
 from hybrid_models import build_hybrid_model
 from mtp_models import add_mtp
 from safetensors.torch import load_file
-from test_spec_hybrid import _model
 
 from glassbox import LLM
 from glassbox.models.qwen3_next_mtp import MtpCache, Qwen3NextMtp
@@ -104,11 +103,10 @@ def test_head_matches_the_published_formulation(model_dir: Path) -> None:
 
 
 
-def test_proposer_drafts_match_the_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_proposer_drafts_match_the_reference(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The proposer inside a running engine (greedy, k = 2, the prompt in chunks of 8 so its hidden states
-    arrive over several steps, then verify steps accepting some drafts: a copying Qwen3.5 of
-    tests/engine/test_spec_hybrid.py, its head leaning to copy, so that catch-ups span several
-    positions): every proposal it makes equals
+    arrive over three steps and its first catch-up spans them; a random head, so that drafts depend on
+    every input, rarely accepted): every proposal it makes equals
     the reference head's argmaxes fed transformers' final hidden states (after the final norm) of the
     sequence so far, draft 2 from the reference's own output row. Argmaxes are compared: float32 against
     float64 differences (~1e-5) are far below these models' logit gaps (>= 1e-3 here)."""
@@ -117,7 +115,6 @@ def test_proposer_drafts_match_the_reference(tmp_path: Path, monkeypatch: pytest
     from glassbox import SamplingParams
     from glassbox.engine.mtp_proposer import MtpProposer
 
-    model_dir = add_mtp(_model("qwen3_5", tmp_path), tmp_path / "qwen3_5-copying-mtp", copy_bias=1.0)
     spec = {"method": "mtp", "num_speculative_tokens": 2}
     engine = LLM(str(model_dir), dtype="float32", speculative_config=spec, max_num_batched_tokens=8).engine
     proposer = engine.scheduler.proposer
@@ -132,17 +129,17 @@ def test_proposer_drafts_match_the_reference(tmp_path: Path, monkeypatch: pytest
 
     monkeypatch.setattr(proposer, "propose_batch", recording)
     prompt = [7, 41, 99, 3, 250, 18, 77, 400, 12, 5, 61, 300, 9, 150, 33, 2, 88, 71]
-    engine.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    engine.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
     final: list[int] = []
     while engine.has_unfinished_requests():
         for out in engine.step():
             final = list(out.prompt_token_ids or []) + list(out.outputs[0].token_ids)
-    assert len(seen) >= 8 and len(final) == len(prompt) + 24
+    assert len(seen) >= 15 and len(final) == len(prompt) + 40
     model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         h = model.model(input_ids=torch.tensor([final])).last_hidden_state[0]  # (L, H), causal
     w = load_file(model_dir / "model.safetensors")
-    lm = w.get("lm_head.weight", w["model.embed_tokens.weight"]).double()  # (tied here)
+    lm = w["lm_head.weight"].double()
     for ids, drafts in seen:
         assert ids == final[: len(ids)]
         n = len(ids)
@@ -151,5 +148,4 @@ def test_proposer_drafts_match_the_reference(tmp_path: Path, monkeypatch: pytest
         g2 = reference(w, ids[1:] + want, torch.cat([h[: n - 1], g[-1:].float()]))
         want.append(int((g2[-1] @ lm.T).argmax()))
         assert drafts == want[: len(drafts)], (n, drafts, want)
-    c = engine.counters
-    assert 0 < c.spec_accepted_tokens < c.spec_draft_tokens
+    assert seen[0][0] == prompt + final[len(prompt) : len(prompt) + 1]  # the first: after the prompt
