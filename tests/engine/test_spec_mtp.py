@@ -19,14 +19,34 @@ from typing import Any
 
 import pytest
 import torch
-from hybrid_models import build_hybrid_model
+from hybrid_models import build_hybrid_model, reference
 from mtp_models import add_mtp
 from test_spec_decode import _chi2_pvalue, _tv
-from test_spec_hybrid import MAX_NEW, _model, refs, run_checked  # noqa: F401  (refs: a fixture)
+from test_spec_hybrid import MAX_NEW, _model, run_checked
 
 from glassbox import LLM, SamplingParams
 from glassbox.engine.llm_engine import LLMEngine
 from glassbox.engine.mtp_proposer import MtpProposer
+from glassbox.tokenizer.hf_tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def refs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """test_spec_hybrid's prompts and transformers' greedy continuations, per architecture."""
+    root = tmp_path_factory.mktemp("spec_mtp")
+    cache: dict[str, Any] = {"root": root}
+
+    def get(arch: str) -> tuple[Path, list[list[int]], list[tuple[list[int], list[float]]]]:
+        if arch not in cache:
+            d = _model(arch, root)
+            text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
+            ids = Tokenizer.from_dir(d).encode(text * 4)
+            prompts = [ids[:40], [5, 6] * 10, [30, 31, 32] * 8, [100] * 5, [200, 201] * 4]
+            cache[arch] = (d, prompts, reference(d, prompts, MAX_NEW))
+        return cache[arch]
+
+    cache["get"] = get
+    return cache
 
 
 def _mtp_model(arch: str, root: Path) -> Path:
@@ -72,7 +92,9 @@ def test_greedy_identical_with_mtp_drafts(
     assert engine.scheduler.proposer is not None and not engine.scheduler.proposer.seqs  # type: ignore[attr-defined]
 
 
-def test_greedy_identical_with_mtp_chunks_and_preemption(refs: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_greedy_identical_with_mtp_chunks_and_preemption(
+    refs: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Prompts in chunks of a 32-token budget and few KV blocks, so that sequences are preempted and
     recomputed (the head's state dropped and rebuilt from the recomputed hidden states)."""
     _, prompts, ref = refs["get"]("qwen3_next")
@@ -100,7 +122,9 @@ def test_sampled_tokens_follow_the_model(refs: dict[str, Any]) -> None:
     bias = {a: 30.0, b: 30.0, c: 30.0}
     n = 400
     engine = _engine(d, max_num_seqs=256)
-    sp = SamplingParams(n=n, temperature=0.9, top_k=3, logit_bias=bias, max_tokens=3, seed=11, ignore_eos=True)
+    sp = SamplingParams(
+        n=n, temperature=0.9, top_k=3, logit_bias=bias, max_tokens=3, seed=11, ignore_eos=True
+    )
     engine.add_request("s", prompt, sp)
     out = None
     while engine.has_unfinished_requests():

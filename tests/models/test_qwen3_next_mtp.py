@@ -44,13 +44,16 @@ def reference(w: dict[str, torch.Tensor], ids: list[int], hidden: torch.Tensor) 
     """g_t for positions 0..T-1 (ids: x_{t+1}; hidden: h_t), float64, plain torch."""
     p = {k: v.double() for k, v in w.items()}
     heads, kv, d = 4, 2, 16
-    x = torch.cat(
-        [
-            _norm(p["model.embed_tokens.weight"][ids], p["mtp.pre_fc_norm_embedding.weight"]),
-            _norm(hidden.double(), p["mtp.pre_fc_norm_hidden.weight"]),
-        ],
-        -1,
-    ) @ p["mtp.fc.weight"].T
+    x = (
+        torch.cat(
+            [
+                _norm(p["model.embed_tokens.weight"][ids], p["mtp.pre_fc_norm_embedding.weight"]),
+                _norm(hidden.double(), p["mtp.pre_fc_norm_hidden.weight"]),
+            ],
+            -1,
+        )
+        @ p["mtp.fc.weight"].T
+    )
     t = x.shape[0]
     pre = "mtp.layers.0."
     a = _norm(x, p[pre + "input_layernorm.weight"])
@@ -67,7 +70,9 @@ def reference(w: dict[str, torch.Tensor], ids: list[int], hidden: torch.Tensor) 
     o = torch.einsum("hts,shd->thd", s.softmax(-1), v) * torch.sigmoid(gate)
     x = x + o.reshape(t, heads * d) @ p[pre + "self_attn.o_proj.weight"].T
     m = _norm(x, p[pre + "post_attention_layernorm.weight"])
-    gu = torch.nn.functional.silu(m @ p[pre + "mlp.gate_proj.weight"].T) * (m @ p[pre + "mlp.up_proj.weight"].T)
+    gu = torch.nn.functional.silu(m @ p[pre + "mlp.gate_proj.weight"].T) * (
+        m @ p[pre + "mlp.up_proj.weight"].T
+    )
     x = x + gu @ p[pre + "mlp.down_proj.weight"].T
     return _norm(x, p["mtp.norm.weight"])
 
@@ -79,7 +84,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_head_matches_the_published_formulation(model_dir: Path) -> None:
-    llm = LLM(str(model_dir), dtype="float32", speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    llm = LLM(
+        str(model_dir), dtype="float32", speculative_config={"method": "mtp", "num_speculative_tokens": 2}
+    )
     model = llm.engine.executor.model
     head = model.get_submodule("mtp")
     assert isinstance(head, Qwen3NextMtp)
@@ -100,7 +107,6 @@ def test_head_matches_the_published_formulation(model_dir: Path) -> None:
     # the head's logits are the shared LM head's: draft 1 is the reference's argmax
     lm = w["lm_head.weight"].double()
     assert int((want[-1] @ lm.T).argmax()) == int(model.compute_logits(got[-1]).argmax())
-
 
 
 def test_proposer_drafts_match_the_reference(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
