@@ -108,10 +108,9 @@ def test_greedy_identical_with_mtp_chunks_and_preemption(
 
 def test_sampled_tokens_follow_the_model(refs: dict[str, Any]) -> None:
     """400 continuations of three tokens of a prompt whose tokens are the only ones top-k keeps (a logit
-    bias of 30 lifts them above whatever the copying target prefers), the head
-    proposing its input token (one of the three; the 800 share the prompt, so the head starts at the
-    first position each computed: MtpCache.first), against
-    transformers' exact joint distribution: Pearson's chi-square p > 1e-3 and a total variation under 0.2
+    bias of 30 lifts them above whatever the copying target prefers), the head proposing its input token
+    (one of the three, accepted often, not always; the 400 share the prompt, so the head starts at the
+    first position each computed: MtpCache.first), against transformers' exact joint distribution: Pearson's chi-square p > 1e-3 and a total variation under 0.2
     (27 cells: its expected value at n = 400 is below 0.5 * sqrt(2 / pi) * sum(sqrt(p)) / sqrt(n) <= 0.11,
     the bound at a uniform p)."""
     import transformers as tf
@@ -134,7 +133,7 @@ def test_sampled_tokens_follow_the_model(refs: dict[str, Any]) -> None:
     counts: dict[tuple[int, ...], int] = {}
     for o in out.outputs:
         counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
-    assert out.metrics.spec_draft_tokens >= 400 and 0.05 < out.metrics.spec_acceptance_rate < 0.8
+    assert out.metrics.spec_draft_tokens >= 400 and 0.05 < out.metrics.spec_acceptance_rate < 1.0
     model = tf.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     exact: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(3):

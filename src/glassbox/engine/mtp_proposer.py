@@ -32,6 +32,7 @@ from glassbox.engine.scheduler import ScheduledSeq
 from glassbox.engine.sequence import Sequence
 from glassbox.engine.torch_executor import TorchExecutor
 from glassbox.layers.gated_attention import GatedAttention
+from glassbox.layers.host import to_device
 from glassbox.models.qwen3_next_mtp import MtpCache, Qwen3NextMtp
 
 
@@ -126,7 +127,7 @@ class MtpProposer:
         return drafts
 
     def _run(self, ids: list[int], hidden: torch.Tensor, start: int, cache: MtpCache) -> torch.Tensor:
-        t = torch.tensor(ids, dtype=torch.long, device=hidden.device)
+        t = to_device(ids, torch.long, hidden.device)
         self.stats.calls += 1
         self.stats.rows += len(ids)
         return self.head(self.embed(t), hidden, start, cache)
