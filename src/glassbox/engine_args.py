@@ -106,7 +106,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         default=None,
         help='speculative decoding as JSON (vLLM\'s keys): \'{"method": "ngram", "num_speculative_tokens": 4, '
         '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\' (n-gram / prompt lookup) or \'{"model": DRAFT, '
-        '"num_speculative_tokens": 4}\' (a draft model sharing the tokenizer, a directory or .gguf file)',
+        '"num_speculative_tokens": 4}\' (a draft model sharing the tokenizer, a directory or .gguf file) or '
+        '\'{"method": "mtp", "num_speculative_tokens": 2}\' (a Qwen3-Next / Qwen3.5 checkpoint\'s own MTP layer)',
     )
     g.add_argument(
         "--tensor-parallel-size",

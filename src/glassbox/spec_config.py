@@ -3,7 +3,9 @@
 Two proposers: n-gram (prompt lookup), ``{"method": "ngram", "num_speculative_tokens": k,
 "prompt_lookup_min": a, "prompt_lookup_max": b}``, and a draft model sharing the target's tokenizer,
 ``{"model": DIR, "num_speculative_tokens": k}`` ("method": "draft_model" optional; engine/draft_model.py).
-EAGLE, Medusa and MTP heads are refused with that reason.
+A third, ``{"method": "mtp", "num_speculative_tokens": k}``, runs the target checkpoint's own
+multi-token-prediction layers (Qwen3-Next / Qwen3.5; engine/mtp_proposer.py). EAGLE, Medusa and
+DeepSeek's MTP are refused with that reason.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-METHODS = ("ngram", "draft_model")
-NOT_YET = ("eagle", "eagle3", "medusa", "mlp_speculator", "deepseek_mtp", "mtp")
+METHODS = ("ngram", "draft_model", "mtp")
+NOT_YET = ("eagle", "eagle3", "medusa", "mlp_speculator", "deepseek_mtp")
 DEFAULT_LOOKUP = 5  # vLLM's default for both bounds when neither is given
 MAX_SPECULATIVE_TOKENS = 32
 _KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
@@ -22,7 +24,8 @@ _KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prom
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """A validated speculative decoding setup: up to ``num_speculative_tokens`` drafts per step, from
-    n-gram lookup (``prompt_lookup_*``) or from a draft model (``model``: a directory or .gguf file)."""
+    n-gram lookup (``prompt_lookup_*``), from a draft model (``model``: a directory or .gguf file) or from
+    the target's own MTP layers ("mtp")."""
 
     method: str
     num_speculative_tokens: int
@@ -31,6 +34,8 @@ class SpeculativeConfig:
     model: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        if self.method == "mtp":
+            return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
         if self.method == "draft_model":
             return {
                 "method": self.method,
@@ -86,7 +91,7 @@ def parse_speculative_config(
         method = "draft_model"
     if method in NOT_YET:
         raise ValueError(
-            f"--speculative-config: method {method!r} is not supported yet (supported: ngram, draft_model)"
+            f"--speculative-config: method {method!r} is not supported yet (supported: ngram, draft_model, mtp)"
         )
     if method not in METHODS:
         raise ValueError(f"--speculative-config: method must be one of {METHODS}, got {method!r}")
@@ -99,6 +104,14 @@ def parse_speculative_config(
         raise ValueError(
             f"--speculative-config: num_speculative_tokens must be <= {MAX_SPECULATIVE_TOKENS}, got {k}"
         )
+    if method == "mtp":
+        extra = sorted(set(raw) & {"model", "prompt_lookup_min", "prompt_lookup_max"})
+        if extra:
+            raise ValueError(
+                f"--speculative-config: the mtp method runs the target's own MTP layers and takes no "
+                f"{', '.join(extra)}"
+            )
+        return SpeculativeConfig("mtp", k)
     if method == "draft_model":
         if not isinstance(model, str) or not model:
             raise ValueError(

@@ -35,6 +35,7 @@ from glassbox.config import EngineConfig
 from glassbox.engine.block_manager import BlockManager
 from glassbox.engine.checkpoint import open_checkpoint
 from glassbox.engine.kv_plan import KVCachePlan
+from glassbox.engine.mtp_proposer import mtp_proposer
 from glassbox.engine.ngram import NgramProposer
 from glassbox.engine.scheduler import Proposer, ScheduledSeq
 from glassbox.engine.sequence import Sequence
@@ -138,6 +139,8 @@ def make_proposer(
     if sc is None:
         return None
     logger.info("speculative decoding: %s", sc.to_dict())
+    if sc.method == "mtp":
+        return mtp_proposer(target, sc.num_speculative_tokens, max_model_len)
     if draft is None:
         return NgramProposer(
             sc.num_speculative_tokens, sc.prompt_lookup_min, sc.prompt_lookup_max, max_model_len

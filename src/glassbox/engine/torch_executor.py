@@ -81,7 +81,8 @@ class TorchExecutor:
         self.config = config
         self.draft_kv_bytes_per_token = draft_kv_bytes_per_token
         self.facts = facts
-        self.model_config = ModelConfig.from_facts(facts, max_model_len)
+        self.model_config = ModelConfig.from_facts(facts, max_model_len, config.speculative)
+        self.hidden_sink = lambda rows, hidden: hidden  # (step's rows, final hidden states): the MTP's
         self._choose_backends(checkpoint)
         self.model = self._build_model(checkpoint)
         self._lay_out_weights()
@@ -340,7 +341,7 @@ class TorchExecutor:
         # weight in a GEMM otherwise: a prompt gives the same first token whether or not its prefix was
         # cached, and wide decode batches take the GEMM, faster there (layers/block_linear.KERNEL_ROWS)
         with torch.inference_mode(), block_kernel_rows(kernel, bool(prefills)):
-            hidden = self.forward(ids, pos, self.kv_caches, meta)
+            hidden = self.hidden_sink(ordered, self.forward(ids, pos, self.kv_caches, meta))
             return plan.sample(self.model.compute_logits, hidden, self.eos_ids, self.sample_generator)
 
     def last_logits(self, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq]) -> torch.Tensor:
@@ -382,7 +383,7 @@ class TorchExecutor:
                 tables.append(table)
         plan = SamplePlan.build(decodes, self.device)
         with torch.inference_mode():
-            hidden = self.graphs.run(ids, pos, slots, lens, tables)  # (rows, hidden)
+            hidden = self.hidden_sink(decodes, self.graphs.run(ids, pos, slots, lens, tables))  # (rows, H)
             return plan.sample(self.model.compute_logits, hidden, self.eos_ids, self.sample_generator)
 
     def _flatten(self, ordered: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

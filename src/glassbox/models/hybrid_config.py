@@ -108,7 +108,12 @@ def qwen_hybrid_facts(cfg: dict[str, Any], base: dict[str, Any]) -> ModelFacts:
         "norms": 2 * n_layers * hidden + hidden,
     }
     spec = HybridSpec(
-        layer_mixers=tuple(mixers), gdn=gdn, attn_output_gate=True, norm_eps=base["rms_norm_eps"], ssm_bytes=2
+        layer_mixers=tuple(mixers),
+        gdn=gdn,
+        attn_output_gate=True,
+        norm_eps=base["rms_norm_eps"],
+        ssm_bytes=2,
+        mtp_layers=int(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0),
     )
     ffn = max(top_k * exp_inter + shared_inter, inter if moe_layers < n_layers else 0)
     return ModelFacts(

@@ -120,6 +120,9 @@ class HybridSpec:
     moe_latent_size: int = 0  # Nemotron 3: experts run in a latent width (fc1/fc2 latent projections)
     norm_eps: float = 1e-6  # the mixers' gated norms (and Nemotron-H's block norms)
     ssm_bytes: int = 4  # recurrent matrix element size a serving engine keeps (the planner's figure)
+    # multi-token-prediction layers the checkpoint ships (mtp_num_hidden_layers; mtp.* weights), read only
+    # for --speculative-config's "mtp" method (models/qwen3_next_mtp.py)
+    mtp_layers: int = 0
 
     def shape(self, kind: str) -> Mixer | None:
         """The mixer shape of a layer kind ("linear", "mamba"), None for attention / FFN-only layers."""

@@ -133,5 +133,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], 
     ):
         filled["lm_head.weight"] = params["lm_head.weight"].numel()
     missing = sorted(n for n, p in params.items() if filled.get(n, 0) < p.numel())
+    if missing and all(n.startswith("mtp.") for n in missing):  # the MTP head (models/qwen3_next_mtp.py)
+        raise ValueError(f"--speculative-config: method 'mtp' needs the checkpoint's MTP weights (mtp.*), "
+                         f"which {where} lacks ({', '.join(missing[:4])}); use ngram or draft_model")  # fmt: skip
     if missing:
         raise ValueError(f"weights missing from {where}: {', '.join(missing[:8])}")

@@ -19,6 +19,7 @@ from glassbox.quant.blocks.ct_int_config import ct_int_spec
 from glassbox.quant.config import group_quant, quant_method
 from glassbox.quant.fp4.checkpoint import nvfp4_spec
 from glassbox.quant.fp8.config import fp8_spec
+from glassbox.spec_config import SpeculativeConfig
 
 # canonical dtype names (glassbox.dtypes) <-> torch
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -38,9 +39,12 @@ class ModelConfig(ModelFacts):
 
     torch_dtype: torch.dtype = torch.float32
     attn_scale: float = 0.0  # softmax scale of q.k: query_pre_attn_scalar or head_dim, ** -0.5
+    with_mtp: bool = False  # build and load the checkpoint's MTP layers (--speculative-config "mtp")
 
     @classmethod
-    def from_facts(cls, facts: ModelFacts, max_model_len: int | None = None) -> ModelConfig:
+    def from_facts(
+        cls, facts: ModelFacts, max_model_len: int | None = None, speculative: SpeculativeConfig | None = None
+    ) -> ModelConfig:
         """The engine's view of a model; ValueError when the engine cannot run its architecture.
 
         ``max_model_len`` (default: the model's own limit) picks LongRoPE's long factors where it passes
@@ -67,7 +71,31 @@ class ModelConfig(ModelFacts):
             **described,
             torch_dtype=dtype,
             attn_scale=(facts.query_pre_attn_scalar or facts.head_dim) ** -0.5,
+            with_mtp=_wants_mtp(facts, speculative),
         )
+
+
+def _wants_mtp(cfg: ModelFacts, speculative: SpeculativeConfig | None) -> bool:
+    """Whether to build the checkpoint's MTP head (--speculative-config "mtp", models/qwen3_next_mtp.py);
+    ValueError naming the flag where the model has none this engine reads."""
+    if speculative is None or speculative.method != "mtp":
+        return False
+    spec = cfg.hybrid
+    flag = "--speculative-config: method 'mtp'"
+    if spec is None or spec.gdn is None:
+        what = "Nemotron-H's MTP layers are not read yet" if spec is not None else "it has none"
+        raise ValueError(
+            f"{flag} runs a Qwen3-Next / Qwen3.5 checkpoint's multi-token-prediction layers; "
+            f"{cfg.architecture}: {what} (use ngram or draft_model)"
+        )
+    if spec.mtp_layers == 0:
+        raise ValueError(
+            f"{flag}: this checkpoint declares no MTP layers (config.json mtp_num_hidden_layers); "
+            "use ngram or draft_model"
+        )
+    if spec.mtp_layers > 1:
+        raise ValueError(f"{flag}: {spec.mtp_layers} MTP layers; only checkpoints with one are read")
+    return True
 
 
 def _rope_for(rope: dict[str, Any], max_model_len: int) -> dict[str, Any]:

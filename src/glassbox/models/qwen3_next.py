@@ -8,7 +8,8 @@ followed by a gated MLP or a routed MoE with a sigmoid-gated shared expert (mode
 The forward takes, per layer, the KV cache of an attention layer or the state rows of a linear one
 (engine/torch_executor.py allocates both), and ``meta.state`` (the step's state slots). A multimodal
 Qwen3.5 checkpoint loads its text model: ``model.language_model.*`` read as ``model.*``, the vision tower
-(``model.visual.*``) ignored, said once; the MTP layers (``mtp.*``) are not loaded.
+(``model.visual.*``) ignored, said once; the MTP layers (``mtp.*``) are loaded only for the "mtp"
+speculative method (``cfg.with_mtp``; models/qwen3_next_mtp.py).
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from glassbox.models.causal_lm import CausalLM
 from glassbox.models.llama import LlamaMLP
 from glassbox.models.model_config import ModelConfig
 from glassbox.models.moe import SparseMoeBlock, checkpoint_name, checkpoint_slot, stacked_slot
+from glassbox.models.qwen3_next_mtp import Qwen3NextMtp
 
 logger = logging.getLogger(__name__)
 
 TEXT_PREFIX = "model.language_model."  # a multimodal Qwen3.5 checkpoint's text model
 IGNORED_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.")
+MTP_PREFIXES = ("mtp.", "model.mtp.")  # read where the model is built with its MTP head (cfg.with_mtp)
 
 
 class Qwen3NextDecoderLayer(nn.Module):
@@ -110,6 +113,8 @@ class Qwen3NextForCausalLM(CausalLM):
         if cfg.tie_word_embeddings:
             self.tie_weights()
         self._said_vision = False
+        if cfg.with_mtp:  # --speculative-config "mtp" (models/qwen3_next_mtp.py, engine/mtp_proposer.py)
+            self.mtp = Qwen3NextMtp(cfg, self.model.rotary_emb, Qwen3NextDecoderLayer)
 
     def forward(
         self,
@@ -128,7 +133,8 @@ class Qwen3NextForCausalLM(CausalLM):
 
     def fuse(self) -> None:
         """Fuse the MLPs' gate/up projections (after the checkpoint is loaded by HF names)."""
-        for layer in self.model.layers:
+        mtp = getattr(self, "mtp", None)
+        for layer in [*self.model.layers, *(mtp.layers if mtp is not None else [])]:
             assert isinstance(layer, Qwen3NextDecoderLayer)
             if isinstance(layer.mlp, LlamaMLP):
                 layer.mlp.fuse()
@@ -140,7 +146,9 @@ class Qwen3NextForCausalLM(CausalLM):
     def checkpoint_view(self, name: str, params: dict[str, nn.Parameter]) -> tuple[str, torch.Tensor] | None:
         """A multimodal checkpoint's text tensors by their text-model names; per-expert and stacked (GGUF)
         expert tensors into their rows of the fused expert parameters."""
-        if name.startswith(IGNORED_PREFIXES):
+        if self.config.with_mtp and name.startswith(MTP_PREFIXES):
+            name = name[name.index("mtp.") :]  # a multimodal checkpoint's model.mtp.* too
+        elif name.startswith(IGNORED_PREFIXES):
             if "visual." in name and not self._said_vision:
                 logger.info("a multimodal checkpoint: its text model is loaded, the vision tower ignored")
                 self._said_vision = True

@@ -76,6 +76,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--draft-quant", default="native", help="the draft model's weight format (as --quant)")
     p.add_argument(
+        "--mtp",
+        action="store_true",
+        help="speculative decoding: the drafts come from the model's own multi-token-prediction layer "
+        "(Qwen3-Next / Qwen3.5), whose pass (one decoder layer + LM head) each drafted token pays",
+    )
+    p.add_argument(
         "--tensor-parallel-size",
         type=int,
         default=1,
@@ -130,6 +136,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         acceptance_rate=args.acceptance_rate,
         draft_model=args.draft_model,
         draft_quant=args.draft_quant,
+        mtp=getattr(args, "mtp", False),
         tensor_parallel_size=args.tensor_parallel_size,
         interconnect=args.interconnect,
     )

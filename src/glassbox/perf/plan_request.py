@@ -13,6 +13,7 @@ from glassbox.perf.engine_profiles import EngineProfile, get_engine
 from glassbox.perf.hardware import HardwareSpec
 from glassbox.perf.memory_plan import kv_bytes_per_element
 from glassbox.perf.model_presets import load_model_facts
+from glassbox.perf.mtp_plan import mtp_time_fn, mtp_weight_params
 from glassbox.perf.probe import get_hardware
 from glassbox.perf.quant import QuantScheme, resolve_scheme
 from glassbox.perf.tensor_parallel import TensorParallel, check_tp, get_interconnect
@@ -36,6 +37,7 @@ class PlanRequest:
     spec_tokens: int = 0  # speculative decoding: drafts verified per decode step (0: off)
     acceptance_rate: float | None = None  # the chance that each draft is accepted, given the ones before
     draft_model: str | None = None  # drafts from this model (k passes a step), not n-gram lookup
+    mtp: bool = False  # drafts from the model's own MTP layer (k passes a step: perf/mtp_plan.py)
     draft_quant: str = "native"
     tensor_parallel_size: int = 1  # ranks (boxes or GPUs), each holding 1/N of every layer
     interconnect: str | None = None  # the link between ranks (perf/tensor_parallel.INTERCONNECTS)
@@ -58,6 +60,8 @@ class PlanRequest:
                 raise ValueError(f"--acceptance-rate must be in [0, 1], got {self.acceptance_rate}")
         if self.draft_model is not None and not self.spec_tokens:
             raise ValueError("--draft-model needs --spec-tokens and --acceptance-rate")
+        if self.mtp and (not self.spec_tokens or self.draft_model is not None):
+            raise ValueError("--mtp needs --spec-tokens and --acceptance-rate, and no --draft-model")
         if self.prompt_tokens < 1:
             raise ValueError(f"--prompt-tokens must be >= 1, got {self.prompt_tokens}")
         if self.output_tokens < 1:
@@ -86,6 +90,7 @@ class Setup:
     engine: EngineProfile
     kv_bytes: float  # per K/V element
     draft: Setup | None = None  # speculative decoding's draft model (--draft-model), on the same hardware
+    mtp: bool = False  # drafts from the model's MTP layer (--mtp)
 
     def prefill(self, req: PlanRequest, engine: EngineProfile | None = None) -> PhaseCost:
         eng = engine or self.engine
@@ -102,6 +107,8 @@ class Setup:
     def draft_time_fn(self, k: int) -> Callable[[Sequence[tuple[int, int]]], float] | None:
         """What a step's proposals cost with a draft model: ``k`` of its decode passes over the proposing
         sequences, [(1, context), ...] (None without a draft model)."""
+        if self.mtp:
+            return mtp_time_fn(self.facts, self.scheme, self.hw, self.engine, self.kv_bytes, k)
         if self.draft is None:
             return None
         one = self.draft.step_time_fn()
@@ -121,4 +128,6 @@ def resolve(req: PlanRequest) -> Setup:
         plain = replace(req, spec_tokens=0, acceptance_rate=None, draft_model=None)
         draft = resolve(replace(plain, model=req.draft_model, quant=req.draft_quant))
     kv_bytes = kv_bytes_per_element(req.kv_cache_dtype, facts.dtype, row_scales)
-    return Setup(facts, scheme, hw, engine, kv_bytes, draft)
+    if req.mtp:
+        mtp_weight_params(facts)  # the refusal of a model without MTP layers, naming the flag
+    return Setup(facts, scheme, hw, engine, kv_bytes, draft, req.mtp)

@@ -61,6 +61,7 @@ HYBRID_PRESETS: dict[str, dict[str, Any]] = {
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
         "norm_topk_prob": True,
+        "mtp_num_hidden_layers": 1,  # the published checkpoints' MTP layer (mtp.*)
         "partial_rotary_factor": 0.25,
         "rope_theta": 10000000,
         "vocab_size": 151936,
@@ -88,6 +89,7 @@ HYBRID_PRESETS: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 8,
         "moe_intermediate_size": 1024,
         "shared_expert_intermediate_size": 1024,
+        "mtp_num_hidden_layers": 1,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
         "vocab_size": 248320,
         "max_position_embeddings": 262144,
