@@ -38,8 +38,8 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 # The suite as the other CPU these runs alternate with does: an AMD EPYC (Zen 4: AVX-512 with BF16, no AMX).
-# On a CPU with AMX, oneDNN and MKL take their AMX kernels and bf16 prompt steps past 32 rows leave
-# glassbox's tiles for oneDNN's GEMM (quant/dense/bf16_tiles.onednn_prompts), so the paths that CPU takes go
+# On a CPU with AMX, oneDNN and MKL take their AMX kernels and glassbox's bf16 tiles multiply on AMX
+# (kernels/cpu_bf16_amx.c), so the paths that CPU takes go
 # untested there: this holds oneDNN to AVX-512 BF16 (no AMX), MKL to AVX2 (its code path on AMD), PyTorch's
 # own kernels to AVX-512, keeps bf16 prompts on the tiles and the tiles on AVX-512 dot products (not on AMX).
 # glassbox's C kernels are built for this CPU
