@@ -40,7 +40,7 @@ def test_the_choice(monkeypatch: pytest.MonkeyPatch, fresh_choice: None) -> None
     assert not prompt_gemm.amx_for_onednn() and int8_prompt_rows() == sys.maxsize
     int8_prompt_rows.cache_clear()
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
-    expected = AMX_INT8_ROWS if prompt_gemm.amx_for_onednn() else sys.maxsize
+    expected = AMX_INT8_ROWS if prompt_gemm.amx_for_onednn() else sys.maxsize  # AMX: 0 (the reference)
     assert int8_prompt_rows() == expected
     int8_prompt_rows.cache_clear()
     monkeypatch.setenv("GLASSBOX_BLOCK_PROMPTS", "vnni")

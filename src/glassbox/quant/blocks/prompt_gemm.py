@@ -4,14 +4,15 @@ q8_0, times the blocks as they are, AVX-512 VNNI in 4 x 4 register tiles) instea
 (the weight dequantized to bf16 for every call, then oneDNN's GEMM).
 
 Which runs is chosen by measurement (benchmarks/vnni_gemm.py, results/vnni-gemm-q4_0-2026-11-28.json:
-Phi-4-mini's Q4_0 shapes, one thread of this Xeon): where oneDNN has AMX, its bf16 GEMM on the dequantized
-weight is slower than the int8 GEMM up to 64 rows (the int8 GEMM x1.35-5.3 faster), about even at 128
-(x0.82-1.04) and faster past that (x0.35-0.55 at 512), so the int8 GEMM takes up to ``AMX_INT8_ROWS`` rows
-there; without AMX (an EPYC, or AMX denied: ``ONEDNN_MAX_CPU_ISA`` below AVX512_CORE_AMX, or the tile state
-refused to the process) oneDNN's AVX-512 bf16 GEMM plus the dequantization is x2.8-10 slower at every row
-count measured (16-512), so the int8 GEMM takes all rows. ``GLASSBOX_BLOCK_PROMPTS``: "auto" (that rule),
-"int8" (always), "dequant" (never: the reference path). The C kernels built without AVX-512 VNNI run the
-reference path whatever is asked.
+Phi-4-mini's Q4_0 shapes, one thread of this Xeon): without AMX (an EPYC, or AMX denied:
+``ONEDNN_MAX_CPU_ISA`` below AVX512_CORE_AMX, or the tile state refused to the process) oneDNN's AVX-512 bf16
+GEMM plus the dequantization is x2.8-10 slower at every row count measured (16-512), so the int8 GEMM takes
+all rows. Where oneDNN has AMX its GEMM is slower up to 64 rows (the int8 GEMM x1.35-5.3 faster), about even
+at 128 (x0.82-1.04) and faster past that (x0.35-0.55 at 512); a row-count threshold would make a row's bits
+depend on how many rows share its step (tests/engine/test_bursts.py: bursts and single steps then parted at a
+near tie), so with AMX the reference path keeps every prompt row (``AMX_INT8_ROWS`` = 0).
+``GLASSBOX_BLOCK_PROMPTS``: "auto" (that rule), "int8" (always), "dequant" (never: the reference path). The C
+kernels built without AVX-512 VNNI run the reference path whatever is asked.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 
 from glassbox.quant.blocks.weights import BlockWeights, native_library
 
-AMX_INT8_ROWS = 64  # with AMX: up to this many rows on the int8 GEMM (benchmarks/vnni_gemm.py)
+AMX_INT8_ROWS = 0  # with AMX: rows on the int8 GEMM (none: one path for every prompt row, see above)
 _CHOICES = ("auto", "int8", "dequant")
 
 
