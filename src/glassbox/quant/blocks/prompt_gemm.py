@@ -11,6 +11,10 @@ all rows. Where oneDNN has AMX its GEMM is slower up to 64 rows (the int8 GEMM x
 at 128 (x0.82-1.04) and faster past that (x0.35-0.55 at 512); a row-count threshold would make a row's bits
 depend on how many rows share its step (tests/engine/test_bursts.py: bursts and single steps then parted at a
 near tie), so with AMX the reference path keeps every prompt row (``AMX_INT8_ROWS`` = 0).
+Accuracy (benchmarks/int8_prompt_accuracy.py, docs/performance.md): the activations' int8 blocks move a real
+model's next-token logprobs about as llama.cpp's do (SmolLM2-135M Q4_1: top-1 as float32's at 221 of 227
+positions, llama.cpp 221, the dequantized bf16 GEMM 220), so a greedy answer at a near tie may part from the
+dequantized engine's, as llama.cpp's does; that is no reason to leave the path.
 ``GLASSBOX_BLOCK_PROMPTS``: "auto" (that rule), "int8" (always), "dequant" (never: the reference path). The C
 kernels built without AVX-512 VNNI run the reference path whatever is asked.
 """
