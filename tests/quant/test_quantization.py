@@ -175,10 +175,14 @@ def test_linear_forward(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.skipif(library() is None, reason="no C compiler to build the kernels")
-def test_lm_head_chooses_by_its_own_rows() -> None:
+def test_lm_head_chooses_by_its_own_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """A packed LM head (mark_lm_head) runs the kernel for up to HEAD_KERNEL_ROWS rows even in a step with
     prompt rows (where other block linears multiply the dequantized weight), the GEMM past them; the
     engine marks the head and not its other block linears."""
+    from glassbox.quant.blocks.prompt_gemm import int8_prompt_rows
+
+    monkeypatch.setenv("GLASSBOX_BLOCK_PROMPTS", "dequant")  # prompt rows on the dequantized GEMM here
+    int8_prompt_rows.cache_clear()
     n, k = 40, 64
     w = from_gguf("Q8_0", gguf_quantize(_weights(n, k, 5), Q.Q8_0), (n, k))
     body, head = BlockQuantLinear(w), BlockQuantLinear(w)
@@ -196,6 +200,7 @@ def test_lm_head_chooses_by_its_own_rows() -> None:
     llm = LLM("glassbox-demo", dtype="bfloat16", quantization="int8")  # its tied table packed once
     marked = [m for m in llm.engine.executor.model.modules() if getattr(m, "head_rows", None)]
     assert marked == [llm.engine.executor.model.lm_head]
+    int8_prompt_rows.cache_clear()  # the choice read again from the environment after this test
 
 
 def test_quantize_at_load_shares_a_tied_table() -> None:

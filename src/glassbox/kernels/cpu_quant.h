@@ -195,6 +195,37 @@ static inline void tail_pair(const uint8_t *w, int bits, __m256i *c0, __m256i *c
     }
 }
 
+/* (cpu_quant.c's GEMV and cpu_quant_gemm.c's GEMM) A row's blocks past the last whole chunk (rw.wt ..., in order, an even count below 16 from b0) against one
+ * activation row: a vector whose lanes sum to sum_b dx d ip + o cx. Each pair of blocks in one 512-bit VNNI
+ * product (lanes 0-7 block b, 8-15 block b + 1), times its blocks' scales dx d; the offsets' o cx in one. */
+static inline __attribute__((always_inline)) __m512 tail_vnni(const block_row *rw, float c, i64 Kp, int bits,
+                                                              const int8_t *a, const float *dx, const float *cx,
+                                                              i64 b0) {
+    const i64 nt = Kp / 32 - b0;
+    const __mmask16 km = (__mmask16)((1u << nt) - 1u);
+    const __m512 dv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, rw->dt));
+    const __m512 sv = _mm512_mul_ps(dv, _mm512_maskz_loadu_ps(km, dx + b0));
+    __m512 ov;
+    if (rw->ot)
+        ov = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, rw->ot));
+    else if (rw->zt)
+        ov = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(km, rw->zt))),
+                           _mm512_sub_ps(_mm512_setzero_ps(), dv));
+    else
+        ov = _mm512_mul_ps(dv, _mm512_set1_ps(c));
+    __m512 acc = _mm512_mul_ps(ov, _mm512_maskz_loadu_ps(km, cx + b0));
+    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    for (i64 i = 0; i < nt; i += 2) {
+        __m256i c0, c1;
+        tail_pair(rw->wt + i * 4 * code_width(bits), bits, &c0, &c1); /* a pair's 8 * width bytes */
+        const __m512i cc = _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
+        const __m512i ip = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cc, _mm512_loadu_si512((const void *)(a + (b0 + i) * 32)));
+        const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(pair, _mm512_set1_epi32((int)i)), sv);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), s, acc);
+    }
+    return acc;
+}
+
 /* Lane r of the result: the sum of the 16 lanes of v[r] (16 vectors in, one out: a tree of permute-adds);
  * the 16-row batch-1 GEMVs of cpu_quant.c and cpu_kquant.c. */
 static inline __m512 sum_lanes16(__m512 v[16]) {

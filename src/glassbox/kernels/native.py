@@ -27,6 +27,7 @@ _C_FILES = (
     "cpu_softmax.c",
     "cpu_kv8.c",
     "cpu_quant.c",
+    "cpu_quant_gemm.c",  # prompt rows on block weights (quant/blocks/prompt_gemm.py)
     "cpu_dequant.c",
     "cpu_quantize.c",  # --quantization int4|int8 at load
     "cpu_step.c",
@@ -70,6 +71,8 @@ _SIGNATURES: dict[str, list[type]] = {
     "gb_gemv_blocks_generic": [_P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _P, _P, _I, _P, _I, _C, _C],
     "gb_dequant_blocks": [_P, _P, _P, _P, _F, _I, _I, _I, _C, _P, _C, _C],
     "gb_linear_blocks": [_P, _I, _I, _P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _C, _C],
+    # cpu_quant_gemm.c: the same arguments, prompt rows in 4 x 4 register tiles
+    "gb_gemm_blocks": [_P, _I, _I, _P, _P, _P, _P, _F, _P, _I, _I, _C, _P, _C, _C],
     # cpu_step.c: a decode step of a block-weight layer stack (structures built by models/llama_step.py)
     "gb_decode_step": [_P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _C],
     # greedy decode bursts (models/llama_burst.py): model, layers, head, embedding, tokens, T, steps, positions,
@@ -154,6 +157,8 @@ def library() -> ctypes.CDLL | None:
         fn.restype = None
     lib.gb_bf16_dot_native.argtypes = []
     lib.gb_bf16_dot_native.restype = _C
+    lib.gb_gemm_blocks_native.argtypes = []
+    lib.gb_gemm_blocks_native.restype = _C
     lib.gb_bf16_amx_init.argtypes = [_C]
     lib.gb_bf16_amx_init.restype = _C
     lib.gb_bf16_amx_init(int(bf16_amx_wanted()))

@@ -1,9 +1,10 @@
 """The modules that run ``BlockWeights`` (quant/blocks/weights.py) and ``KQuantWeights`` (quant/blocks/kquant.py):
 a linear layer and an embedding table.
 
-On the CPU, decode rows run the kernels' int8-activation GEMV (llama.cpp's arithmetic); other rows, and
-float32 models, multiply the dequantized weight (exact in float32), so a float32 model gives what the
-dequantized model gives. On CUDA (``to_triton``) the blocks move to the device as they are (K-quants re-laid
+On the CPU, decode rows run the kernels' int8-activation GEMV (llama.cpp's arithmetic); other rows of bf16
+models run the int8 GEMM where it is faster (quant/blocks/prompt_gemm.py), else multiply the dequantized
+weight, as float32 models do (exact in float32), so a float32 model gives what the dequantized model gives.
+On CUDA (``to_triton``) the blocks move to the device as they are (K-quants re-laid
 for the kernels first: quant/blocks/kquant_triton.py) and the linears run kernels/triton_block_linear.py (decode
 rows: a GEMV or split-K kernel; prompt rows: a tiled GEMM; both dequantize in registers); an embedding table
 dequantizes the rows it looks up with the PyTorch ops.
@@ -23,6 +24,7 @@ from torch import nn
 from glassbox.quant.blocks.kquant import KQuantWeights
 from glassbox.quant.blocks.kquant import concat as concat_kquant
 from glassbox.quant.blocks.kquant_triton import TritonKQuant, for_triton
+from glassbox.quant.blocks.prompt_gemm import int8_gemm, int8_prompt_rows
 from glassbox.quant.blocks.weights import BlockWeights, concat, native_library
 
 AnyBlocks = BlockWeights | KQuantWeights
@@ -161,6 +163,10 @@ class BlockQuantLinear(nn.Module):
             return _triton_linear(x2, self.w, self.bias, kernel).view(*lead, self.out_features)
         if self.head_rows is not None:
             kernel = rows <= self.head_rows
+        cpu_prompt = not kernel and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+        if cpu_prompt and isinstance(self.w, BlockWeights) and rows <= int8_prompt_rows():
+            # prompt rows on the int8 GEMM (quant/blocks/prompt_gemm.py)
+            return int8_gemm(x2.contiguous(), self.w, self.bias).view(*lead, self.out_features)
         unbuilt = self._call is None and native_library() is None  # no C kernels
         if not kernel or x.dtype != torch.bfloat16 or x.device.type != "cpu" or unbuilt:
             bias = None if self.bias is None else self.bias.to(x.dtype)
