@@ -28,8 +28,16 @@ PROMPTS = [
     "Écrivez une phrase en français : le chat",
     "SELECT name, email FROM users WHERE",
 ]
+# The question alone is a near tie at SmolLM2's first token ("The" vs "L", 0.08 apart in float32, under one
+# bf16 step): the int8 prompt GEMM (CPUs without AMX) and llama.cpp answer "L'Etoile, ...", the dequantized
+# GEMM "The capital of France is Paris." With the system prompt every path answers Paris (AMX or not, int8
+# or dequantized prompts: checked 2026-11-29).
+NEAR_TIE = [{"role": "user", "content": "What is the capital of France?"}]
 CHATS: list[list[dict[str, str]]] = [
-    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ],
     [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "Write a haiku about the sea."},
@@ -154,9 +162,10 @@ def test_packed_weights_stay_close_to_the_dequantized_model(path: Path, referenc
 def test_a_cached_prompt_gets_the_same_answer(path: Path) -> None:
     """The default engine (packed weights, prefix caching): a repeated chat's prompt is served from the cache
     and its last tokens prefilled alone, yet the answer is the same (prompt rows never take the decode
-    kernel's int8 activations; the first chat here is a near tie at its first token)."""
+    kernel's int8 activations, and every prompt row takes the same GEMM); the chat is a near tie at its first
+    token, so any difference in the remainder's bits shows."""
     llm = LLM(str(path), max_model_len=512)
     params = SamplingParams(temperature=0, max_tokens=24)
-    first, again = (llm.chat(CHATS[0], params)[0] for _ in range(2))
+    first, again = (llm.chat(NEAR_TIE, params)[0] for _ in range(2))
     assert again.metrics is not None and again.metrics.cached_prompt_tokens > 0
-    assert again.token_ids == first.token_ids and "Paris" in first.text
+    assert again.token_ids == first.token_ids and first.token_ids

@@ -29,6 +29,9 @@ def fresh_choice() -> Iterator[None]:
 
 @needs_vnni
 def test_the_choice(monkeypatch: pytest.MonkeyPatch, fresh_choice: None) -> None:
+    monkeypatch.delenv("GLASSBOX_BLOCK_PROMPTS", raising=False)
+    assert int8_prompt_rows() == 0  # opt-in: the dequantized GEMM by default
+    int8_prompt_rows.cache_clear()
     monkeypatch.setenv("GLASSBOX_BLOCK_PROMPTS", "dequant")
     assert int8_prompt_rows() == 0
     int8_prompt_rows.cache_clear()

@@ -35,6 +35,11 @@ from server_harness import ServerProcess, sse_events
 
 LOAD_S = 180  # a model's first load, bound generous for a loaded 2-core machine
 BROKEN = "broken-demo"  # router_harness.broken_model: its load fails
+# with the system prompt SmolLM2 answers Paris on every CPU path (tests/models/test_real_model.py NEAR_TIE)
+CAPITAL = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +89,12 @@ def test_models_are_listed_and_loaded_on_first_use(router: tuple[ServerProcess, 
     assert all(float(r.headers["x-glassbox-load-seconds"]) > 0 for r in results)
     # the other model, through Ollama's client: loaded beside the first
     reply = ollama.Client(host=server.url, timeout=LOAD_S).chat(
-        model=SMOL, messages=[{"role": "user", "content": "What is the capital of France?"}],
+        model=SMOL, messages=CAPITAL,
         options={"temperature": 0, "num_predict": 12},
     )  # fmt: skip
     assert "Paris" in reply.message.content and reply.load_duration and reply.load_duration > 0
     again = client.chat.completions.create(model=SMOL, max_tokens=12, temperature=0,
-                                           messages=[{"role": "user", "content": "What is the capital of France?"}])  # fmt: skip
+                                           messages=CAPITAL)  # fmt: skip
     assert again.choices[0].message.content == reply.message.content
     loaded = status(server)
     for name in (DEMO_REPO, SMOL):

@@ -15,8 +15,13 @@ Accuracy (benchmarks/int8_prompt_accuracy.py, docs/performance.md): the activati
 model's next-token logprobs about as llama.cpp's do (SmolLM2-135M Q4_1: top-1 as float32's at 221 of 227
 positions, llama.cpp 221, the dequantized bf16 GEMM 220), so a greedy answer at a near tie may part from the
 dequantized engine's, as llama.cpp's does; that is no reason to leave the path.
-``GLASSBOX_BLOCK_PROMPTS``: "auto" (that rule), "int8" (always), "dequant" (never: the reference path). The C
-kernels built without AVX-512 VNNI run the reference path whatever is asked.
+Yet free-running greedy text parts from the float32 reference sooner: on SmolLM2's 10 prompts of
+tests/models/test_real_model.py (16 tokens each, AMX denied) the first difference came at a median of 5
+tokens with the int8 GEMM, 8 or more with the dequantized GEMM (the test's bound, derived from bf16's
+rounding), so the int8 GEMM is opt-in until its error is bounded for that test (2026-11-29).
+``GLASSBOX_BLOCK_PROMPTS``: "dequant" (the default: the reference path), "auto" (the rule above: every prompt
+row without AMX, none with it), "int8" (always). The C kernels built without AVX-512 VNNI run the reference
+path whatever is asked.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ def _tile_state_granted() -> bool:
 @functools.cache
 def int8_prompt_rows() -> int:
     """Up to how many rows a bf16 block linear outside decode steps runs the int8 GEMM (0: never)."""
-    choice = os.environ.get("GLASSBOX_BLOCK_PROMPTS", "auto")
+    choice = os.environ.get("GLASSBOX_BLOCK_PROMPTS", "dequant")
     if choice not in _CHOICES:
         raise ValueError(f"GLASSBOX_BLOCK_PROMPTS must be one of {', '.join(_CHOICES)}, got {choice!r}")
     lib = native_library()
