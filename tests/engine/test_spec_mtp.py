@@ -18,35 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_spec_hybrid
 import torch
-from hybrid_models import build_hybrid_model, reference
+from hybrid_models import build_hybrid_model
 from mtp_models import add_mtp
 from test_spec_decode import _chi2_pvalue, _tv
-from test_spec_hybrid import MAX_NEW, _model, run_checked
+from test_spec_hybrid import _model, run_checked
 
 from glassbox import LLM, SamplingParams
 from glassbox.engine.llm_engine import LLMEngine
 from glassbox.engine.mtp_proposer import MtpProposer
-from glassbox.tokenizer.hf_tokenizer import Tokenizer
 
-
-@pytest.fixture(scope="module")
-def refs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """test_spec_hybrid's prompts and transformers' greedy continuations, per architecture."""
-    root = tmp_path_factory.mktemp("spec_mtp")
-    cache: dict[str, Any] = {"root": root}
-
-    def get(arch: str) -> tuple[Path, list[list[int]], list[tuple[list[int], list[float]]]]:
-        if arch not in cache:
-            d = _model(arch, root)
-            text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
-            ids = Tokenizer.from_dir(d).encode(text * 4)
-            prompts = [ids[:40], [5, 6] * 10, [30, 31, 32] * 8, [100] * 5, [200, 201] * 4]
-            cache[arch] = (d, prompts, reference(d, prompts, MAX_NEW))
-        return cache[arch]
-
-    cache["get"] = get
-    return cache
+refs = test_spec_hybrid.refs  # the fixture (its prompts and transformers' continuations), per module
 
 
 def _mtp_model(arch: str, root: Path) -> Path:
