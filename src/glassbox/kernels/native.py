@@ -174,6 +174,15 @@ def bf16_amx_wanted() -> bool:
     return choice == "auto"
 
 
+def cpu_has_amx() -> bool:
+    """Whether this machine's CPU has AMX (Linux /proc/cpuinfo's amx_bf16; False where unknown)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_bf16" in line for line in f)
+    except OSError:
+        return False
+
+
 def bf16_tiles_on_amx() -> bool:
     """Whether the bf16 tiles multiply on AMX in this process (``gb_bf16_amx_init``'s answer: the CPU and the
     kernels' build have it, the kernel asked for the tile state and got it, ``GLASSBOX_BF16_AMX`` allows)."""

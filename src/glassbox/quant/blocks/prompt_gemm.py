@@ -33,6 +33,7 @@ import sys
 
 import torch
 
+from glassbox.kernels.native import cpu_has_amx
 from glassbox.quant.blocks.weights import BlockWeights, native_library
 
 AMX_INT8_ROWS = 0  # with AMX: rows on the int8 GEMM (none: one path for every prompt row, see above)
@@ -47,13 +48,7 @@ def amx_for_onednn() -> bool:
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
     if isa not in ("ALL", "DEFAULT") and "AMX" not in isa:
         return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            if not any(line.startswith("flags") and " amx_bf16" in line for line in f):
-                return False
-    except OSError:
-        return False
-    return _tile_state_granted()
+    return cpu_has_amx() and _tile_state_granted()
 
 
 def _tile_state_granted() -> bool:

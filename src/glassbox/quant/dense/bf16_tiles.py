@@ -53,13 +53,7 @@ def onednn_prompts() -> bool:
         raise ValueError(f"GLASSBOX_BF16_PROMPTS must be 'auto', 'onednn' or 'tiles', got {choice!r}")
     if choice != "auto":
         return choice == "onednn"
-    if native.bf16_tiles_on_amx():
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " amx_bf16" in line for line in f)
-    except OSError:
-        return False
+    return not native.bf16_tiles_on_amx() and native.cpu_has_amx()
 
 
 def tile_weight(w: torch.Tensor) -> torch.Tensor:
